@@ -1,0 +1,217 @@
+"""The resolved training configuration (`run.toml`): every knob a preset sets, validated.
+
+The trainer reads this schema; the console's presets (taehv_console.core.plan) produce it. One
+schema for both sides means a value a preset sets can never silently miss the trainer.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors: a misspelt knob must never be ignored silently.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSection(_Section):
+    name: str = "taehv"
+    preset: str = "custom"
+    seed: int = Field(1234, ge=0)
+
+
+class TopologySection(_Section):
+    nodes: int = Field(1, ge=1, description="machines taking part")
+    gpus_per_node: int = Field(1, ge=1, description="training processes per machine (GPUs, or CPU processes)")
+    device: Literal["cuda", "cpu"] = "cuda"
+    gpu_memory_gb: float = Field(80.0, gt=0)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ModelSection(_Section):
+    latent_channels: int = Field(16, ge=1)
+    patch_size: int = Field(1, ge=1, le=8)
+    encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False)
+    decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True)
+    decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True)
+    init_weights: str = Field("", description="a .pth or .safetensors file to start from ('' = random)")
+    init_strict: bool = True
+    activation_checkpointing: bool = False
+    channels_last: bool = False
+    compile: bool = False
+
+    @model_validator(mode="after")
+    def _time_scales_agree(self) -> "ModelSection":
+        if sum(self.encoder_time_downscale) != sum(self.decoder_time_upscale):
+            raise ValueError(
+                "encoder_time_downscale and decoder_time_upscale must scale time by the same factor "
+                f"(got {self.encoder_time_downscale} vs {self.decoder_time_upscale})"
+            )
+        return self
+
+
+class DataSection(_Section):
+    source: str = Field("", description="a directory of videos (recursive) or an annotation JSON")
+    root: str = Field("", description="root for the annotation JSON's relative paths ('' = its folder)")
+    frames: int = Field(12, ge=4, description="T, frames per clip; a multiple of 4")
+    height: int = Field(480, ge=8)
+    width: int = Field(720, ge=8)
+    min_delta: int = Field(1, ge=1, description="smallest frame step when sampling a clip")
+    max_delta: int = Field(2, ge=1, description="largest frame step when sampling a clip")
+    min_crop_scale: float = Field(0.6, gt=0, le=1)
+    flip: bool = True
+    color_jitter: float = Field(0.05, ge=0, le=0.5)
+    val_fraction: float = Field(0.1, ge=0, lt=1)
+    val_max_clips: int = Field(64, ge=0)
+    num_workers: int = Field(2, ge=0)
+    prefetch_factor: int = Field(2, ge=1)
+    max_skip_per_item: int = Field(8, ge=1, description="bad videos tried in a row before giving up")
+
+    @field_validator("frames")
+    @classmethod
+    def _multiple_of_4(cls, v: int) -> int:
+        if v % 4:
+            raise ValueError(f"must be a multiple of 4 (the encoder downscales time 4x), got {v}")
+        return v
+
+    @field_validator("height", "width")
+    @classmethod
+    def _multiple_of_8(cls, v: int) -> int:
+        if v % 8:
+            raise ValueError(f"must be a multiple of 8 (the encoder downscales space 8x), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _deltas_ordered(self) -> "DataSection":
+        if self.max_delta < self.min_delta:
+            raise ValueError(f"max_delta ({self.max_delta}) is below min_delta ({self.min_delta})")
+        return self
+
+
+class OptimSection(_Section):
+    batch_per_gpu: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(1e-4, gt=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(1e-2, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    max_steps: int = Field(1000, ge=1, description="optimizer steps")
+    grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
+    ema_decay: float = Field(0.0, ge=0, lt=1, description="0 = no EMA of the weights")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"each beta must be in [0, 1), got {v}")
+        return v
+
+
+class LossSection(_Section):
+    recon_weight: float = Field(1.0, ge=0)
+    teacher: str = Field("", description="a local diffusers AutoencoderKLHunyuanVideo directory ('' = none)")
+    teacher_subfolder: str = ""
+    distill_encoder_weight: float = Field(1.0, ge=0)
+    decoder_on_teacher_latents: bool = False
+
+
+class DeepSpeedSection(_Section):
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    mixed_precision: Literal["auto", "bf16", "fp16", "no"] = Field(
+        "auto", description="auto = bf16 on GPU, fp32 on CPU"
+    )
+    allgather_bucket_size: int = Field(500_000_000, ge=1)
+    reduce_bucket_size: int = Field(500_000_000, ge=1)
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    communication_data_type: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    stage3_max_live_parameters: int = Field(1_000_000_000, ge=1)
+    stage3_max_reuse_distance: int = Field(1_000_000_000, ge=0)
+    stage3_prefetch_bucket_size: int = Field(200_000_000, ge=1)
+    stage3_param_persistence_threshold: int = Field(100_000, ge=0)
+
+
+class ScheduleSection(_Section):
+    log_every: int = Field(10, ge=1, description="steps between TensorBoard/non-rank-0 event writes")
+    val_every: int = Field(500, ge=1)
+    checkpoint_every: int = Field(1000, ge=1)
+    keep_checkpoints: int = Field(3, ge=2, description="complete checkpoints kept (never fewer than 2)")
+
+
+class DistributedSection(_Section):
+    collective_timeout_s: int = Field(3600, ge=1, description="the process group's timeout")
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+
+
+class TrainConfig(_Section):
+    run: RunSection = RunSection()
+    topology: TopologySection = TopologySection()
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    optim: OptimSection = OptimSection()
+    loss: LossSection = LossSection()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    schedule: ScheduleSection = ScheduleSection()
+    distributed: DistributedSection = DistributedSection()
+
+    @property
+    def effective_batch(self) -> int:
+        return self.optim.batch_per_gpu * self.optim.grad_accum * self.topology.world_size
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is wrong; the message names the file, the key and the rule."""
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    lines = [f"{where}: {err.error_count()} invalid value(s)"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; unknown keys are never ignored)"
+        given = e.get("input")
+        quiet = e["type"] in ("extra_forbidden", "value_error") or isinstance(given, dict)
+        shown = "" if quiet else f" (got {given!r})"
+        lines.append(f"  {key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, where)) from None
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return config_from_dict(data, str(path))
+
+
+def config_to_toml(cfg: TrainConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(cfg.model_dump(mode="json"))

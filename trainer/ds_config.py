@@ -1,0 +1,65 @@
+"""The DeepSpeed config built from a TrainConfig: one function used by the trainer and by `render`.
+
+Every bucket size and stage-3 setting of the preset is written here explicitly, so nothing falls
+back to a DeepSpeed default unseen (the public project's knobs never reached DeepSpeed).
+"""
+
+from __future__ import annotations
+
+from trainer.config import TrainConfig
+
+
+def resolve_precision(cfg: TrainConfig, device: str) -> str:
+    """'bf16', 'fp16' or 'no' (fp32). 'auto' is bf16 on GPU and fp32 on CPU."""
+    mp = cfg.deepspeed.mixed_precision
+    if mp == "auto":
+        return "bf16" if device == "cuda" else "no"
+    return mp
+
+
+def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
+    device = device or cfg.topology.device
+    ds = cfg.deepspeed
+    precision = resolve_precision(cfg, device)
+    zero: dict = {
+        "stage": ds.zero_stage,
+        "allgather_partitions": True,
+        "allgather_bucket_size": ds.allgather_bucket_size,
+        "reduce_bucket_size": ds.reduce_bucket_size,
+        "overlap_comm": ds.overlap_comm,
+        "contiguous_gradients": ds.contiguous_gradients,
+        "reduce_scatter": ds.reduce_scatter,
+    }
+    if ds.zero_stage == 3:
+        zero.update(
+            {
+                "stage3_max_live_parameters": ds.stage3_max_live_parameters,
+                "stage3_max_reuse_distance": ds.stage3_max_reuse_distance,
+                "stage3_prefetch_bucket_size": ds.stage3_prefetch_bucket_size,
+                "stage3_param_persistence_threshold": ds.stage3_param_persistence_threshold,
+                # final weights are gathered by the trainer itself (GatheredParameters on all ranks)
+                "stage3_gather_16bit_weights_on_model_save": False,
+            }
+        )
+    conf: dict = {
+        "train_micro_batch_size_per_gpu": cfg.optim.batch_per_gpu,
+        "gradient_accumulation_steps": cfg.optim.grad_accum,
+        "train_batch_size": cfg.effective_batch,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {
+            "enabled": precision == "fp16",
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
+        # the trainer logs; DeepSpeed's own per-step prints would only add noise to node logs
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if ds.communication_data_type != "auto":
+        conf["communication_data_type"] = ds.communication_data_type
+    return conf
