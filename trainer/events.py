@@ -1,0 +1,78 @@
+"""Trainer events (`events/rank-<r>.jsonl`) and heartbeats (`heartbeat/rank-<r>.json`).
+
+The contract is DESIGN.md's: every event line carries v, time, rank, kind; readers ignore
+unknown kinds and fields, so fields are only ever added, never renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+EVENT_VERSION = 1
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN/Infinity; a non-finite metric becomes null rather than an unparseable line.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:
+    """Write via a temp file in the same directory and os.replace, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class EventWriter:
+    """Appends one JSON object per line for one rank; each line is flushed as it is written."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.rank = rank
+        self.host = socket.gethostname()
+        (run_dir / "events").mkdir(parents=True, exist_ok=True)
+        (run_dir / "heartbeat").mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "events" / f"rank-{rank}.jsonl"
+        self.heartbeat_path = run_dir / "heartbeat" / f"rank-{rank}.json"
+        # line-buffered append: a crash loses at most the line being written, never earlier ones
+        self._f = open(self.path, "a", buffering=1)
+
+    def emit(self, kind: str, **fields: Any) -> dict:
+        event = {"v": EVENT_VERSION, "time": time.time(), "rank": self.rank, "kind": kind}
+        event.update({k: _finite(v) for k, v in fields.items()})
+        self._f.write(json.dumps(event, separators=(",", ":")) + "\n")
+        return event
+
+    def heartbeat(self, step: int, **extra: Any) -> None:
+        beat = {"step": step, "time": time.time(), "pid": os.getpid(), "host": self.host}
+        beat.update({k: _finite(v) for k, v in extra.items()})
+        atomic_write_text(self.heartbeat_path, json.dumps(beat))
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_events(path: Path) -> list[dict]:
+    """All complete event lines of one file (a partial last line is left for the next read)."""
+    events = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events

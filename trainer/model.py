@@ -1,0 +1,285 @@
+"""TAEHV: a tiny causal video autoencoder (8x space, 4x time, 16 latent channels).
+
+Built from the published description with the published parameter names, so the author's
+`taehv.pth` / `.safetensors` weights load into a default-constructed model. Video tensors are
+N×T×C×H×W in [0, 1]; every layer runs on all frames at once (time folded into the batch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
+    return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
+
+
+class Clamp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x / 3) * 3
+
+
+class MemBlock(nn.Module):
+    """Conv stack over (x, the same block's input one frame earlier); 1x1 skip when widths differ."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.conv = nn.Sequential(
+            conv(n_in * 2, n_out), nn.ReLU(inplace=True), conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out)
+        )
+        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+
+
+class TPool(nn.Module):
+    """Merge `stride` consecutive frames into one by a 1x1 conv over their stacked channels."""
+
+    def __init__(self, n_f: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _nt, c, h, w = x.shape
+        return self.conv(x.reshape(-1, self.stride * c, h, w))
+
+
+class TGrow(nn.Module):
+    """Split each frame into `stride` frames by a 1x1 conv to stride× channels."""
+
+    def __init__(self, n_f: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _nt, c, h, w = x.shape
+        return self.conv(x).reshape(-1, c, h, w)
+
+
+def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
+    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0."""
+    nt, c, h, w = x.shape
+    v = x.reshape(n, nt // n, c, h, w)
+    past = F.pad(v, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1]
+    return past.reshape(nt, c, h, w)
+
+
+def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
+    """Apply layers to frames folded into the batch (N*T, C, H, W); MemBlocks see the previous frame."""
+    for layer in layers:
+        if isinstance(layer, MemBlock):
+            x = layer(x, _shift_one_frame(x, n))
+        else:
+            x = layer(x)
+    return x
+
+
+class _Stage(nn.Module):
+    """A run of layers that activation checkpointing recomputes as one piece (never registered as a
+    submodule, so parameter names stay the published flat `encoder.N` / `decoder.N`)."""
+
+    def __init__(self, layers: list[nn.Module]):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return apply_parallel(self.layers, x, n)
+
+
+class TAEHV(nn.Module):
+    def __init__(
+        self,
+        latent_channels: int = 16,
+        patch_size: int = 1,
+        encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False),
+        decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True),
+        decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True),
+        activation_checkpointing: bool = False,
+    ):
+        super().__init__()
+        if sum(encoder_time_downscale) != sum(decoder_time_upscale):
+            raise ValueError("encoder time downscale and decoder time upscale must match")
+        self.latent_channels = latent_channels
+        self.patch_size = patch_size
+        self.t_downscale = 2 ** sum(encoder_time_downscale)
+        self.t_upscale = 2 ** sum(decoder_time_upscale)
+        # The decoder's first t_upscale-1 frames are warm-up (the causal convention: k latents
+        # stand for 1 + t·(k-1) frames starting at frame 0); decode() drops them.
+        self.frames_to_trim = self.t_upscale - 1
+        self.activation_checkpointing = activation_checkpointing
+        self.channels_last = False  # set by use_channels_last()
+        p2 = patch_size**2
+        self.encoder = nn.Sequential(
+            conv(3 * p2, 64), nn.ReLU(inplace=True),
+            TPool(64, 2 if encoder_time_downscale[0] else 1), conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
+            TPool(64, 2 if encoder_time_downscale[1] else 1), conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
+            TPool(64, 2 if encoder_time_downscale[2] else 1), conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
+            conv(64, latent_channels),
+        )  # fmt: skip
+        n_f = (256, 128, 64, 64)
+        self.decoder = nn.Sequential(
+            Clamp(), conv(latent_channels, n_f[0]), nn.ReLU(inplace=True),
+            MemBlock(n_f[0], n_f[0]), MemBlock(n_f[0], n_f[0]), MemBlock(n_f[0], n_f[0]),
+            nn.Upsample(scale_factor=2 if decoder_space_upscale[0] else 1),
+            TGrow(n_f[0], 2 if decoder_time_upscale[0] else 1), conv(n_f[0], n_f[1], bias=False),
+            MemBlock(n_f[1], n_f[1]), MemBlock(n_f[1], n_f[1]), MemBlock(n_f[1], n_f[1]),
+            nn.Upsample(scale_factor=2 if decoder_space_upscale[1] else 1),
+            TGrow(n_f[1], 2 if decoder_time_upscale[1] else 1), conv(n_f[1], n_f[2], bias=False),
+            MemBlock(n_f[2], n_f[2]), MemBlock(n_f[2], n_f[2]), MemBlock(n_f[2], n_f[2]),
+            nn.Upsample(scale_factor=2 if decoder_space_upscale[2] else 1),
+            TGrow(n_f[2], 2 if decoder_time_upscale[2] else 1), conv(n_f[2], n_f[3], bias=False),
+            nn.ReLU(inplace=True), conv(n_f[3], 3 * p2),
+        )  # fmt: skip
+        # The author's recipe: start the decoder at mid-grey so early reconstructions are not black.
+        nn.init.constant_(self.decoder[-1].bias, 0.5)
+        self._encoder_stages = self._split_stages(self.encoder)
+        self._decoder_stages = self._split_stages(self.decoder)
+
+    @staticmethod
+    def _split_stages(seq: nn.Sequential) -> list[_Stage]:
+        """Cut a sequence after each run of MemBlocks: the pieces activation checkpointing recomputes."""
+        stages, current = [], []
+        layers = list(seq)
+        for i, layer in enumerate(layers):
+            current.append(layer)
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            if isinstance(layer, MemBlock) and not isinstance(nxt, MemBlock):
+                stages.append(_Stage(current))
+                current = []
+        if current:
+            stages.append(_Stage(current))
+        return stages
+
+    def use_channels_last(self) -> "TAEHV":
+        """NHWC weights and activations: faster convolutions on tensor-core GPUs, same results."""
+        self.channels_last = True
+        return self.to(memory_format=torch.channels_last)
+
+    def _run(self, stages: list[_Stage], x: torch.Tensor, n: int) -> torch.Tensor:
+        for stage in stages:
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(stage, x, n, use_reentrant=False)
+            else:
+                x = stage(x, n)
+        return x
+
+    def pad_frames(self, x: torch.Tensor) -> torch.Tensor:
+        """Pad N×T×C×H×W at the end, repeating the last frame, to a multiple of the time downscale."""
+        rem = x.shape[1] % self.t_downscale
+        if rem:
+            x = torch.cat([x, x[:, -1:].expand(-1, self.t_downscale - rem, -1, -1, -1)], 1)
+        return x
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """N×T×3×H×W in [0, 1] -> N×(T/4)×latent×(H/8)×(W/8)."""
+        x = self.pad_frames(x)
+        n, t = x.shape[:2]
+        flat = x.reshape(n * t, *x.shape[2:])
+        if self.patch_size > 1:
+            flat = F.pixel_unshuffle(flat, self.patch_size)
+        if self.channels_last:
+            flat = flat.contiguous(memory_format=torch.channels_last)
+        z = self._run(self._encoder_stages, flat, n)
+        return z.reshape(n, z.shape[0] // n, *z.shape[1:])
+
+    def decode(self, z: torch.Tensor, trim: bool = True) -> torch.Tensor:
+        """N×K×latent×h×w -> N×(4K−3)×3×8h×8w in [0, 1] (the first 3 warm-up frames dropped)."""
+        n, k = z.shape[:2]
+        flat = z.reshape(n * k, *z.shape[2:])
+        if self.channels_last:
+            flat = flat.contiguous(memory_format=torch.channels_last)
+        x = self._run(self._decoder_stages, flat, n)
+        if self.patch_size > 1:
+            x = F.pixel_shuffle(x, self.patch_size)
+        x = x.clamp(0, 1).reshape(n, x.shape[0] // n, *x.shape[1:])
+        return x[:, self.frames_to_trim :] if trim else x
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.encode(x)
+        return z, self.decode(z)
+
+
+def reconstruction_target(video: torch.Tensor, n_decoded: int) -> torch.Tensor:
+    """The input frames a decoded clip is compared with, in training and validation alike.
+
+    decode(encode(x)) of T = 4k frames returns 4k−3 frames which stand for input frames
+    [0, 4k−3): the causal convention of the teacher (HunyuanVideo) the published weights were
+    distilled from, where k latents decode to 1 + 4(k−1) frames starting at frame 0.
+    """
+    return video[:, :n_decoded]
+
+
+def build_model(model_cfg) -> TAEHV:
+    """A TAEHV from the `[model]` section of the run config (trainer.config.ModelSection)."""
+    model = TAEHV(
+        latent_channels=model_cfg.latent_channels,
+        patch_size=model_cfg.patch_size,
+        encoder_time_downscale=tuple(model_cfg.encoder_time_downscale),
+        decoder_time_upscale=tuple(model_cfg.decoder_time_upscale),
+        decoder_space_upscale=tuple(model_cfg.decoder_space_upscale),
+        activation_checkpointing=model_cfg.activation_checkpointing,
+    )
+    if model_cfg.init_weights:
+        load_weights(model, model_cfg.init_weights, strict=model_cfg.init_strict)
+    if model_cfg.channels_last:
+        model.use_channels_last()
+    return model
+
+
+class WeightsError(ValueError):
+    """Initial weights that cannot be loaded: the message names the file and the keys."""
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any decoder failure is a user-facing file problem
+        raise WeightsError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from None
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict):
+        raise WeightsError(f"{path}: expected a state dict, found {type(sd).__name__}")
+    return sd
+
+
+def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> None:
+    sd = read_state_dict(path)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    wrong_shape = sorted(k for k in set(own) & set(sd) if tuple(own[k].shape) != tuple(sd[k].shape))
+    if wrong_shape:
+        shown = ", ".join(f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in wrong_shape[:8])
+        raise WeightsError(f"{path}: {len(wrong_shape)} tensor(s) with the wrong shape: {shown}")
+    if strict and (missing or unexpected):
+
+        def _list(keys: list[str]) -> str:
+            return ", ".join(keys[:12]) + (f" ... (+{len(keys) - 12})" if len(keys) > 12 else "")
+
+        parts = [f"{path}: does not match the model"]
+        if missing:
+            parts.append(f"missing {len(missing)} key(s): {_list(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} key(s): {_list(unexpected)}")
+        parts.append("(set model.init_strict = false to load the matching keys only)")
+        raise WeightsError("; ".join(parts))
+    model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
