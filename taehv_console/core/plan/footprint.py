@@ -60,15 +60,69 @@ def parameter_count(model: ModelSection) -> ParameterCount:
 
 @dataclass(frozen=True)
 class ActivationCount:
-    """Elements kept for backward for one clip; `peak_block` is the largest single MemBlock's share."""
+    """Elements autograd keeps for one clip (`total`), split by encoder and decoder.
+
+    `largest_stage` is what the biggest checkpointed stage holds while backward recomputes it;
+    with checkpointing it is part of `total`, without it is 0.
+    """
 
     encoder: int
     decoder: int
-    peak_block: int
+    largest_stage: int
 
     @property
     def total(self) -> int:
         return self.encoder + self.decoder
+
+
+def _stages(model: ModelSection, frames: int, height: int, width: int) -> list[tuple[str, int, int]]:
+    """(part, input elements, elements saved inside) for each stage trainer/model.py checkpoints.
+
+    trainer/model.py cuts each of encoder and decoder after every run of MemBlocks, so a stage is
+    e.g. [TPool, strided conv, 3 MemBlocks] or [Upsample, TGrow, conv, 3 MemBlocks]. A stage's
+    input is the previous stage's output, which that stage already counted as saved (its last
+    ReLU output), so "inside" never counts it twice.
+    """
+    p = model.patch_size
+    p2 = p * p
+    w = ENCODER_WIDTH
+    t, h, wd = frames, height // p, width // p
+    per_mb = 5 * MEMBLOCKS_PER_STAGE  # 5n per pixel and frame per MemBlock, see activation_elements
+    out: list[tuple[str, int, int]] = []
+
+    stage_in = 3 * p2 * t * h * wd
+    inside = stage_in + w * t * h * wd  # the clip (first conv's input) and the first ReLU output
+    for down in model.encoder_time_downscale:
+        t = -(-t // 2) if down else t
+        inside += w * t * h * wd  # TPool output = the strided conv's input
+        h, wd = -(-h // 2), -(-wd // 2)
+        # the strided conv's output is the first block's x: nobody saves it (identity skip)
+        inside += per_mb * w * t * h * wd
+        out.append(("encoder", stage_in, inside))
+        stage_in, inside = w * t * h * wd, 0
+    # conv(64, latent) saves its input (counted) and nothing new; it ends the encoder
+
+    lat = model.latent_channels
+    stage_in = lat * t * h * wd
+    n0 = DECODER_WIDTHS[0]
+    inside = lat * t * h * wd + n0 * t * h * wd  # tanh clamp output, conv(latent, 256)+ReLU output
+    inside += per_mb * n0 * t * h * wd
+    out.append(("decoder", stage_in, inside))
+    nexts = DECODER_WIDTHS[1:] + (DECODER_WIDTHS[-1],)
+    for i, (n, nxt) in enumerate(zip(DECODER_WIDTHS, nexts)):
+        stage_in = n * t * h * wd
+        if model.decoder_space_upscale[i]:
+            h, wd = h * 2, wd * 2
+        s = 2 if model.decoder_time_upscale[i] else 1
+        inside = n * t * h * wd  # the upsampled tensor = TGrow's input
+        t *= s
+        inside += n * t * h * wd  # TGrow's output = the stage conv's input
+        if i + 1 < len(DECODER_WIDTHS):
+            inside += per_mb * nxt * t * h * wd  # the next width's MemBlocks (conv output unsaved)
+        else:
+            inside += nxt * t * h * wd  # final ReLU output = conv(64, 3p^2)'s input
+        out.append(("decoder", stage_in, inside))
+    return out
 
 
 def activation_elements(model: ModelSection, frames: int, height: int, width: int) -> ActivationCount:
@@ -81,51 +135,27 @@ def activation_elements(model: ModelSection, frames: int, height: int, width: in
     and frame: the concat(x, past) fed to the first conv (2n), the two inner ReLU outputs (n each)
     and the block's output ReLU (n). The encoder runs 64 channels at full resolution and frame
     count, then 1/2, 1/4 and 1/8 of the resolution with its time strides; the decoder runs
-    256/128/64 channels at 1/8, 1/4, 1/2 and full resolution with its time strides.
+    256/128/64 channels at 1/8, 1/4, 1/2 and full resolution with its time strides. The
+    reconstruction (3 channels, full size) is kept by the loss.
 
-    With activation checkpointing (one checkpoint per MemBlock) a block keeps only its input, n per
-    pixel, and during backward one block at a time is recomputed: `peak_block` is that transient.
+    With activation checkpointing (trainer/model.py checkpoints each stage that ends in a run of
+    MemBlocks, and the tail) only each stage's input is kept, and backward recomputes one stage
+    at a time: the largest stage's contents are added once (per clip; the planner multiplies by
+    the micro-batch, since a stage is recomputed for the whole micro-batch).
 
     Not counted: the loss's own temporaries, the teacher VAE, cuDNN workspaces; the planner adds a
     workspace margin for those.
     """
-    p = model.patch_size
-    p2 = p * p
-    w = ENCODER_WIDTH
-    t, h, wd = frames, height // p, width // p
-    ckpt = model.activation_checkpointing
-    per_block = 1 if ckpt else 5
-    peak = 0
-
-    def blocks(n: int, t: int, h: int, wd: int) -> int:
-        nonlocal peak
-        peak = max(peak, 5 * n * t * h * wd)
-        return MEMBLOCKS_PER_STAGE * per_block * n * t * h * wd
-
-    enc = 3 * p2 * t * h * wd  # the clip, input of the first conv
-    enc += w * t * h * wd  # first ReLU output (also the first TPool's input)
-    for down in model.encoder_time_downscale:
-        t = -(-t // 2) if down else t
-        enc += w * t * h * wd  # TPool output = the strided conv's input
-        h, wd = -(-h // 2), -(-wd // 2)
-        # the strided conv's output is the first block's x: saved by nobody (identity skip)
-        enc += blocks(w, t, h, wd)
-    # last block's output ReLU is already counted; it is the input of conv(64, latent)
-
-    dec = model.latent_channels * t * h * wd  # tanh clamp output
-    dec += DECODER_WIDTHS[0] * t * h * wd  # conv(latent, 256) + ReLU output
-    nexts = DECODER_WIDTHS[1:] + (DECODER_WIDTHS[-1],)
-    for n, nxt, up_t, up_s in zip(
-        DECODER_WIDTHS, nexts, model.decoder_time_upscale, model.decoder_space_upscale
-    ):
-        dec += blocks(n, t, h, wd)
-        if up_s:
-            h, wd = h * 2, wd * 2
-        dec += n * t * h * wd  # upsampled tensor = TGrow's input
-        s = 2 if up_t else 1
-        dec += n * s * t * h * wd  # TGrow output = the stage's last conv's input
-        t *= s
-        # the stage conv's output feeds the next stage's first block (not saved), except the last
-    dec += DECODER_WIDTHS[-1] * t * h * wd  # final ReLU output = conv(64, 3p^2)'s input
-    dec += 3 * p2 * t * h * wd  # the reconstruction, kept by the loss
-    return ActivationCount(encoder=enc, decoder=dec, peak_block=peak if ckpt else 0)
+    stages = _stages(model, frames, height, width)
+    recon = 3 * frames * height * width
+    sums = {"encoder": 0, "decoder": 0}
+    if model.activation_checkpointing:
+        for part, stage_in, _ in stages:
+            sums[part] += stage_in
+        part, largest = max(((p, i + s) for p, i, s in stages), key=lambda x: x[1])
+        sums[part] += largest
+        sums["decoder"] += recon
+        return ActivationCount(encoder=sums["encoder"], decoder=sums["decoder"], largest_stage=largest)
+    for part, _, inside in stages:
+        sums[part] += inside
+    return ActivationCount(encoder=sums["encoder"], decoder=sums["decoder"] + recon, largest_stage=0)

@@ -101,7 +101,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
 
     Activations come from `footprint.activation_elements` (a layer-by-layer count of what autograd
     keeps for one clip of frames x height x width, see there), times the micro-batch, at 2 bytes
-    in bf16/fp16 and 4 in fp32; checkpointing keeps block inputs only plus one recomputed block.
+    in bf16/fp16 and 4 in fp32; checkpointing keeps stage inputs plus one recomputed stage.
     A workspace margin (10% of activations) and a fixed framework share (1 GB per GPU, 0.5 GB per
     CPU process) cover what the count leaves out. Expect +-30%: it is for "fits or not", not for
     the last gigabyte.
@@ -117,7 +117,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
     buffers = comm_buffer_bytes(cfg, params, precision)
     acts = activation_elements(cfg.model, cfg.data.frames, cfg.data.height, cfg.data.width)
     per_clip = acts.total * b
-    fixed = sum(states.values()) + buffers + FRAMEWORK_GB[device] * GB + acts.peak_block * b
+    fixed = sum(states.values()) + buffers + FRAMEWORK_GB[device] * GB
 
     def total_for(batch: int) -> float:
         return fixed + batch * per_clip * (1 + WORKSPACE_FRACTION)
@@ -126,7 +126,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
     breakdown_bytes = {
         **states,
         "comm_buffers": buffers,
-        "activations": batch * per_clip + acts.peak_block * b,
+        "activations": batch * per_clip,
         "workspace": batch * per_clip * WORKSPACE_FRACTION,
         "framework": FRAMEWORK_GB[device] * GB,
     }

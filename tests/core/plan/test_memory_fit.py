@@ -32,7 +32,8 @@ def test_activations_scale_with_clip_size_and_checkpointing_cuts_them():
     assert activation_elements(m, 24, 480, 720).total == 2 * base
     assert activation_elements(m, 12, 480, 1440).total == 2 * base
     ckpt = activation_elements(ModelSection(activation_checkpointing=True), 12, 480, 720)
-    assert ckpt.total < 0.7 * base and ckpt.peak_block > 0
+    # checkpointing keeps stage inputs plus one stage being recomputed: well under half
+    assert ckpt.largest_stage > 0 and ckpt.largest_stage < ckpt.total < 0.5 * base
 
 
 def test_zero_stages_partition_model_states():
