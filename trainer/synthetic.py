@@ -1,0 +1,186 @@
+"""Writes small but real video files (textured shapes moving over a panning, noisy background).
+
+Demos and tests train on these so that they go through the same PyAV decoding path as a user's videos.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoCodec:
+    codec: str
+    container: str  # FFmpeg muxer name
+    suffix: str
+    options: dict[str, str]
+
+
+# Tried in order; FFmpeg builds differ in which encoders they carry. mp4 first because it is what users
+# feed the trainer; FFV1 in Matroska is lossless and present in every FFmpeg build we know of.
+_CANDIDATES = (
+    VideoCodec("libx264", "mp4", ".mp4", {"preset": "ultrafast", "crf": "18"}),
+    VideoCodec("h264", "mp4", ".mp4", {}),
+    VideoCodec("libopenh264", "mp4", ".mp4", {}),
+    VideoCodec("mpeg4", "mp4", ".mp4", {"qmin": "2", "qmax": "4"}),
+    VideoCodec("ffv1", "matroska", ".mkv", {}),
+)
+
+
+def _encode(target, codec: VideoCodec, frames: Iterable[np.ndarray], fps: int, gop: int | None) -> None:
+    with av.open(target, "w", format=codec.container) as container:
+        stream = None
+        for frame in frames:
+            if stream is None:
+                height, width = frame.shape[:2]
+                stream = container.add_stream(codec.codec, rate=fps)
+                stream.width, stream.height = width, height
+                stream.pix_fmt = "yuv420p" if codec.codec != "ffv1" else "yuv444p"
+                stream.options = dict(codec.options)
+                if gop is not None:
+                    stream.codec_context.gop_size = gop
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        if stream is None:
+            raise ValueError("no frames to write")
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+@functools.cache
+def video_codec() -> VideoCodec:
+    """The first candidate codec that really encodes here (an encoder can be listed yet fail to open)."""
+    probe = [np.zeros((16, 16, 3), np.uint8)] * 2
+    for codec in _CANDIDATES:
+        try:
+            _encode(io.BytesIO(), codec, probe, 24, None)
+        except (av.error.FFmpegError, ValueError):
+            continue
+        return codec
+    raise RuntimeError(
+        "PyAV's FFmpeg has none of these video encoders: " + ", ".join(c.codec for c in _CANDIDATES)
+    )
+
+
+def write_video(
+    path: Path,
+    frames: Iterable[np.ndarray],
+    fps: int = 24,
+    codec: VideoCodec | None = None,
+    gop: int | None = None,
+) -> Path:
+    """Encode uint8 RGB frames [H, W, 3] (H and W even) into `path`, written under a temporary name first
+    so that an interrupted run never leaves a half-written video under a name the data loader picks up."""
+    codec = codec or video_codec()
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.part")
+    try:
+        _encode(str(partial), codec, frames, fps, gop)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'480x720' -> (480, 720): height first, as in the trainer's config."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or min(int(match[1]), int(match[2])) <= 0:
+        raise ValueError(f"size {text!r}: expected HEIGHTxWIDTH with positive whole numbers, e.g. 480x720")
+    return int(match[1]), int(match[2])
+
+
+def _clip_frames(rng: np.random.Generator, frames: int, height: int, width: int) -> Iterable[np.ndarray]:
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    unit = min(height, width)
+
+    # The background is an analytic texture, so a camera pan is just an offset in its coordinates and
+    # sub-pixel motion costs nothing.
+    n_waves = 4
+    freq = (rng.uniform(0.5, 6.0, n_waves) * 2 * np.pi / unit).tolist()
+    angle = rng.uniform(0, np.pi, n_waves).tolist()
+    phase = rng.uniform(0, 2 * np.pi, n_waves).tolist()
+    wave_colour = rng.uniform(-60, 60, (n_waves, 3)).astype(np.float32)
+    base_colour = rng.uniform(60, 190, 3).astype(np.float32)
+    checker = float(rng.uniform(1.5, 5.0) * 2 * np.pi / unit)
+    checker_colour = rng.uniform(-40, 40, 3).astype(np.float32)
+    pan = (rng.uniform(-0.04, 0.04, 2) * unit).tolist()  # pixels per frame (y, x)
+
+    n_shapes = int(rng.integers(2, 5))
+    shapes = []
+    for _ in range(n_shapes):
+        shapes.append(
+            {
+                "round": bool(rng.random() < 0.5),
+                "radius": float(rng.uniform(0.08, 0.22) * unit),
+                "centre": (rng.uniform(0, 1, 2) * (height, width)).tolist(),
+                "velocity": (rng.uniform(-0.06, 0.06, 2) * unit).tolist(),
+                "colour": rng.uniform(0, 255, 3).astype(np.float32),
+                "stripe": float(rng.uniform(2, 8) * 2 * np.pi / unit),
+                "stripe_angle": float(rng.uniform(0, np.pi)),
+            }
+        )
+    noise = float(rng.uniform(2.0, 6.0))
+
+    for t in range(frames):
+        y = yy + pan[0] * t
+        x = xx + pan[1] * t
+        img = np.broadcast_to(base_colour, (height, width, 3))
+        for k in range(n_waves):
+            proj = math.cos(angle[k]) * x + math.sin(angle[k]) * y
+            img = img + np.sin(freq[k] * proj + phase[k])[..., None] * wave_colour[k]
+        img = (
+            img
+            + np.where(np.sin(checker * x) * np.sin(checker * y) > 0, 1, -1).astype(np.float32)[..., None]
+            * checker_colour
+        )
+        for s in shapes:
+            # Positions bounce between the frame edges, so shapes stay in view for any clip length.
+            cy, cx = (_bounce(s["centre"][i] + s["velocity"][i] * t, (height, width)[i]) for i in range(2))
+            dy, dx = yy - cy, xx - cx
+            if s["round"]:
+                inside = dy**2 + dx**2 <= s["radius"] ** 2
+            else:
+                inside = (np.abs(dy) <= s["radius"]) & (np.abs(dx) <= s["radius"] * 0.7)
+            proj = math.cos(s["stripe_angle"]) * dx + math.sin(s["stripe_angle"]) * dy
+            texture = np.float32(0.75) + np.float32(0.25) * np.sign(np.sin(s["stripe"] * proj))
+            img = np.where(inside[..., None], s["colour"] * texture[..., None], img)
+        img = img + rng.standard_normal(img.shape, dtype=np.float32) * noise
+        yield np.clip(img, 0, 255).round().astype(np.uint8)
+
+
+def _bounce(position: float, length: int) -> float:
+    period = 2 * length
+    p = position % period
+    return p if p < length else period - p
+
+
+def make_synthetic(
+    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
+) -> list[Path]:
+    """Write `clips` videos of `frames` frames at height x width into out_dir; each clip differs (its
+    content comes from seed and the clip's index). Returns the written paths, in order."""
+    if clips < 1 or frames < 1 or fps < 1:
+        raise ValueError(f"clips, frames and fps must be at least 1 (got {clips}, {frames}, {fps})")
+    if height < 2 or width < 2 or height % 2 or width % 2:
+        # 4:2:0 video, what the mp4 encoders take, needs even sides.
+        raise ValueError(f"size {height}x{width}: height and width must be even and at least 2")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    codec = video_codec()
+    written = []
+    for i in range(clips):
+        rng = np.random.default_rng([seed, i])
+        path = out_dir / f"clip-{i:04d}{codec.suffix}"
+        written.append(write_video(path, _clip_frames(rng, frames, height, width), fps, codec))
+    return written
