@@ -63,3 +63,41 @@ def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
     if ds.communication_data_type != "auto":
         conf["communication_data_type"] = ds.communication_data_type
     return conf
+
+
+def effective_deepspeed_config(engine) -> dict:
+    """What the running DeepSpeed engine actually uses, read back from its parsed config, keyed
+    like build_deepspeed_config so the two can be compared value by value."""
+    c = engine._config  # DeepSpeed exposes no public accessor for the parsed config
+    z = c.zero_config
+    zero = {
+        "stage": z.stage,
+        "allgather_partitions": z.allgather_partitions,
+        "allgather_bucket_size": z.allgather_bucket_size,
+        "reduce_bucket_size": z.reduce_bucket_size,
+        "overlap_comm": z.overlap_comm,
+        "contiguous_gradients": z.contiguous_gradients,
+        "reduce_scatter": z.reduce_scatter,
+    }
+    if z.stage == 3:
+        zero.update(
+            {
+                "stage3_max_live_parameters": z.max_live_parameters,
+                "stage3_max_reuse_distance": z.max_reuse_distance,
+                "stage3_prefetch_bucket_size": z.prefetch_bucket_size,
+                "stage3_param_persistence_threshold": z.param_persistence_threshold,
+                "stage3_gather_16bit_weights_on_model_save": z.gather_16bit_weights_on_model_save,
+            }
+        )
+    out = {
+        "train_micro_batch_size_per_gpu": c.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": c.gradient_accumulation_steps,
+        "train_batch_size": c.train_batch_size,
+        "gradient_clipping": c.gradient_clipping,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bool(engine.bfloat16_enabled())},
+        "fp16_enabled": bool(engine.fp16_enabled()),
+    }
+    if c.communication_data_type is not None:
+        out["communication_data_type"] = str(c.communication_data_type).replace("torch.", "")
+    return out

@@ -1,0 +1,268 @@
+"""Real training runs: accelerate + DeepSpeed on CPU (gloo), 1 and 2 processes, ZeRO-2 and ZeRO-3.
+
+Each module-scoped run is shared by the tests that read it, so CI pays for each run once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.runs import Launch, base_config, events, run_to_end, wait_for, write_run
+from trainer import checkpoint as ckpt
+from trainer.config import load_config
+from trainer.data import VideoClipDataset, find_videos, split_train_val, validation_items
+from trainer.ds_config import build_deepspeed_config
+from trainer.metrics import psnr_from_mse
+from trainer.synthetic import make_synthetic
+from trainer.train import lr_at
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def data_with_bad_clips(clip_dir, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("mixed")
+    for p in clip_dir.iterdir():
+        shutil.copy(p, d / p.name)
+    (d / "corrupt-a.mp4").write_bytes(os.urandom(5000))
+    (d / "corrupt-b.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(3000))
+    short = make_synthetic(d / "short", clips=1, frames=3, height=64, width=80, seed=99)
+    assert short
+    return d
+
+
+@pytest.fixture(scope="module")
+def zero2_run(tmp_path_factory, data_with_bad_clips) -> Path:
+    run = write_run(
+        tmp_path_factory.mktemp("z2") / "run",
+        base_config(data_with_bad_clips, optim={"ema_decay": 0.9}),
+    )
+    run_to_end(run, 2)
+    return run
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory, clip_dir) -> Path:
+    run = write_run(
+        tmp_path_factory.mktemp("z3") / "run",
+        base_config(
+            clip_dir,
+            deepspeed={"zero_stage": 3, "stage3_prefetch_bucket_size": 123_456, "stage3_max_live_parameters": 7_654_321,
+                       "stage3_param_persistence_threshold": 4_321, "stage3_max_reuse_distance": 9_999_999,
+                       "reduce_bucket_size": 2_345_678},
+            optim={"ema_decay": 0.9},
+        ),
+    )  # fmt: skip
+    # rank 1's loss is NaN at step 2: every rank must skip that micro-batch together (no hang)
+    run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
+    return run
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in events(run, 0, "step")}
+
+
+# ---------------------------------------------------------------- ZeRO-2
+
+
+def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
+    steps = events(zero2_run, 0, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
+    first, last = steps[0]["loss"], min(e["loss"] for e in steps[-2:])
+    assert last < first, f"loss did not fall: {[round(e['loss'], 5) for e in steps]}"
+    for e in steps:
+        for field in ("loss", "recon_loss", "psnr", "lr", "grad_norm", "samples_per_s", "step_time_s"):
+            assert field in e and e[field] is not None, field
+        assert math.isclose(e["psnr"], psnr_from_mse(e["recon_loss"]), rel_tol=1e-9)
+    start = events(zero2_run, 1, "start")[0]
+    assert start["world_size"] == 2 and start["zero_stage"] == 2 and start["precision"] == "no"
+    assert events(zero2_run, 0, "stop")[-1]["reason"] == "done"
+    for r in (0, 1):
+        beat = json.loads((zero2_run / "heartbeat" / f"rank-{r}.json").read_text())
+        assert beat["step"] == 6 and beat["pid"] > 0
+    assert list((zero2_run / "tensorboard").glob("events.out.tfevents.*"))
+    vals = events(zero2_run, 0, "val")
+    assert [v["step"] for v in vals] == [3, 6] and all(0 < v["ssim"] <= 1 for v in vals)
+    # checkpoints: complete by the protocol, `latest` names the newest, >= 2 kept
+    scan = ckpt.scan(zero2_run / "checkpoints")
+    assert [s.step for s in scan.complete] == [6, 3] and not scan.skipped
+    assert (zero2_run / "checkpoints" / "latest").read_text().strip() == "step-6"
+    assert events(zero2_run, 0, "checkpoint")[-1]["status"] == "complete"
+    assert (zero2_run / "final" / "taehv.safetensors").is_file()
+    assert (zero2_run / "best" / "taehv.safetensors").is_file()
+    assert json.loads((zero2_run / "best" / "info.json").read_text())["psnr"] == max(v["psnr"] for v in vals)
+
+
+def test_corrupt_and_short_videos_are_skipped_and_reported(zero2_run, data_with_bad_clips):
+    train, _val = split_train_val(find_videos(str(data_with_bad_clips)), 0.25, 64)
+    bad_in_train = {str(p) for p in train if "corrupt" in p.name or "short" in str(p)}
+    assert bad_in_train, "the split put no bad clip in the training set; the test would prove nothing"
+    reported = [e for r in (0, 1) for e in events(zero2_run, r, "data")]
+    assert {e["path"] for e in reported} <= {str(p) for p in find_videos(str(data_with_bad_clips))}
+    assert bad_in_train <= {e["path"] for e in reported}
+    assert all(e["reason"] for e in reported)
+    # each bad video is decoded at most once per rank: never endless retry
+    for r in (0, 1):
+        paths = [e["path"] for e in events(zero2_run, r, "data")]
+        assert len(paths) == len(set(paths))
+
+
+def test_every_deepspeed_setting_reaches_the_engine(zero2_run, zero3_run):
+    for run in (zero2_run, zero3_run):
+        asked = build_deepspeed_config(load_config(run / "run.toml"), "cpu")
+        got = json.loads((run / "deepspeed.effective.json").read_text())
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                    "gradient_clipping", "bf16"):  # fmt: skip
+            assert got[key] == asked[key], key
+        assert got["zero_optimization"] == asked["zero_optimization"]
+    z3 = json.loads((zero3_run / "deepspeed.effective.json").read_text())["zero_optimization"]
+    assert z3["stage3_prefetch_bucket_size"] == 123_456 and z3["reduce_bucket_size"] == 2_345_678
+
+
+def test_lr_per_optimizer_step_is_the_same_for_one_and_two_processes(zero2_run, tmp_path, clip_dir):
+    one = write_run(tmp_path / "one", base_config(clip_dir, topology={"gpus_per_node": 1}))
+    run_to_end(one, 1)
+    lr1 = [e["lr"] for e in events(one, 0, "step")]
+    lr2 = [e["lr"] for e in events(zero2_run, 0, "step")]
+    cfg = load_config(one / "run.toml")
+    assert lr1 == lr2 == [lr_at(s, cfg) for s in range(6)]
+    assert lr1[1] == cfg.optim.lr and lr1[-1] < lr1[2]  # warmup peak, then cosine decay
+
+
+def test_resume_continues_where_the_uninterrupted_run_would_be(zero2_run, tmp_path):
+    # a run stopped after step 3: the uninterrupted run's own step-3 checkpoint
+    resumed = tmp_path / "resumed"
+    write_run(resumed, load_config(zero2_run / "run.toml").model_dump(mode="json"))
+    shutil.copytree(zero2_run / "checkpoints" / "step-3", resumed / "checkpoints" / "step-3")
+    run_to_end(resumed, 2, args=("--resume", "latest"))
+    start = events(resumed, 0, "start")[0]
+    assert start["resumed_from"].endswith("step-3") and start["step"] == 3
+    a = {e["step"]: e for e in events(zero2_run, 0, "step")}
+    b = {e["step"]: e for e in events(resumed, 0, "step")}
+    assert sorted(b) == [4, 5, 6]
+    for s in (4, 5, 6):
+        assert b[s]["lr"] == a[s]["lr"]
+        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (s, a[s]["loss"], b[s]["loss"])
+
+
+# ---------------------------------------------------------------- ZeRO-3
+
+
+def test_zero3_nonfinite_loss_is_skipped_by_all_ranks_together(zero3_run):
+    assert [e["step"] for e in events(zero3_run, 0, "step")] == [1, 2, 3, 4, 5, 6]
+    last = events(zero3_run, 0, "step")[-1]
+    assert last["nonfinite_skipped"] == 1
+    assert all(math.isfinite(e["loss"]) for e in events(zero3_run, 0, "step"))
+    assert events(zero3_run, 1, "stop")[-1]["reason"] == "done"
+
+
+def _psnr_of_weights(run: Path, weights: dict) -> float:
+    from trainer.model import TAEHV, reconstruction_target
+
+    cfg = load_config(run / "run.toml")
+    model = TAEHV()
+    model.load_state_dict(weights)
+    model.eval()
+    _train, val = split_train_val(find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips)
+    ds = VideoClipDataset(val, cfg.data, train=False)
+    psnrs = []
+    with torch.no_grad():
+        for index, seed, counts in validation_items(len(ds), 0, 1):
+            x = ds[(index, seed)]["video"][None].float() / 255
+            _z, y = model(x)
+            psnrs.append(psnr_from_mse(torch.mean((y - reconstruction_target(x, y.shape[1])) ** 2).item()))
+    return sum(psnrs) / len(psnrs)
+
+
+def test_zero3_final_weights_are_full_and_reproduce_the_last_validation(zero3_run):
+    from safetensors.torch import load_file
+
+    from trainer.model import TAEHV
+
+    weights = load_file(str(zero3_run / "final" / "taehv.safetensors"))
+    ref = TAEHV().state_dict()
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {k: tuple(v.shape) for k, v in ref.items()}
+    assert all(v.numel() > 0 and torch.isfinite(v).all() for v in weights.values())
+    last_val = events(zero3_run, 0, "val")[-1]
+    assert last_val["step"] == 6
+    assert abs(_psnr_of_weights(zero3_run, weights) - last_val["psnr"]) < 0.1
+    ema = load_file(str(zero3_run / "final" / "taehv_ema.safetensors"))
+    assert ema.keys() == weights.keys()
+    assert any(not torch.equal(ema[k], weights[k]) for k in weights)  # EMA is its own set of weights
+
+
+# ---------------------------------------------------------------- signals and failures
+
+
+def test_sigterm_mid_run_checkpoints_the_current_step_and_exits_0(tmp_path, clip_dir):
+    run = write_run(tmp_path / "run", base_config(clip_dir, optim={"max_steps": 500},
+                                                   schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
+    launch = Launch(run, 2)
+    wait_for(lambda: len(events(run, 0, "step")) >= 2, 180, "two steps", launch)
+    os.killpg(launch.proc.pid, signal.SIGTERM)  # what `taehv-console stop` sends: the launcher's group
+    rc = launch.wait(120)
+    assert rc == 0, launch.tail()
+    stop = events(run, 0, "stop")[-1]
+    assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM"
+    newest = ckpt.scan(run / "checkpoints").newest
+    assert newest is not None and newest.step == stop["step"] >= 2
+    assert events(run, 1, "stop")[-1]["step"] == stop["step"]  # both ranks stopped at the same step
+
+
+def test_kill_9_during_checkpoint_never_takes_the_tmp_dir(tmp_path, clip_dir):
+    cfg = base_config(clip_dir, schedule={"checkpoint_every": 2, "val_every": 1000})
+    run = write_run(tmp_path / "run", cfg)
+    # rank 1 lingers 60 s inside the step-4 save, after its files and before the barrier
+    launch = Launch(run, 2, env={"TAEHV_FAULTS": "ckpt_sleep:1:4:60"})
+    wait_for(lambda: (run / "checkpoints" / "step-4.tmp" / "trainer" / "rank-1.pt").exists(), 180,
+             "rank 1 inside the step-4 save", launch)  # fmt: skip
+    pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    rc = launch.wait(120)
+    assert rc != 0
+    assert (run / "checkpoints" / "step-4.tmp").is_dir() and not (run / "checkpoints" / "step-4").exists()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-2"
+    # resume takes step-2, reports the .tmp, and runs to the end
+    run_to_end(run, 2, args=("--resume", "latest"))
+    start = events(run, 0, "start")[-1]
+    assert start["resumed_from"].endswith("step-2")
+    assert any("step-4.tmp" in s for s in start["skipped_checkpoints"])
+    assert events(run, 0, "stop")[-1]["reason"] == "done"
+    assert ckpt.scan(run / "checkpoints").newest.step == 6
+    assert not (run / "checkpoints" / "step-4.tmp").exists()  # the abandoned one is cleaned after a good save
+
+
+def test_collective_timeout_is_the_process_group_timeout(tmp_path, clip_dir):
+    run = write_run(tmp_path / "run", base_config(clip_dir, distributed={"collective_timeout_s": 5},
+                                                   optim={"max_steps": 4}))  # fmt: skip
+    t0 = time.time()
+    launch = Launch(run, 2, env={"TAEHV_FAULTS": "stall:1:2:90"})
+    rc = launch.wait(200)
+    assert rc != 0
+    log = launch.log.read_text(errors="replace")
+    assert "imed out" in log or "Timeout" in log or "timeout" in log, launch.tail()
+    # gave up long before rank 1's 90 s stall ended: the 5 s timeout applied, not a default
+    assert time.time() - t0 < 85, launch.tail()
+
+
+def test_world_size_change_on_resume_is_refused_with_the_supported_paths(zero2_run, tmp_path):
+    run = tmp_path / "run"
+    write_run(run, {**load_config(zero2_run / "run.toml").model_dump(mode="json"),
+                    "topology": {"nodes": 1, "gpus_per_node": 1, "device": "cpu"}})  # fmt: skip
+    shutil.copytree(zero2_run / "checkpoints" / "step-3", run / "checkpoints" / "step-3")
+    launch = Launch(run, 1, args=("--resume", "latest"))
+    assert launch.wait() == 2
+    log = launch.log.read_text()
+    assert "ds_to_universal" in log and "--weights-only" in log
+    # the weights-only path works at the new world size
+    run_to_end(run, 1, args=("--resume", "latest", "--weights-only"))
+    assert events(run, 0, "step")[0]["step"] == 4

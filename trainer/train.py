@@ -1,0 +1,651 @@
+"""TAEHV training with accelerate + DeepSpeed (ZeRO-2/3): what `taehv-train --run RUN` runs on every rank.
+
+Reads RUN/run.toml, writes events, heartbeats, TensorBoard scalars and checkpoints into RUN by
+DESIGN.md's contracts. Every decision several ranks must share (skip a non-finite step, stop on
+a signal, checkpoint outcome) is agreed by a collective, never taken by one rank alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig, load_config
+from trainer.data import (
+    DataSourceError,
+    VideoClipDataset,
+    find_videos,
+    make_train_loader,
+    split_train_val,
+    validation_items,
+)
+from trainer.events import EventWriter, atomic_write_text
+from trainer.faults import FaultPlan
+
+EXIT_OK = 0
+EXIT_CONFIG = 2  # bad config, data or checkpoint: nothing to retry
+EXIT_FAILED = 1
+
+
+class SetupError(RuntimeError):
+    """The run cannot start as configured (device, teacher, world size); the message says why."""
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """LR for optimizer step `step` (0-based): linear warmup, then the schedule. A function of the
+    optimizer step only, so it is the same for any number of processes and across resume."""
+    o = cfg.optim
+    if o.warmup_steps and step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.schedule == "constant":
+        return o.lr
+    span = max(1, o.max_steps - o.warmup_steps)
+    progress = min(1.0, (step - o.warmup_steps) / span)
+    floor = o.lr * o.min_lr_ratio
+    if o.schedule == "linear":
+        return floor + (o.lr - floor) * (1 - progress)
+    return floor + (o.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class StopRequest:
+    """SIGTERM/SIGINT only set a flag; the loop finishes the step and all ranks agree to stop."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name = ""
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, _frame) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+def _set_single_process_env() -> None:
+    # A run started without a launcher still gets a (1-process) process group, so one code path
+    # serves 1 and N processes.
+    if "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+
+
+class Trainer:
+    def __init__(self, run_dir: Path, cfg: TrainConfig, resume: str | None, weights_only: bool):
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.resume_spec = resume
+        self.weights_only = weights_only
+        self.stop = StopRequest()
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        import torch
+
+        cfg = self.cfg
+        self.device_kind = cfg.topology.device
+        if self.device_kind == "cuda" and not torch.cuda.is_available():
+            raise SetupError(f"{self.run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+        os.environ.setdefault("DS_ACCELERATOR", "cpu" if self.device_kind == "cpu" else "cuda")
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        _set_single_process_env()
+        if self.device_kind == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        for k, v in cfg.distributed.nccl_env.items():
+            os.environ.setdefault(k, v)
+
+        from accelerate import Accelerator, PartialState
+        from accelerate.utils import DeepSpeedPlugin
+
+        from trainer.ds_config import build_deepspeed_config, resolve_precision
+
+        # The process group is created here, with the configured timeout: DeepSpeed and accelerate
+        # reuse it, so collective_timeout_s really is what a hung collective waits for.
+        backend = "gloo" if self.device_kind == "cpu" else "nccl"
+        self.state = PartialState(backend=backend, timeout=timedelta(seconds=cfg.distributed.collective_timeout_s))
+        self.ds_config = build_deepspeed_config(cfg, self.device_kind)
+        self.precision = resolve_precision(cfg, self.device_kind)
+        plugin = DeepSpeedPlugin(hf_ds_config=self.ds_config)
+        self.accelerator = Accelerator(deepspeed_plugin=plugin)
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.local_rank = self.accelerator.local_process_index
+        self.is_main = self.rank == 0
+        self.device = self.accelerator.device
+        if self.world != cfg.topology.world_size:
+            raise SetupError(
+                f"run.toml says {cfg.topology.nodes} node(s) × {cfg.topology.gpus_per_node} = "
+                f"{cfg.topology.world_size} processes, but the launcher started {self.world}"
+            )
+        self.faults = FaultPlan(self.rank)
+        self.events = EventWriter(self.run_dir, self.rank)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        if self.is_main:
+            self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        self.stop.install()
+
+    def build(self) -> None:
+        import torch
+
+        from trainer.model import build_model
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.run.seed)
+        model = build_model(cfg.model)
+        self.resume_from: ckpt.CheckpointStatus | None = None
+        self.skipped_checkpoints: list[ckpt.CheckpointStatus] = []
+        if self.resume_spec:
+            self.resume_from, self.skipped_checkpoints = ckpt.resolve_resume(self.ckpt_root, self.resume_spec)
+            if self.resume_from and self.resume_from.world_size != self.world and not self.weights_only:
+                raise ckpt.CheckpointError(
+                    f"{self.resume_from.path} was written by {self.resume_from.world_size} processes, this run has "
+                    f"{self.world}: ZeRO optimizer shards cannot be loaded at another world size. Either convert it "
+                    "with DeepSpeed's universal checkpoint tool (ds_to_universal) and resume from that, or resume "
+                    "weights-only with a fresh optimizer (taehv-train --resume ... --weights-only)."
+                )
+            if self.resume_from and self.weights_only:
+                from safetensors.torch import load_file
+
+                model.load_state_dict(load_file(str(self.resume_from.path / ckpt.WEIGHTS)))
+        if cfg.model.compile:
+            model.compile()
+        self.teacher = self._load_teacher() if cfg.loss.teacher else None
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            (no_decay if p.ndim <= 1 else decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr_at(0, cfg),
+            betas=tuple(cfg.optim.betas),
+            eps=cfg.optim.eps,
+        )
+        self.engine, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.zero_stage = self.ds_config["zero_optimization"]["stage"]
+        if self.is_main:
+            # what DeepSpeed really runs with, beside what was asked: a knob that never reached it shows here
+            from trainer.ds_config import effective_deepspeed_config
+
+            atomic_write_text(self.run_dir / "deepspeed.effective.json",
+                              _json(**effective_deepspeed_config(self.engine)))  # fmt: skip
+        self.model_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
+
+        # Trainer state that checkpoints carry besides DeepSpeed's.
+        self.step = 0
+        self.samples_consumed = 0
+        self.nonfinite_skipped = 0
+        self.data_skipped = 0
+        self.best_psnr = -math.inf
+        self.last_val: dict | None = None
+        self.ema = self._init_ema() if cfg.optim.ema_decay > 0 else None
+        if self.resume_from:
+            self._load_checkpoint(self.resume_from)
+
+    def _load_teacher(self):
+        import torch
+
+        path = Path(self.cfg.loss.teacher)
+        if not path.is_dir():
+            raise SetupError(f"loss.teacher = {str(path)!r}: no such directory (a teacher is never substituted)")
+        try:
+            from diffusers import AutoencoderKLHunyuanVideo
+
+            teacher = AutoencoderKLHunyuanVideo.from_pretrained(
+                str(path), subfolder=self.cfg.loss.teacher_subfolder or None
+            )
+        except Exception as err:  # noqa: BLE001 - any failure to load is the same user-facing error
+            raise SetupError(f"loss.teacher = {str(path)!r}: cannot load AutoencoderKLHunyuanVideo: {err}") from None
+        lc = teacher.config.latent_channels
+        if lc != self.cfg.model.latent_channels:
+            raise SetupError(
+                f"loss.teacher has {lc} latent channels, model.latent_channels is {self.cfg.model.latent_channels}"
+            )
+        teacher.requires_grad_(False).eval()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        return teacher.to(self.device, dtype)
+
+    # ---------------------------------------------------------------- EMA
+    def _ema_sources(self):
+        """(name, tensor) pairs EMA tracks: this rank's ZeRO-3 partition, or the full parameter."""
+        for name, p in self.engine.module.named_parameters():
+            yield name, (p.ds_tensor if self.zero_stage == 3 else p)
+
+    def _init_ema(self) -> dict:
+        return {n: t.detach().float().clone() for n, t in self._ema_sources()}
+
+    def _update_ema(self) -> None:
+        d = self.cfg.optim.ema_decay
+        for n, t in self._ema_sources():
+            self.ema[n].mul_(d).add_(t.detach().float(), alpha=1 - d)
+
+    # ---------------------------------------------------------------- collectives
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        dev = self.device if self.device_kind == "cuda" else "cpu"
+        t = torch.tensor(values, dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def full_weights(self, use_ema: bool = False) -> dict | None:
+        """Full fp32 tensors on rank 0 (None elsewhere). Collective: every rank must call it."""
+        import torch
+
+        module = self.engine.module
+        swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if use_ema:
+            for n, t in self._ema_sources():
+                swapped.append((t, t.detach().clone()))
+                t.data.copy_(self.ema[n].to(t.dtype))
+        try:
+            if self.zero_stage == 3:
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                    sd = self._copy_state(module) if self.is_main else None
+            else:
+                sd = self._copy_state(module) if self.is_main else None
+        finally:
+            for t, saved in swapped:
+                t.data.copy_(saved)
+        return sd
+
+    @staticmethod
+    def _copy_state(module) -> dict:
+        return {k: v.detach().float().cpu().clone().contiguous() for k, v in module.state_dict().items()}
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, reason: str) -> bool:
+        import torch
+        import torch.distributed as dist
+        from safetensors.torch import save_file
+
+        step = self.step
+        tmp = self.ckpt_root / f"step-{step}.tmp"
+        t0 = time.time()
+        if self.is_main:
+            if tmp.exists():  # left by a save that died; never reused as it is
+                import shutil
+
+                shutil.rmtree(tmp)
+            (tmp / "trainer").mkdir(parents=True)
+            self.events.emit("checkpoint", step=step, path=str(tmp), status="started", reason=reason)
+        self._barrier()
+        self.engine.save_checkpoint(str(tmp), tag=ckpt.DS_TAG, client_state={"step": step}, save_latest=False)
+        weights = self.full_weights()
+        ema_weights = self.full_weights(use_ema=True) if self.ema is not None else None
+        torch.save(
+            {
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state() if self.device_kind == "cuda" else None,
+                "samples_consumed": self.samples_consumed,
+                "ema": self.ema,
+            },
+            tmp / ckpt.rank_state_name(self.rank),
+        )
+        if self.is_main:
+            save_file(weights, str(tmp / ckpt.WEIGHTS))
+            if ema_weights is not None:
+                save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
+            atomic_write_text(
+                tmp / "trainer" / "state.json",
+                _json(
+                    step=step, best_psnr=self.best_psnr if math.isfinite(self.best_psnr) else None,
+                    nonfinite_skipped=self.nonfinite_skipped, data_skipped=self.data_skipped,
+                    world_size=self.world, preset=self.cfg.run.preset, last_val=self.last_val,
+                ),
+            )  # fmt: skip
+        self.faults.sleep("ckpt_sleep", step)
+        self._barrier()
+        ok, message, final = 1.0, "", None
+        if self.is_main:
+            try:
+                final = ckpt.finalize(tmp, step, self.world, self.zero_stage, {"preset": self.cfg.run.preset})
+            except (ckpt.CheckpointError, OSError) as err:
+                ok, message = 0.0, str(err)
+        ok = self._all_reduce([ok])[0] if self.world > 1 else ok  # only rank 0 can say 1: sum == 1 means done
+        ok = bool(ok)
+        if self.is_main:
+            if ok:
+                # pruning only ever follows a complete save
+                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step)
+                nbytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
+                self.events.emit("checkpoint", step=step, path=str(final), seconds=round(time.time() - t0, 3),
+                                 bytes=nbytes, status="complete", reason=reason)  # fmt: skip
+            else:
+                self.events.emit("checkpoint", step=step, path=str(tmp), seconds=round(time.time() - t0, 3),
+                                 bytes=0, status="failed", reason=reason, message=message)  # fmt: skip
+                print(f"[taehv-train] checkpoint at step {step} FAILED: {message}", file=sys.stderr, flush=True)
+        self.last_saved_step = step
+        dist.barrier()
+        return ok
+
+    def _load_checkpoint(self, st: ckpt.CheckpointStatus) -> None:
+        import json
+
+        import torch
+
+        if not self.weights_only:
+            load_path, _ = self.engine.load_checkpoint(
+                str(st.path), tag=ckpt.DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
+            if load_path is None:
+                raise ckpt.CheckpointError(f"{st.path}: DeepSpeed found nothing to load")
+            rank_state = torch.load(st.path / ckpt.rank_state_name(self.rank), map_location="cpu", weights_only=True)
+            torch.set_rng_state(rank_state["torch_rng"])
+            if self.device_kind == "cuda" and rank_state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(rank_state["cuda_rng"])
+            self.samples_consumed = int(rank_state["samples_consumed"])
+            if self.ema is not None and rank_state.get("ema"):
+                self.ema = {k: v.to(self.ema[k].device) for k, v in rank_state["ema"].items()}
+        state = json.loads((st.path / "trainer" / "state.json").read_text())
+        self.step = int(state["step"])
+        self.best_psnr = state.get("best_psnr") or -math.inf
+        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
+        self.data_skipped = int(state.get("data_skipped", 0))
+        self.last_val = state.get("last_val")
+        if self.weights_only:
+            # a fresh optimizer on another world size: the data position restarts for this world
+            self.samples_consumed = self.step * self.cfg.optim.grad_accum * self.cfg.optim.batch_per_gpu
+
+    # ---------------------------------------------------------------- data
+    def build_data(self) -> None:
+        cfg = self.cfg
+        videos = find_videos(cfg.data.source, cfg.data.root)
+        self.train_paths, self.val_paths = split_train_val(videos, cfg.data.val_fraction, cfg.data.val_max_clips)
+        self.train_set = VideoClipDataset(self.train_paths, cfg.data, train=True)
+        self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
+        self.loader = make_train_loader(
+            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
+            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
+        )  # fmt: skip
+        self.batches = iter(self.loader)
+
+    def _next_batch(self):
+        batch = next(self.batches)
+        self.samples_consumed += batch["video"].shape[0]
+        self._report_skips(batch["skipped"])
+        return batch
+
+    def _report_skips(self, skipped: list[dict]) -> None:
+        for s in skipped:
+            self.data_skipped += 1
+            self.events.emit("data", step=self.step, path=s["path"], reason=s["reason"], count=self.data_skipped)
+            print(f"[taehv-train] rank {self.rank}: skipped {s['path']}: {s['reason']}", file=sys.stderr, flush=True)
+
+    def _to_input(self, video_u8):
+        # uint8 crosses the loader and the bus; the float conversion happens on the device
+        x = video_u8.to(self.device, non_blocking=True).to(self.model_dtype).div_(255.0)
+        return x.contiguous()
+
+    # ---------------------------------------------------------------- losses
+    def _teacher_latents(self, x):
+        import torch
+
+        n_dec = x.shape[1] - self.engine.module.frames_to_trim
+        with torch.no_grad():
+            frames = x[:, :n_dec].to(self.teacher.dtype).mul(2).sub(1).permute(0, 2, 1, 3, 4)
+            lat = self.teacher.encode(frames).latent_dist.mode()
+        return lat.permute(0, 2, 1, 3, 4).to(x.dtype)
+
+    def compute_loss(self, x):
+        """Total loss and its parts for one micro-batch x (N×T×3×H×W in [0, 1])."""
+        import torch.nn.functional as F
+
+        from trainer.model import reconstruction_target
+
+        cfg = self.cfg.loss
+        z, y = self.engine(x)
+        target = reconstruction_target(x, y.shape[1])
+        recon = F.mse_loss(y.float(), target.float())
+        total = cfg.recon_weight * recon
+        parts = {"recon_loss": recon.detach()}
+        if self.teacher is not None:
+            t_lat = self._teacher_latents(x)
+            enc = F.mse_loss(z.float(), t_lat.float())
+            total = total + cfg.distill_encoder_weight * enc
+            parts["distill_loss"] = enc.detach()
+            if cfg.decoder_on_teacher_latents:
+                y_t = self.engine.module.decode(t_lat)
+                dec = F.mse_loss(y_t.float(), reconstruction_target(x, y_t.shape[1]).float())
+                total = total + dec
+                parts["decoder_teacher_loss"] = dec.detach()
+        return total, parts
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> dict:
+        import torch
+
+        from trainer.metrics import psnr_from_mse, ssim_per_frame
+        from trainer.model import reconstruction_target
+
+        if self.val_set is None:
+            return {}
+        self.engine.eval()
+        sums = [0.0, 0.0, 0.0]  # psnr, ssim, clips
+        with torch.no_grad():
+            # every rank runs the same number of forward passes (ZeRO-3 gathers in each)
+            for index, seed, counts in validation_items(len(self.val_set), self.rank, self.world):
+                item = self.val_set[(index, seed)]
+                self._report_skips(item["skipped"])
+                x = self._to_input(item["video"][None])
+                _z, y = self.engine(x)
+                target = reconstruction_target(x, y.shape[1])
+                if counts:
+                    mse = torch.mean((y.float() - target.float()) ** 2).item()
+                    sums[0] += psnr_from_mse(mse)
+                    sums[1] += ssim_per_frame(y.float(), target.float()).mean().item()
+                    sums[2] += 1
+        self.engine.train()
+        psnr_sum, ssim_sum, n = self._all_reduce(sums)
+        if n == 0:
+            return {}
+        result = {"step": self.step, "psnr": psnr_sum / n, "ssim": ssim_sum / n, "n_clips": int(n)}
+        self.last_val = result
+        if self.is_main:
+            self.events.emit("val", **result)
+            self.tb.add_scalar("val/psnr", result["psnr"], self.step)
+            self.tb.add_scalar("val/ssim", result["ssim"], self.step)
+            print(f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}",
+                  flush=True)  # fmt: skip
+        if result["psnr"] > self.best_psnr:
+            self.best_psnr = result["psnr"]
+            self._export("best", result)
+        return result
+
+    def _export(self, name: str, info: dict) -> None:
+        """Write consolidated weights to RUN/<name>/taehv.safetensors (collective)."""
+        from safetensors.torch import save_file
+
+        weights = self.full_weights()
+        ema = self.full_weights(use_ema=True) if self.ema is not None else None
+        if self.is_main:
+            out = self.run_dir / name
+            out.mkdir(exist_ok=True)
+            save_file(weights, str(out / ".taehv.safetensors.tmp"))
+            os.replace(out / ".taehv.safetensors.tmp", out / "taehv.safetensors")
+            if ema is not None:
+                save_file(ema, str(out / ".taehv_ema.safetensors.tmp"))
+                os.replace(out / ".taehv_ema.safetensors.tmp", out / "taehv_ema.safetensors")
+            atomic_write_text(out / "info.json", _json(**info, preset=self.cfg.run.preset))
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> int:
+        from torch.utils.tensorboard import SummaryWriter
+
+        cfg = self.cfg
+        self.tb = SummaryWriter(str(self.run_dir / "tensorboard")) if self.is_main else None
+        self.last_saved_step = self.step if self.resume_from else -1
+        self.events.emit(
+            "start", world_size=self.world, node=socket.gethostname(), local_rank=self.local_rank,
+            preset=cfg.run.preset, resumed_from=str(self.resume_from.path) if self.resume_from else None,
+            max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
+            skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
+        )  # fmt: skip
+        self.events.heartbeat(self.step)
+        if self.is_main:
+            for s in self.skipped_checkpoints:
+                print(f"[taehv-train] not resuming from {s.path}: {s.state}: {'; '.join(s.problems)}", flush=True)
+            if self.resume_from:
+                print(f"[taehv-train] resumed from {self.resume_from.path} at step {self.step}", flush=True)
+        stop_reason = "done"
+        while self.step < cfg.optim.max_steps:
+            stop_now = self.train_step()
+            if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):
+                print(
+                    f"[taehv-train] step {self.step}/{cfg.optim.max_steps} loss {self.last['loss']:.5f} "
+                    f"psnr {self.last['psnr']:.2f} lr {self.last['lr']:.3g} {self.last['samples_per_s']:.2f} clips/s",
+                    flush=True,
+                )
+            if stop_now:
+                stop_reason = "signal"
+                break
+            if self.step % cfg.schedule.val_every == 0:
+                self.validate()
+            if self.step % cfg.schedule.checkpoint_every == 0:
+                self.save_checkpoint("interval")
+        if stop_reason == "done" and (self.last_val is None or self.last_val["step"] != self.step):
+            self.validate()
+        if self.last_saved_step != self.step:
+            self.save_checkpoint("stop" if stop_reason == "signal" else "final")
+        if stop_reason == "done":
+            self._export("final", {"step": self.step, "last_val": self.last_val})
+        self.events.emit("stop", step=self.step, reason=stop_reason, exit_status=0,
+                         signal=self.stop.signal_name or None)  # fmt: skip
+        self.events.heartbeat(self.step, stopped=True)
+        if self.tb:
+            self.tb.close()
+        return EXIT_OK
+
+    def train_step(self) -> bool:
+        """One optimizer step (grad_accum micro-batches). Returns True when all ranks agreed to stop."""
+        import torch
+
+        cfg = self.cfg
+        t0 = time.time()
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        done, tries = 0, 0
+        sums = {"loss": 0.0, "recon_loss": 0.0, "distill_loss": 0.0, "decoder_teacher_loss": 0.0}
+        stop_agreed = False
+        while done < cfg.optim.grad_accum:
+            tries += 1
+            if tries > 10 * cfg.optim.grad_accum:
+                raise RuntimeError(f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up")
+            batch = self._next_batch()
+            self.faults.sleep("delay", self.step)
+            x = self._to_input(batch["video"])
+            loss, parts = self.compute_loss(x)
+            if self.faults.nan_loss(self.step):
+                loss = loss * float("nan")
+            self.faults.sleep("stall", self.step)
+            # One small collective per micro-batch: any rank's non-finite loss skips it everywhere,
+            # any rank's stop request stops everywhere at the end of this step.
+            bad, stop = self._all_reduce([0.0 if torch.isfinite(loss).item() else 1.0,
+                                          1.0 if self.stop.requested else 0.0], op="max")  # fmt: skip
+            stop_agreed = stop_agreed or stop > 0
+            if bad > 0:
+                self.nonfinite_skipped += 1
+                if self.is_main:
+                    print(f"[taehv-train] step {self.step}: non-finite loss on some rank; micro-batch skipped "
+                          f"on all ranks ({self.nonfinite_skipped} so far)", file=sys.stderr, flush=True)  # fmt: skip
+                continue
+            self.engine.backward(loss)
+            self.engine.step()
+            done += 1
+            sums["loss"] += loss.item()
+            for k, v in parts.items():
+                sums[k] += v.item()
+        if self.ema is not None:
+            self._update_ema()
+        self.step += 1
+        n = cfg.optim.grad_accum
+        keys = list(sums)
+        reduced = self._all_reduce([sums[k] / n for k in keys])
+        means = {k: v / self.world for k, v in zip(keys, reduced)}
+        step_time = time.time() - t0
+        from trainer.metrics import psnr_from_mse
+
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        gpu_mem = torch.cuda.max_memory_allocated() / 2**30 if self.device_kind == "cuda" else None
+        self.last = {
+            "step": self.step, "loss": means["loss"], "recon_loss": means["recon_loss"],
+            "psnr": psnr_from_mse(means["recon_loss"]), "lr": lr, "grad_norm": grad_norm,
+            "samples_per_s": cfg.effective_batch / step_time if step_time > 0 else 0.0,
+            "step_time_s": step_time, "gpu_mem_gb": gpu_mem, "nonfinite_skipped": self.nonfinite_skipped,
+        }  # fmt: skip
+        if self.teacher is not None:
+            self.last["distill_loss"] = means["distill_loss"]
+            if cfg.loss.decoder_on_teacher_latents:
+                self.last["decoder_teacher_loss"] = means["decoder_teacher_loss"]
+        self.events.heartbeat(self.step, step_time_s=step_time)
+        if self.is_main or self.step % cfg.schedule.log_every == 0:
+            self.events.emit("step", **self.last)
+        if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):
+            for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s"):
+                self.tb.add_scalar(f"train/{k}", self.last[k], self.step)
+            if grad_norm is not None:
+                self.tb.add_scalar("train/grad_norm", grad_norm, self.step)
+        return stop_agreed
+
+
+def _json(**fields) -> str:
+    import json
+
+    return json.dumps(fields, indent=1)
+
+
+def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = False) -> int:
+    """Entry for one rank. Config and data problems are reported before any process group starts."""
+    from trainer.config import ConfigError
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = load_config(run_dir / "run.toml")
+        # fail fast, before any collective: every rank checks its own view of the data
+        find_videos(cfg.data.source, cfg.data.root)
+    except (ConfigError, DataSourceError) as err:
+        print(f"[taehv-train] error: {err}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    trainer = Trainer(run_dir, cfg, resume, weights_only)
+    try:
+        trainer.setup()
+        trainer.build()
+        trainer.build_data()
+        return trainer.train()
+    except (ckpt.CheckpointError, DataSourceError, SetupError) as err:
+        _report_error(trainer, err)
+        return EXIT_CONFIG
+    except Exception as err:  # noqa: BLE001 - report, then fail the rank so the launcher sees it
+        _report_error(trainer, err)
+        return EXIT_FAILED
+
+
+def _report_error(trainer: Trainer, err: BaseException) -> None:
+    tb = traceback.format_exc()
+    print(f"[taehv-train] error: {err}\n{tb}", file=sys.stderr, flush=True)
+    events = getattr(trainer, "events", None)
+    if events is not None:
+        events.emit("error", message=str(err), traceback="".join(tb.splitlines(True)[-12:]))
+        events.emit("stop", step=getattr(trainer, "step", 0), reason="error", exit_status=1)
