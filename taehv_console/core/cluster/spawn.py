@@ -1,0 +1,123 @@
+"""Start a process detached from the caller (own session, stdin from /dev/null, output to a log) and
+report its pid and process group; signal or list a process group. Run on a node as
+`python -m taehv_console.core.cluster.spawn start|signal|pids ...`, each printing one JSON object.
+
+A dropped SSH channel does not stop a process started without a pty, and a process in its own
+session is never hit by the caller's job control: the console records the pgid and stops the run
+by signalling that group, never by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def start_detached(
+    argv: Sequence[str], log_path: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> dict:
+    """Start argv in a new session; return {"pid", "pgid", "sid", "host", "log"}. Does not wait."""
+    log = Path(log_path).expanduser()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=cwd, env=full_env, start_new_session=True, close_fds=True,
+        )
+    # start_new_session makes the child a session and group leader: pgid == sid == pid. Asked
+    # rather than assumed, so a surprise (a wrapper that forks) shows up in state.json.
+    try:
+        pgid, sid = os.getpgid(proc.pid), os.getsid(proc.pid)
+    except ProcessLookupError:  # it already exited and was reaped by nobody yet: still its own group
+        pgid = sid = proc.pid
+    return {"pid": proc.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(), "log": str(log)}
+
+
+def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
+    pids = []
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "stat")) as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited while we looked
+        # comm (field 2) is in parentheses and may hold spaces: fields restart after the last ')'.
+        rest = stat[stat.rfind(")") + 2:].split()
+        if len(rest) >= 3 and rest[0] != "Z" and int(rest[2]) == pgid:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def signal_group(pgid: int, sig: int | str) -> dict:
+    """Send a signal to a process group. {"pgid", "signal", "sent", "error"}."""
+    if pgid <= 1:
+        # killpg(0) is our own group and killpg(1) init's: never what a caller meant.
+        return {"pgid": pgid, "signal": str(sig), "sent": False, "error": f"refusing to signal pgid {pgid}"}
+    signum = sig if isinstance(sig, int) else getattr(signal, sig if sig.startswith("SIG") else f"SIG{sig}")
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": "no such process group"}
+    except PermissionError as err:
+        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": str(err)}
+    return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": True, "error": ""}
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.fullmatch(key):
+            raise SystemExit(f"--env expects KEY=VALUE with a plain KEY, got {item!r}")
+        env[key] = value
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.spawn")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("start", help="start a detached process; print pid and pgid")
+    p.add_argument("--log", required=True)
+    p.add_argument("--cwd")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p = sub.add_parser("signal", help="signal a process group")
+    p.add_argument("--pgid", type=int, required=True)
+    p.add_argument("--signal", default="TERM")
+    p = sub.add_parser("pids", help="list the live processes of a process group")
+    p.add_argument("--pgid", type=int, required=True)
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("start needs a command after --")
+        try:
+            out = start_detached(command, args.log, cwd=args.cwd, env=_parse_env(args.env))
+        except OSError as err:  # the program is missing, the cwd or log is not writable
+            print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+            return 127
+    elif args.action == "signal":
+        out = signal_group(args.pgid, args.signal)
+    else:
+        out = {"pgid": args.pgid, "pids": group_pids(args.pgid)}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
