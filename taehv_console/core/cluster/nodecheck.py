@@ -1,0 +1,147 @@
+"""Small checks preflight runs on a node: a token in the runs directory (is it shared?), a TCP
+listener on the master port and connections to it (free? reachable?). Run as
+`python -m taehv_console.core.cluster.nodecheck ACTION ...`, each printing one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import select
+import socket
+import sys
+import time
+from pathlib import Path
+
+BANNER = b"taehv-preflight\n"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def token_path(runs_dir: str, token: str) -> Path:
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(f"bad token {token!r}")
+    return Path(runs_dir).expanduser() / f".taehv-preflight-{token}"
+
+
+def token_write(runs_dir: str, token: str) -> dict:
+    path = token_path(runs_dir, token)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(token)
+    except OSError as err:
+        return {"ok": False, "path": str(path), "error": str(err)}
+    return {"ok": True, "path": str(path)}
+
+
+def token_read(runs_dir: str, token: str) -> dict:
+    path = token_path(runs_dir, token)
+    try:
+        found = path.read_text() == token
+    except OSError:
+        found = False
+    return {"found": found, "path": str(path)}
+
+
+def token_remove(runs_dir: str, token: str) -> dict:
+    try:
+        token_path(runs_dir, token).unlink()
+        return {"ok": True}
+    except OSError as err:
+        return {"ok": False, "error": str(err)}
+
+
+def port_free(port: int) -> dict:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as err:
+            return {"free": False, "error": err.strerror or str(err)}
+    return {"free": True}
+
+
+def listen(port: int, seconds: float) -> int:
+    """Hold the port, answer each connection with a banner, stop when stdin closes (the console
+    went away) or after `seconds`. Prints {"listening": ...} first so the caller knows when."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        srv.bind(("0.0.0.0", port))
+        srv.listen(64)
+    except OSError as err:
+        print(json.dumps({"listening": False, "error": err.strerror or str(err)}), flush=True)
+        return 1
+    print(json.dumps({"listening": True, "port": port}), flush=True)
+    deadline = time.monotonic() + seconds
+    accepted = 0
+    watch = [srv, sys.stdin]
+    while time.monotonic() < deadline:
+        r, _, _ = select.select(watch, [], [], max(0.0, deadline - time.monotonic()))
+        if sys.stdin in r and not sys.stdin.buffer.read1(1):
+            break
+        if srv in r:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.sendall(BANNER)
+                    conn.recv(1)  # let the client close first: TIME_WAIT stays on its side
+                except OSError:
+                    pass
+            accepted += 1
+    srv.close()
+    print(json.dumps({"accepted": accepted}), flush=True)
+    return 0
+
+
+def connect(host: str, port: int, timeout: float) -> dict:
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            got = s.recv(len(BANNER))
+    except OSError as err:
+        return {"ok": False, "error": err.strerror or str(err) or type(err).__name__,
+                "seconds": round(time.monotonic() - t0, 3)}
+    if got != BANNER:
+        return {"ok": False, "error": f"something else answers on the port ({got[:32]!r})",
+                "seconds": round(time.monotonic() - t0, 3)}
+    return {"ok": True, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.nodecheck")
+    sub = parser.add_subparsers(dest="action", required=True)
+    for name in ("token-write", "token-read", "token-remove"):
+        p = sub.add_parser(name)
+        p.add_argument("runs_dir")
+        p.add_argument("token")
+    p = sub.add_parser("port-free")
+    p.add_argument("--port", type=int, required=True)
+    p = sub.add_parser("listen")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p = sub.add_parser("connect")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--timeout", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.action == "listen":
+        return listen(args.port, args.seconds)
+    if args.action == "token-write":
+        out = token_write(args.runs_dir, args.token)
+    elif args.action == "token-read":
+        out = token_read(args.runs_dir, args.token)
+    elif args.action == "token-remove":
+        out = token_remove(args.runs_dir, args.token)
+    elif args.action == "port-free":
+        out = port_free(args.port)
+    else:
+        out = connect(args.host, args.port, args.timeout)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,583 @@
+"""Preflight: the cluster checked against a RunConfig before anything starts. Each check is a pure
+function of recorded values (Topology, NodeFacts, TrainConfig, results of node-side tests) that
+returns Findings; `run_preflight` gathers those values over the node runners and calls them all.
+Errors stop a launch; warnings are shown and do not.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from taehv_console.core.cluster.gather import node_path, probe_hosts
+from taehv_console.core.cluster.hosts import is_local_host
+from taehv_console.core.models import (
+    BandwidthResult,
+    Finding,
+    NodeFacts,
+    PreflightReport,
+    ProbeResult,
+    Severity,
+    Topology,
+)
+from trainer.config import TrainConfig
+
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+CLOCK_SKEW_LIMIT_S = 2.0
+NODECHECK = "taehv_console.core.cluster.nodecheck"
+
+
+def _facts(probes: Sequence[ProbeResult]) -> dict[str, NodeFacts]:
+    return {p.host: p.facts for p in probes if p.facts is not None}
+
+
+def sort_findings(findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=lambda f: (f.severity.rank, f.node or "", f.id)))
+
+
+# ------------------------------------------------------------------------------------- pure checks
+
+def check_reachability(probes: Sequence[ProbeResult]) -> list[Finding]:
+    return [Finding("node-unreachable", E, p.error or f"{p.host}: no facts", p.fix, p.host)
+            for p in probes if not p.ok]
+
+
+def check_processes_vs_gpus(topology: Topology, facts: Mapping[str, NodeFacts], cfg: TrainConfig) -> list[Finding]:
+    """Nodes and processes per node of the config against the machines' GPUs and hostfile slots."""
+    out: list[Finding] = []
+    want_nodes, want_ppn = cfg.topology.nodes, cfg.topology.gpus_per_node
+    have_nodes = topology.node_count
+    if cfg.topology.device == "cuda" and facts:
+        gpus = {h: f.visible_gpu_count for h, f in facts.items()}
+        counts = set(gpus.values())
+        total = sum(gpus.values())
+        # Per-node GPUs stand for all nodes when only this node was probed (platform launches).
+        per_node = min(counts) if counts else 0
+        if len(facts) < have_nodes:
+            total = per_node * have_nodes
+        if (want_nodes != have_nodes or want_ppn > per_node) and want_nodes * want_ppn == total \
+                and per_node > 0 and len(counts) == 1:
+            out.append(Finding(
+                "topology-mismatch", E,
+                f"the config runs {want_nodes} node(s) × {want_ppn} processes, but the cluster is "
+                f"{have_nodes} node(s) × {per_node} GPUs: local rank {per_node} would ask for GPU ordinal "
+                f"{per_node} on a machine that has {per_node} (CUDA error: invalid device ordinal)",
+                f"run it as {have_nodes} nodes × {per_node}: --set topology.nodes={have_nodes} "
+                f"--set topology.gpus_per_node={per_node}, one launcher per node with machine ranks "
+                f"{_ranks_text(have_nodes)}",
+            ))
+            return out
+        if want_nodes != have_nodes:
+            out.append(Finding(
+                "node-count-mismatch", E,
+                f"the config has topology.nodes = {want_nodes} but the {topology.source.value} topology has "
+                f"{have_nodes} node(s)",
+                f"--set topology.nodes={have_nodes}, or list {want_nodes} node(s) in the hostfile",
+            ))
+        for host, f in facts.items():
+            n = f.visible_gpu_count
+            if n == 0:
+                out.append(Finding("no-gpu", E, f"{host}: 0 GPUs ({f.gpu_reason or 'none visible'})",
+                                   "install/load the NVIDIA driver, fix CUDA_VISIBLE_DEVICES, or "
+                                   "--set topology.device=cpu for a CPU run", host))
+            elif want_ppn > n:
+                out.append(Finding(
+                    "processes-exceed-gpus", E,
+                    f"{host}: the config starts {want_ppn} processes per node but {n} GPU(s) are visible",
+                    f"--set topology.gpus_per_node={n}", host))
+            elif want_ppn < n:
+                out.append(Finding("gpus-idle", I, f"{host}: {want_ppn} of {n} GPUs will be used", "", host))
+    elif cfg.topology.device == "cpu":
+        if want_nodes != have_nodes:
+            out.append(Finding(
+                "node-count-mismatch", E,
+                f"the config has topology.nodes = {want_nodes} but the {topology.source.value} topology has "
+                f"{have_nodes} node(s)", f"--set topology.nodes={have_nodes}"))
+        for host, f in facts.items():
+            if f.cpu_count and want_ppn > f.cpu_count:
+                out.append(Finding("processes-exceed-cpus", W,
+                                   f"{host}: {want_ppn} CPU processes on {f.cpu_count} CPU(s) will crawl",
+                                   f"--set topology.gpus_per_node={max(1, f.cpu_count)}", host))
+    # Hostfile slots say how many processes a node takes; more than its devices cannot start.
+    for node in topology.nodes:
+        f = facts.get(node.host)
+        if f is None or node.slots is None:
+            continue
+        devices = f.visible_gpu_count if cfg.topology.device == "cuda" else f.cpu_count
+        kind = "GPU(s) visible" if cfg.topology.device == "cuda" else "CPU(s)"
+        if node.slots > devices:
+            out.append(Finding(
+                "slots-exceed-devices", E,
+                f"{node.host}: the hostfile gives slots={node.slots} but the node has {devices} {kind}",
+                f"set '{node.host} slots={devices}' in the hostfile", node.host))
+        elif node.slots != want_ppn:
+            out.append(Finding(
+                "slots-differ-from-config", W,
+                f"{node.host}: hostfile slots={node.slots} but the config starts {want_ppn} processes per node",
+                f"make them agree: slots={want_ppn} or --set topology.gpus_per_node={node.slots}", node.host))
+    return out
+
+
+def _ranks_text(n: int) -> str:
+    ranks = [str(i) for i in range(n)]
+    return " and ".join(ranks) if n <= 2 else ", ".join(ranks[:-1]) + " and " + ranks[-1]
+
+
+def check_visible_devices(facts: Mapping[str, NodeFacts]) -> list[Finding]:
+    out = []
+    for host, f in facts.items():
+        if f.invalid_visible_entries:
+            bad = ",".join(f.invalid_visible_entries)
+            out.append(Finding(
+                "visible-devices-invalid", E,
+                f"{host}: CUDA_VISIBLE_DEVICES={f.cuda_visible_devices!r} names devices this node does not have "
+                f"({f.gpu_count} GPU(s), ordinals 0–{max(f.gpu_count - 1, 0)}): CUDA ignores '{bad}' and shows "
+                f"{f.visible_gpu_count} GPU(s)",
+                f"use ordinals 0–{max(f.gpu_count - 1, 0)} or UUIDs on {host}, or unset CUDA_VISIBLE_DEVICES", host))
+    return out
+
+
+def check_gpu_homogeneity(facts: Mapping[str, NodeFacts]) -> list[Finding]:
+    out = []
+    models: dict[str, set[str]] = {}
+    mem: dict[int, set[str]] = {}
+    for host, f in facts.items():
+        for g in f.visible_gpus:
+            models.setdefault(g.name, set()).add(host)
+            mem.setdefault(g.memory_total_mb // 1024, set()).add(host)
+    if len(models) > 1:
+        desc = "; ".join(f"{name} on {', '.join(sorted(h))}" for name, h in sorted(models.items()))
+        out.append(Finding("gpu-models-differ", W,
+                           f"GPU models differ ({desc}): the slowest GPU paces every step",
+                           "use nodes of one GPU model, or accept the slowest one's speed"))
+    if len(mem) > 1:
+        smallest = min(mem)
+        out.append(Finding("gpu-memory-differs", W,
+                           f"GPU memory differs across GPUs ({', '.join(f'{m} GB' for m in sorted(mem))}): "
+                           f"the {smallest} GB GPUs bound the batch size",
+                           f"plan for {smallest} GB (--set topology.gpu_memory_gb={smallest})"))
+    return out
+
+
+# (field, label, severity when nodes disagree). Python compares major.minor: a patch release
+# does not change pickles or the C ABI of the installed wheels.
+_VERSION_FIELDS: tuple[tuple[str, str, Severity], ...] = (
+    ("python_minor", "Python", E), ("torch_version", "torch", E), ("deepspeed_version", "deepspeed", E),
+    ("accelerate_version", "accelerate", E), ("nccl_version", "NCCL", E),
+    ("driver_version", "NVIDIA driver", W), ("cuda_driver_version", "CUDA (driver)", W),
+)
+
+
+def check_version_skew(facts: Mapping[str, NodeFacts], device: str = "cuda") -> list[Finding]:
+    out = []
+    for host, f in facts.items():
+        for attr, label in (("torch_version", "torch"), ("deepspeed_version", "deepspeed"),
+                            ("accelerate_version", "accelerate")):
+            if getattr(f, attr) is None:
+                out.append(Finding("package-missing", E, f"{host}: {label} is not installed for {f.python_executable}",
+                                   f"install the project's environment on {host} (make install)", host))
+    if len(facts) < 2:
+        return out
+    for attr, label, sev in _VERSION_FIELDS:
+        if device == "cpu" and attr in ("nccl_version", "driver_version", "cuda_driver_version"):
+            continue
+        values: dict[str, list[str]] = {}
+        for host, f in facts.items():
+            v = ".".join(f.python_version.split(".")[:2]) if attr == "python_minor" else getattr(f, attr)
+            if v:
+                values.setdefault(str(v), []).append(host)
+        if len(values) > 1:
+            desc = "; ".join(f"{v} on {', '.join(h)}" for v, h in sorted(values.items()))
+            out.append(Finding("version-skew", sev, f"{label} differs across nodes: {desc}",
+                               f"install one {label} version on every node"))
+    return out
+
+
+def check_data(facts: Mapping[str, NodeFacts], data_source: str) -> list[Finding]:
+    if not data_source:
+        # Only the smoke preset runs without data (the console generates clips for it).
+        return [Finding("data-not-set", W, "no data source: data.source is empty; only generated "
+                        "demo clips can be trained on", "--data DIR (a directory of videos or an annotation JSON)")]
+    out = []
+    for host, f in facts.items():
+        p = f.path("data")
+        if p is None:
+            continue
+        if not p.exists:
+            out.append(Finding("data-missing", E, f"{host}: data source {p.path} does not exist",
+                               f"mount or copy the data to the same path on {host}", host))
+        elif not p.readable:
+            out.append(Finding("data-unreadable", E, f"{host}: data source {p.path} is not readable",
+                               f"fix its permissions for the user the console logs in as on {host}", host))
+    return out
+
+
+def check_runs_shared(shared: Mapping[str, bool] | None, runs_dir: str, writer: str = "") -> list[Finding]:
+    """`shared` maps each other node to whether it read the token `writer` wrote; None = not tested."""
+    if not shared:
+        return []
+    missing = sorted(h for h, ok in shared.items() if not ok)
+    if not missing:
+        return [Finding("runs-shared", I, f"runs directory {runs_dir} is shared by all nodes")]
+    return [Finding(
+        "runs-not-shared", W,
+        f"runs directory {runs_dir} is not shared: a file written on {writer or 'the master'} is not seen on "
+        f"{', '.join(missing)}. Each node would write its own ZeRO shards of a checkpoint to its own disk, "
+        "so no single node holds a complete checkpoint: rank 0 cannot verify one, and a resume needs "
+        "every node's disk back in the same place",
+        "put --runs on storage every node mounts at the same path (NFS, Lustre, a shared volume)")]
+
+
+def checkpoint_bytes(cfg: TrainConfig) -> float:
+    """One checkpoint: 16 bytes per parameter for weights, gradients' fp32 master and AdamW state
+    (the planner's accounting), plus 4 per parameter for an EMA copy."""
+    from taehv_console.core.plan.footprint import parameter_count
+
+    params = parameter_count(cfg.model).total
+    return params * (16 + (4 if cfg.optim.ema_decay > 0 else 0))
+
+
+def check_disk(facts: Mapping[str, NodeFacts], cfg: TrainConfig) -> list[Finding]:
+    # keep_checkpoints complete ones plus the one being written, plus final/ and best/ weights.
+    per_ckpt = checkpoint_bytes(cfg)
+    need_gb = (per_ckpt * (cfg.schedule.keep_checkpoints + 1) + 2 * per_ckpt / 4) / 1e9
+    out = []
+    for host, f in facts.items():
+        p = f.path("runs")
+        if p is None or p.free_gb is None:
+            continue
+        if not p.writable:
+            out.append(Finding("runs-not-writable", E, f"{host}: runs directory {p.path} is not writable",
+                               f"choose a writable --runs or fix permissions on {host}", host))
+        elif p.free_gb < need_gb:
+            out.append(Finding(
+                "disk-too-small", E,
+                f"{host}: {p.free_gb:.1f} GB free at {p.fs_path}, {cfg.schedule.keep_checkpoints} kept "
+                f"checkpoints + one being written need ~{need_gb:.2f} GB",
+                "free space there, choose another --runs, or lower schedule.keep_checkpoints (≥ 2)", host))
+        elif p.free_gb < 2 * need_gb:
+            out.append(Finding("disk-tight", W, f"{host}: {p.free_gb:.1f} GB free at {p.fs_path}, "
+                               f"~{need_gb:.2f} GB needed: little room for logs and TensorBoard", "", host))
+    return out
+
+
+def check_master_port(port: int, master: str, free: tuple[bool, str] | None,
+                      reach: Mapping[str, tuple[bool, str]]) -> list[Finding]:
+    out = []
+    if free is not None and not free[0]:
+        out.append(Finding("master-port-busy", E, f"{master}: master port {port} is in use ({free[1]})",
+                           "stop what holds it, or set MASTER_PORT to a free port", master))
+        return out
+    for host, (ok, why) in reach.items():
+        if not ok:
+            out.append(Finding("master-port-unreachable", E,
+                               f"{host}: cannot reach the master {master}:{port} ({why})",
+                               f"open TCP {port} on {master} to the other nodes (firewall, security group), "
+                               "or check that the master address resolves to an address they can route to",
+                               host))
+    return out
+
+
+def check_clock_skew(probes: Sequence[ProbeResult], limit_s: float = CLOCK_SKEW_LIMIT_S) -> list[Finding]:
+    offsets = {p.host: p.clock_offset_s for p in probes if p.clock_offset_s is not None}
+    if len(offsets) < 1:
+        return []
+    spread = max(offsets.values()) - min(offsets.values())
+    worst = max(offsets.items(), key=lambda kv: abs(kv[1]))
+    if spread > limit_s or abs(worst[1]) > limit_s:
+        desc = ", ".join(f"{h} {o:+.1f} s" for h, o in offsets.items() if abs(o) > 0.05)
+        return [Finding("clock-skew", W,
+                        f"node clocks disagree by up to {max(spread, abs(worst[1])):.1f} s ({desc} vs this "
+                        "console): heartbeats, stragglers and log times will be misread",
+                        "run chrony or ntpd on every node", worst[0])]
+    return []
+
+
+def _nccl_list(value: str) -> tuple[bool, bool, list[str]]:
+    """NCCL's interface/HCA list syntax: '^' excludes, '=' matches exactly, else prefix match."""
+    exclude = value.startswith("^")
+    value = value[1:] if exclude else value
+    exact = value.startswith("=")
+    value = value[1:] if exact else value
+    return exclude, exact, [v.split(":")[0] for v in value.split(",") if v]
+
+
+def check_nccl_env(facts: Mapping[str, NodeFacts], nccl_env: Mapping[str, str], device: str = "cuda") -> list[Finding]:
+    """The NCCL settings a launch will use (the node's own env, overridden by the config's
+    distributed.nccl_env) against the node's InfiniBand devices and network interfaces."""
+    out = []
+    for host, f in facts.items():
+        env = {**dict(f.comm_env), **nccl_env}
+        ifaces = [i.name for i in f.interfaces]
+        ib = list(f.ib_devices)
+        if device == "cuda" and not ib:
+            if env.get("NCCL_NET", "").upper() == "IB":
+                out.append(Finding("nccl-ib-missing", E,
+                                   f"{host}: NCCL_NET=IB but the node has no InfiniBand devices (/sys/class/infiniband is empty)",
+                                   "unset NCCL_NET or run on nodes with InfiniBand", host))
+            elif env.get("NCCL_IB_DISABLE") == "0" or env.get("NCCL_IB_HCA"):
+                what = "NCCL_IB_HCA=" + env["NCCL_IB_HCA"] if env.get("NCCL_IB_HCA") else "NCCL_IB_DISABLE=0"
+                out.append(Finding("nccl-ib-missing", W,
+                                   f"{host}: {what} asks for InfiniBand but the node has no InfiniBand devices: "
+                                   "NCCL falls back to TCP sockets, far slower between nodes",
+                                   "set NCCL_IB_DISABLE=1 (and drop NCCL_IB_HCA) here, or use InfiniBand nodes", host))
+        elif env.get("NCCL_IB_HCA") and ib:
+            exclude, exact, names = _nccl_list(env["NCCL_IB_HCA"])
+            if not exclude:
+                missing = [n for n in names if not any(d == n if exact else d.startswith(n) for d in ib)]
+                if missing:
+                    out.append(Finding("nccl-ib-hca-missing", E,
+                                       f"{host}: NCCL_IB_HCA names {', '.join(missing)} but the node has {', '.join(ib)}",
+                                       f"set NCCL_IB_HCA to devices of {host} ({', '.join(ib)})", host))
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            if not env.get(var):
+                continue
+            exclude, exact, names = _nccl_list(env[var])
+            if var == "GLOO_SOCKET_IFNAME":
+                exclude, exact = False, True  # gloo takes exact names, no list syntax
+            matching = [i for i in ifaces if any(i == n if exact else i.startswith(n) for n in names)]
+            if (not exclude and not matching) or (exclude and not [i for i in ifaces if i not in matching]):
+                out.append(Finding("socket-ifname-missing", E,
+                                   f"{host}: {var}={env[var]} matches no interface (the node has {', '.join(ifaces) or 'none'})",
+                                   f"set {var} to one of: {', '.join(i for i in ifaces if i != 'lo') or 'lo'}", host))
+    return out
+
+
+def check_memory_fit(cfg: TrainConfig, facts: Mapping[str, NodeFacts]) -> list[Finding]:
+    """The planner's estimate, against the smallest GPU actually present (not the config's claim)."""
+    from taehv_console.core.plan.planner import estimate_memory
+
+    out = []
+    checked = cfg
+    if cfg.topology.device == "cuda":
+        mems = [g.memory_gb for f in facts.values() for g in f.visible_gpus]
+        if mems:
+            real = min(mems) * 1.073741824  # GiB (NVML) to GB (the planner's unit)
+            if real < cfg.topology.gpu_memory_gb * 0.98:
+                out.append(Finding("gpu-memory-smaller", W,
+                                   f"the config assumes {cfg.topology.gpu_memory_gb:g} GB per GPU, the smallest "
+                                   f"GPU here has {real:.0f} GB; the fit below uses the real figure",
+                                   f"--set topology.gpu_memory_gb={int(real)}"))
+            checked = cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": round(real, 1)})})
+    fit = estimate_memory(checked)
+    unit = "GPU" if cfg.topology.device == "cuda" else "process"
+    if fit.fits:
+        out.append(Finding("memory-fit", I, f"memory: ~{fit.per_gpu_gb:.1f} GB of {fit.gpu_gb:g} GB per {unit}"))
+    else:
+        out.append(Finding("memory-does-not-fit", E,
+                           f"memory: ~{fit.per_gpu_gb:.1f} GB needed per {unit}, {fit.gpu_gb:g} GB available",
+                           "; ".join(fit.notes) or "lower optim.batch_per_gpu"))
+    for note in fit.notes:
+        if fit.fits:
+            out.append(Finding("planner-note", I, note))
+    return out
+
+
+def bandwidth_finding(result: BandwidthResult, assumed_gbps: float | None = None) -> Finding:
+    text = (f"all-reduce of {result.bytes / 1e6:.0f} MB across {result.nodes} nodes ({result.backend}): "
+            f"algbw {result.algbw_gbps:.3f} GB/s, busbw {result.busbw_gbps:.3f} GB/s "
+            f"({result.busbw_gbps * 8:.2f} Gbit/s per link)")
+    if assumed_gbps is not None:
+        ratio = result.busbw_gbps * 8 / assumed_gbps if assumed_gbps else 0
+        text += f"; the plan assumed {assumed_gbps:g} Gbit/s"
+        if ratio < 0.5:
+            return Finding("bandwidth-low", W, text + f" (measured is {ratio:.0%} of it)",
+                           "re-plan with the measured figure, check NCCL_SOCKET_IFNAME/InfiniBand settings")
+    return Finding("bandwidth", I, text)
+
+
+# -------------------------------------------------------------------------------------- gathering
+
+@dataclass(frozen=True)
+class PreflightOptions:
+    runs_dir: str = "runs"
+    data_source: str | None = None  # None: the config's data.source
+    master_port: int | None = None  # None: the topology's
+    bandwidth: bool = False
+    bandwidth_megabytes: float = 64.0
+    assumed_gbps: float | None = None
+    probe_timeout_s: float | None = None
+    port_check_timeout_s: float = 5.0
+
+
+def _json_of(result) -> dict:
+    if isinstance(result, Exception) or result.exit_status != 0:
+        return {}
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {}
+
+
+def _why(result) -> str:
+    if isinstance(result, Exception):
+        return str(result)
+    return (result.stderr or result.stdout).strip()[-200:] or f"exit {result.exit_status}"
+
+
+def run_preflight(
+    topology: Topology,
+    cfg: TrainConfig,
+    pool=None,
+    options: PreflightOptions = PreflightOptions(),
+    progress: Callable[[str], None] | None = None,
+    probes: Sequence[ProbeResult] | None = None,
+) -> PreflightReport:
+    """Probe the nodes, run the node-side tests, and check everything. With a hostfile every node is
+    reached (SSH, or directly for localhost); for platform topologies only this node is checked,
+    since the platform starts the others. `probes` from an earlier round are reused when they
+    already cover the same hosts and paths."""
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    say = progress or (lambda _msg: None)
+    own_pool = pool is None
+    pool = pool or SshPool(SshSettings.from_env())
+    try:
+        return _run(topology, cfg, pool, options, say, probes)
+    finally:
+        if own_pool:
+            pool.close()
+
+
+def _reusable(probes: Sequence[ProbeResult] | None, hosts: list[str], paths: Mapping[str, str]) -> bool:
+    if not probes or [p.host for p in probes] != hosts:
+        return False
+    for p in probes:
+        if p.facts is None:
+            return False  # an unreachable node gets a second chance
+        for label, path in paths.items():
+            info = p.facts.path(label)
+            if info is None or info.path != str(Path(path).expanduser()):
+                return False
+    return True
+
+
+def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, say,
+         earlier: Sequence[ProbeResult] | None) -> PreflightReport:
+    from taehv_console.core.cluster.ssh import resolve_target
+
+    findings: list[Finding] = []
+    hosts = list(topology.hosts) if topology.uses_ssh else ["localhost"]
+    if not topology.uses_ssh and topology.node_count > 1:
+        findings.append(Finding("other-nodes-not-probed", I,
+                                f"{topology.source.value}: only this node was checked; the platform starts the "
+                                f"other {topology.node_count - 1} node(s) with the same image"))
+    data = options.data_source if options.data_source is not None else cfg.data.source
+    runs_dir = node_path(options.runs_dir)
+    paths = {"runs": runs_dir}
+    if data:
+        paths["data"] = node_path(data)
+    if _reusable(earlier, hosts, paths):
+        probes = tuple(earlier)
+    else:
+        say(f"probing {len(hosts)} node(s)")
+        probes = probe_hosts(hosts, pool, paths, timeout=options.probe_timeout_s)
+    facts = _facts(probes)
+    findings += check_reachability(probes)
+
+    # runs dir shared? node 0 writes a token, the others read it
+    shared: dict[str, bool] | None = None
+    reachable = [h for h in hosts if h in facts]
+    if len(reachable) > 1:
+        say("checking that the runs directory is shared")
+        token = secrets.token_hex(8)
+        writer = reachable[0]
+        w = pool.runner(writer)
+        wrote = _json_of(_safe(lambda: w.run([w.python, "-m", NODECHECK, "token-write", runs_dir, token])))
+        if wrote.get("ok"):
+            reads = pool.map(reachable[1:], lambda r: r.run([r.python, "-m", NODECHECK, "token-read",
+                                                              runs_dir, token]))
+            shared = {h: bool(_json_of(r).get("found")) for h, r in reads.items()}
+            _safe(lambda: w.run([w.python, "-m", NODECHECK, "token-remove", runs_dir, token]))
+            findings += check_runs_shared(shared, runs_dir, writer)
+        else:
+            findings.append(Finding("runs-not-writable", E,
+                                    f"{writer}: cannot write into runs directory {runs_dir} "
+                                    f"({wrote.get('error', 'no answer')})",
+                                    "choose a writable --runs", writer))
+
+    # master port: free on the master, reachable from every worker
+    port = options.master_port or topology.master_port
+    master = hosts[0]
+    master_addr = topology.master_addr
+    bw: BandwidthResult | None = None
+    if master in facts:
+        if topology.uses_ssh and len(hosts) > 1 and is_local_host(master):
+            findings.append(Finding("master-is-localhost", E,
+                                    f"the first hostfile line ({master}) is the master, and the other nodes "
+                                    f"would reach their own {master}, not this machine",
+                                    "name this machine by an address the other nodes can reach"))
+        else:
+            if topology.uses_ssh and not is_local_host(master):
+                master_addr = resolve_target(master, pool.settings).hostname
+            say(f"checking master port {master_addr}:{port}")
+            findings += _check_port(pool, master, master_addr, port, [h for h in reachable if h != master],
+                                    options.port_check_timeout_s)
+        if options.bandwidth and not any(f.id.startswith("master-") for f in findings):
+            if len(reachable) < 2 or len(reachable) != len(hosts):
+                findings.append(Finding("bandwidth-skipped", I,
+                                        "bandwidth test skipped: it needs two or more reachable nodes"))
+            else:
+                say("measuring all-reduce bandwidth")
+                from taehv_console.core.cluster.bandwidth import measure_bandwidth
+
+                use_nccl = cfg.topology.device == "cuda" and all(f.visible_gpu_count for f in facts.values()) \
+                    and all(f.torch_cuda_version for f in facts.values())
+                try:
+                    bw = measure_bandwidth([pool.runner(h) for h in hosts], master_addr, port,
+                                           megabytes=options.bandwidth_megabytes,
+                                           backend="nccl" if use_nccl else "gloo",
+                                           env=cfg.distributed.nccl_env)
+                    findings.append(bandwidth_finding(bw, options.assumed_gbps))
+                except Exception as err:
+                    findings.append(Finding("bandwidth-failed", E, f"all-reduce between the nodes failed: {err}",
+                                            getattr(err, "fix", "") or "check the NCCL/GLOO socket settings"))
+
+    findings += check_processes_vs_gpus(topology, facts, cfg)
+    findings += check_visible_devices(facts)
+    if cfg.topology.device == "cuda":
+        findings += check_gpu_homogeneity(facts)
+    findings += check_version_skew(facts, cfg.topology.device)
+    findings += check_data(facts, data or "")
+    findings += check_disk(facts, cfg)
+    findings += check_clock_skew(probes)
+    findings += check_nccl_env(facts, cfg.distributed.nccl_env, cfg.topology.device)
+    findings += check_memory_fit(cfg, facts)
+    return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception as err:
+        return err
+
+
+def _check_port(pool, master: str, master_addr: str, port: int, workers: list[str], timeout: float) -> list[Finding]:
+    m = pool.runner(master)
+    if not workers:
+        free = _json_of(_safe(lambda: m.run([m.python, "-m", NODECHECK, "port-free", "--port", str(port)])))
+        return check_master_port(port, master, (bool(free.get("free")), free.get("error", "no answer")), {})
+    try:
+        stream = m.open([m.python, "-m", NODECHECK, "listen", "--port", str(port),
+                         "--seconds", str(timeout * 4 + 10)])
+    except Exception as err:
+        return check_master_port(port, master, (False, str(err)), {})
+    try:
+        first = stream.readline(timeout + 10)
+        state = json.loads(first) if first and first.startswith("{") else {}
+        if not state.get("listening"):
+            return check_master_port(port, master, (False, state.get("error", "the listener did not start")), {})
+        answers = pool.map(workers, lambda r: r.run(
+            [r.python, "-m", NODECHECK, "connect", "--host", master_addr, "--port", str(port),
+             "--timeout", str(timeout)], timeout=timeout + 30))
+        reach = {}
+        for h, r in answers.items():
+            got = _json_of(r)
+            reach[h] = (bool(got.get("ok")), got.get("error") or _why(r))
+        return check_master_port(port, master, (True, ""), reach)
+    finally:
+        stream.close()  # closes the listener's stdin: it exits at once
