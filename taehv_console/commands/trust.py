@@ -1,0 +1,87 @@
+"""`taehv-console trust HOST...`: show a node's SSH host key fingerprint and add it to known_hosts
+only when the user confirms (or passes --yes after checking it some other way). This is the only
+way a host key gets into known_hosts: connections never add keys on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from taehv_console.commands.detect import add_ssh_options, ssh_settings
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("host", nargs="*", help="host names or ssh-config aliases")
+    parser.add_argument("--hosts", metavar="FILE", help="trust every host of a DeepSpeed hostfile")
+    parser.add_argument("--yes", action="store_true",
+                        help="add without asking (for scripts that checked the fingerprint already)")
+    parser.add_argument("--replace", action="store_true",
+                        help="replace a key that changed (after confirming the node was reinstalled)")
+    add_ssh_options(parser)
+
+
+def _ask(question: str) -> bool:
+    print(question, end=" ", flush=True)
+    answer = sys.stdin.readline()  # EOF (no terminal, no input) reads as "no"
+    return answer.strip().lower() in ("y", "yes")
+
+
+def trust_one(host: str, settings, *, yes: bool, replace: bool) -> int:
+    from taehv_console.core.cluster.ssh import add_known_host, fetch_host_key, known_keys, sha256_fingerprint
+
+    target, key = fetch_host_key(host, settings)
+    fp = sha256_fingerprint(key)
+    where = settings.known_hosts
+    print(f"{host} ({target.hostname} port {target.port}) presents {key.get_name()} {fp}")
+    known = known_keys(settings, target.known_name)
+    same = known.get(key.get_name())
+    if same is not None and same == key:
+        print(f"  already trusted in {where}")
+        return 0
+    changed = same is not None
+    if changed:
+        print(f"  WARNING: {where} holds a different {key.get_name()} key for {target.known_name}: "
+              f"{sha256_fingerprint(same)}")
+        if not replace:
+            print("  refused: a changed host key means a reinstalled node or someone in the middle. "
+                  "Check with the node's admin, then rerun with --replace.")
+            return 1
+    elif known:
+        print(f"  {where} has other key types for it ({', '.join(known)}); this one is new")
+    else:
+        print(f"  not in {where}")
+    print(f"  compare with the node's own: ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub")
+    if not yes and not _ask(f"Add this key for {target.known_name} to {where}? [y/N]"):
+        print("  not added")
+        return 1
+    add_known_host(where, target.known_name, key, replace=changed)
+    print(f"  added {target.known_name} to {where}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
+    from taehv_console.core.cluster.ssh import SshError
+
+    hosts = list(args.host)
+    try:
+        if args.hosts:
+            hosts += [n.host for n in read_hostfile(args.hosts)]
+        for h in hosts:
+            validate_host(h)
+    except (HostfileError, InvalidHostError) as err:
+        print(f"taehv-console trust: {err}", file=sys.stderr)
+        return 2
+    if not hosts:
+        print("taehv-console trust: name at least one host (or --hosts FILE)", file=sys.stderr)
+        return 2
+    settings = ssh_settings(args)
+    status = 0
+    for h in hosts:
+        try:
+            status = max(status, trust_one(h, settings, yes=args.yes, replace=args.replace))
+        except SshError as err:
+            print(f"{err}" + (f"\n  fix: {err.fix}" if err.fix else ""), file=sys.stderr)
+            status = 1
+    return status
