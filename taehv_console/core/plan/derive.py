@@ -1,0 +1,433 @@
+"""Deriving a complete run config for any topology, and `auto`: pick or derive for what was detected.
+
+The rules are the public project's, made explicit (FACTS.md): the published presets are the
+anchors, and every derived value carries the reason shown on the review screen. Published
+topologies derive back to their published values (ZeRO stage excepted, see `_zero_stage`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from taehv_console.core.plan.planner import estimate_memory
+from taehv_console.core.plan.presets import Preset, list_presets, override_config
+from trainer.config import ConfigError, TrainConfig, config_from_dict
+
+REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
+REFERENCE_LR = 1e-4  # their LR; LR is linear in effective batch from here
+MAX_BATCH_PER_GPU = 8  # the largest per-GPU batch in any public preset
+
+# (world size, value) anchors from the published presets
+WARMUP_ANCHORS = ((8, 2000), (16, 1500), (48, 1200), (64, 1000))
+CHECKPOINT_ANCHORS = ((8, 2000), (16, 1000), (48, 750), (64, 500))
+BUCKET_STEPS = ((16, 500_000_000), (48, 750_000_000), (None, 1_000_000_000))
+MAX_LIVE_STEPS = ((16, 1_000_000_000), (48, 800_000_000), (None, 500_000_000))
+PREFETCH_STEPS = ((16, 200_000_000), (48, 250_000_000), (None, 300_000_000))
+PERSISTENCE_THRESHOLD = 100_000
+
+# NCCL/torch environment every GPU run gets (entries a preset sets itself win)
+NCCL_ENV = {
+    "NCCL_DEBUG": "WARN",  # NCCL's own warnings reach the node logs, where the watcher reads them
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective ends the process: no silent hang
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # flight recorder: what each rank was doing ...
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ... written out when a collective times out
+}
+
+# GPU families: presets tuned for one model serve its close relatives
+GPU_FAMILIES = {
+    "H100": ("H100", "H800", "H200", "H20", "GH200"),
+    "A800": ("A800", "A100"),
+}
+
+
+class DeriveError(ConfigError):
+    """No valid config exists for the request (e.g. one clip does not fit in GPU memory)."""
+
+
+@dataclass(frozen=True)
+class Reason:
+    key: str  # dotted run.toml key, e.g. "optim.lr"
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The config a run will use, where it came from, and why each derived value is what it is."""
+
+    config: TrainConfig
+    preset: str  # the preset used as it is, or the base a config was derived from
+    derived: bool
+    reasons: tuple[Reason, ...]
+    summary: str
+
+    def reason_for(self, key: str) -> str | None:
+        for r in self.reasons:
+            if r.key == key:
+                return r.reason
+        return None
+
+
+def collective_timeout_s(nodes: int) -> int:
+    """The public rule: 1 node 3600 s, 2-5 nodes 7200 s, 6-7 nodes 10800 s, 8 or more 14400 s."""
+    if nodes <= 1:
+        return 3600
+    if nodes <= 5:
+        return 7200
+    if nodes <= 7:
+        return 10800
+    return 14400
+
+
+def target_effective_batch(world: int) -> float:
+    """128 up to 16 GPUs, then 128 x sqrt(world / 16): 240 at 48 and 256 at 64 as published."""
+    return float(REFERENCE_BATCH) if world <= 16 else REFERENCE_BATCH * math.sqrt(world / 16)
+
+
+def lr_for(effective_batch: int) -> float:
+    """1e-4 x effective/128, rounded down to 2 significant digits (1.875e-4 -> 1.8e-4, as published)."""
+    raw = REFERENCE_LR * effective_batch / REFERENCE_BATCH
+    exp = math.floor(math.log10(raw)) - 1
+    # round() first: 2e-4 / 1e-5 is 19.999999999999996 in binary floating point, not 20; and
+    # build the result from its decimal text so 1.5e-4 prints as 0.00015, not 0.00015000000000000001
+    digits = math.floor(round(raw / 10**exp, 9))
+    return float(f"{digits}e{exp}")
+
+
+def _round_to(value: float, step: int) -> int:
+    return int(step * round(value / step))
+
+
+def _from_anchors(world: int, anchors: tuple[tuple[int, int], ...]) -> tuple[int, str]:
+    """A value for `world` from published (world, value) anchors, and how it was obtained."""
+    pts = dict(anchors)
+    if world in pts:
+        return pts[world], f"published value at {world} GPUs"
+    lo_w, lo_v = anchors[0]
+    hi_w, hi_v = anchors[-1]
+    if world < lo_w:
+        return lo_v, f"as at {lo_w} GPUs (the smallest published world)"
+    if world > hi_w:
+        v = _round_to(hi_v * math.sqrt(hi_w / world), 50)
+        return v, f"{hi_v} at {hi_w} GPUs x sqrt({hi_w}/{world}), extrapolated past the largest published world"
+    for (w0, v0), (w1, v1) in zip(anchors, anchors[1:]):
+        if w0 < world < w1:
+            frac = (math.log2(world) - math.log2(w0)) / (math.log2(w1) - math.log2(w0))
+            v = _round_to(v0 + (v1 - v0) * frac, 50)
+            return v, f"between {v0} at {w0} and {v1} at {w1} GPUs, interpolated in log2(world)"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _step(world: int, steps: tuple[tuple[int | None, int], ...]) -> int:
+    for limit, value in steps:
+        if limit is None or world <= limit:
+            return value
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def derive_run_config(
+    base: Preset,
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    gpu_memory_gb: float | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
+) -> ResolvedConfig:
+    """A complete config for nodes x gpus_per_node, from `base` by the public rules.
+
+    Derived: topology, per-GPU batch and accumulation (effective batch by world size, per-GPU batch
+    capped by the memory estimate), LR, warmup, checkpoint interval, ZeRO stage and bucket sizes,
+    collective timeout, NCCL environment. Everything else (clip size, model, data, max steps)
+    comes from `base`. `overrides` (--set) apply last and win over every rule.
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise DeriveError(f"topology {nodes} x {gpus_per_node}: nodes and processes per node must be >= 1")
+    src = base.config
+    device = src.topology.device
+    world = nodes * gpus_per_node
+    memory = gpu_memory_gb if gpu_memory_gb is not None else src.topology.gpu_memory_gb
+    data = src.model_dump(mode="python")
+    reasons: list[Reason] = []
+
+    def put(key: str, value: Any, reason: str) -> None:
+        section, name = key.split(".")
+        data[section][name] = value
+        reasons.append(Reason(key, value, reason))
+
+    unit = "GPUs" if device == "cuda" else "CPU processes"
+    put("topology.nodes", nodes, f"{nodes} node(s), stated separately from processes per node")
+    put(
+        "topology.gpus_per_node",
+        gpus_per_node,
+        f"{gpus_per_node} {unit} per node; world size {nodes} x {gpus_per_node} = {world}",
+    )
+    if gpu_memory_gb is not None:
+        put("topology.gpu_memory_gb", memory, f"{memory:g} GB per device, as detected")
+
+    if device == "cpu":
+        reasons.append(
+            Reason(
+                "optim.batch_per_gpu",
+                src.optim.batch_per_gpu,
+                f"kept from {base.name}: a CPU run tests the machinery, not the recipe",
+            )
+        )
+        put(
+            "distributed.collective_timeout_s",
+            src.distributed.collective_timeout_s,
+            f"kept from {base.name}: a CPU smoke run that hangs should fail fast",
+        )
+        put("distributed.nccl_env", dict(src.distributed.nccl_env), "CPU processes talk over gloo: no NCCL")
+        return _finish(base, data, reasons, nodes, gpus_per_node, overrides)
+
+    # --- batch: effective batch by world size; per-GPU batch by memory --------------------------
+    def one_clip_fit():
+        # the memory estimate at batch 1 on the target topology: its max_batch_per_gpu is the cap
+        trial = {**data, "topology": {**data["topology"], "nodes": nodes, "gpus_per_node": gpus_per_node}}
+        trial["optim"] = {**data["optim"], "batch_per_gpu": 1, "grad_accum": 1}
+        return estimate_memory(config_from_dict(trial, f"derived from {base.name}"))
+
+    fit = one_clip_fit()
+    if fit.max_batch_per_gpu < 1 and not data["model"]["activation_checkpointing"]:
+        put(
+            "model.activation_checkpointing",
+            True,
+            f"one {src.data.frames}x{src.data.height}x{src.data.width} clip does not fit in {memory:g} GB "
+            "without recomputing activations",
+        )
+        fit = one_clip_fit()
+    if fit.max_batch_per_gpu < 1:
+        raise DeriveError(
+            f"one clip of {src.data.frames}x{src.data.height}x{src.data.width} needs more than {memory:g} GB "
+            f"per GPU even with activation checkpointing (~{fit.per_gpu_gb:.0f} GB estimated); "
+            "use shorter or smaller clips (data.frames, data.height, data.width)"
+        )
+    cap = min(MAX_BATCH_PER_GPU, fit.max_batch_per_gpu)
+    target = target_effective_batch(world)
+    accum = max(1, math.ceil(target / (cap * world)))
+    batch = min(cap, max(1, round(target / (world * accum))))
+    effective = batch * accum * world
+    target_text = (
+        "128 (the reference batch, up to 16 GPUs)"
+        if world <= 16
+        else f"128 x sqrt({world}/16) = {target:.0f} (published: 240 at 48, 256 at 64 GPUs)"
+    )
+    cap_text = (
+        f"memory allows {fit.max_batch_per_gpu} clips of {src.data.frames}x{src.data.height}x{src.data.width} "
+        f"in {memory:g} GB"
+    )
+    put(
+        "optim.grad_accum",
+        accum,
+        f"fewest accumulation steps reaching the target effective batch {target_text} "
+        f"with at most {cap} clips per GPU",
+    )
+    put(
+        "optim.batch_per_gpu",
+        batch,
+        f"{target:.0f} / ({world} x {accum}) rounded, at most {cap} ({cap_text}; 8 is the published maximum)",
+    )
+    reasons.append(Reason("effective_batch", effective, f"{batch} x {accum} x {world} GPUs = {effective}"))
+    lr = lr_for(effective)
+    put(
+        "optim.lr",
+        lr,
+        f"LR {lr:.2g}: 1e-4 x {effective}/128 = {REFERENCE_LR * effective / REFERENCE_BATCH:.4g}, "
+        "rounded down to 2 significant digits",
+    )
+
+    # --- schedule: warmup and checkpoints shrink as the world grows -------------------------------
+    warmup, how = _from_anchors(world, WARMUP_ANCHORS)
+    put("optim.warmup_steps", warmup, f"{warmup} steps: {how} (published 2000/1500/1200/1000 at 8/16/48/64)")
+    if world < 8:
+        # same effective batch as 8 GPUs, so a step takes ~8/world times longer: keep the hours
+        # between checkpoints of the 8-GPU preset, never fewer than 500 steps apart
+        every = max(500, _round_to(2000 * world / 8, 50))
+        how = f"2000 (8 GPUs) x {world}/8 keeps the hours between checkpoints, at least 500"
+    else:
+        every, how = _from_anchors(world, CHECKPOINT_ANCHORS)
+    put(
+        "schedule.checkpoint_every",
+        every,
+        f"every {every} steps: {how} (published 2000/1000/750/500 at 8/16/48/64)",
+    )
+    if data["schedule"]["val_every"] > every:
+        put("schedule.val_every", every, "validate at least as often as a checkpoint is written")
+
+    # --- DeepSpeed ---------------------------------------------------------------------------------
+    stage, why = _zero_stage(base)
+    put("deepspeed.zero_stage", stage, why)
+    bucket = _step(world, BUCKET_STEPS)
+    bucket_why = f"{_fmt(bucket)}: published 5e8 up to 16 GPUs, 7.5e8 at 48, 1e9 at 64"
+    put("deepspeed.reduce_bucket_size", bucket, bucket_why)
+    put("deepspeed.allgather_bucket_size", bucket, bucket_why + " (allgather = reduce)")
+    s3 = "used only under ZeRO-3"
+    live = _step(world, MAX_LIVE_STEPS)
+    put("deepspeed.stage3_max_live_parameters", live, f"{_fmt(live)}: published 1e9/8e8/5e8 at 16/48/64 GPUs; {s3}")
+    pre = _step(world, PREFETCH_STEPS)
+    put("deepspeed.stage3_prefetch_bucket_size", pre, f"{_fmt(pre)}: published 2e8/2.5e8/3e8 at 16/48/64 GPUs; {s3}")
+    put(
+        "deepspeed.stage3_param_persistence_threshold",
+        PERSISTENCE_THRESHOLD,
+        f"1e5: published for every ZeRO-3 preset; {s3}",
+    )
+
+    # --- the process group -------------------------------------------------------------------------
+    timeout = collective_timeout_s(nodes)
+    put(
+        "distributed.collective_timeout_s",
+        timeout,
+        f"{timeout} s for {nodes} node(s): 1 node 3600, 2-5 nodes 7200, 6-7 nodes 10800, 8+ nodes 14400",
+    )
+    env = {**NCCL_ENV, **src.distributed.nccl_env}
+    kept = sorted(set(src.distributed.nccl_env) - set(NCCL_ENV))
+    put(
+        "distributed.nccl_env",
+        env,
+        "NCCL warnings in the logs, failed collectives end the process, flight recorder dumps on timeout"
+        + (f"; kept from {base.name}: {', '.join(kept)}" if kept else ""),
+    )
+    return _finish(base, data, reasons, nodes, gpus_per_node, overrides)
+
+
+def _zero_stage(base: Preset) -> tuple[int, str]:
+    asked = base.explicit.get("deepspeed", {}).get("zero_stage") if isinstance(base.explicit, dict) else None
+    if base.source != "shipped" and asked is not None:
+        return int(asked), f"ZeRO-{asked}: your preset {base.name} asks for it"
+    return 2, (
+        "ZeRO-2: weights, gradients and AdamW state of this 11.3M-parameter model are ~0.18 GB per GPU, "
+        "so ZeRO-3 (the public presets' choice from 2 nodes up) saves nothing and adds a parameter "
+        "all-gather per layer; set deepspeed.zero_stage=3 to insist"
+    )
+
+
+def _finish(
+    base: Preset,
+    data: dict[str, Any],
+    reasons: list[Reason],
+    nodes: int,
+    gpus_per_node: int,
+    overrides: tuple[str, ...] | list[str],
+) -> ResolvedConfig:
+    name = f"{base.name}@{nodes}x{gpus_per_node}"
+    data["run"]["preset"] = name
+    cfg = config_from_dict(data, f"derived from {base.name}")
+    overrides = list(overrides)
+    if overrides:
+        cfg = override_config(cfg, overrides)
+        for text in overrides:
+            key = text.partition("=")[0].strip()
+            reasons.append(Reason(key, _get(cfg, key), "set on the command line (--set)"))
+    summary = f"derived for {nodes} x {gpus_per_node} from {base.name}"
+    return ResolvedConfig(config=cfg, preset=base.name, derived=True, reasons=tuple(reasons), summary=summary)
+
+
+def _get(cfg: TrainConfig, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# auto
+
+
+def gpu_family(gpu_name: str) -> str | None:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; None when the model is not one a preset is tuned for."""
+    upper = gpu_name.upper()
+    for family, members in GPU_FAMILIES.items():
+        if any(m in upper for m in members):
+            return family
+    return None
+
+
+def auto_select(
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    device: str = "cuda",
+    gpu_name: str = "",
+    gpu_memory_gb: float | None = None,
+    presets: tuple[Preset, ...] | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
+) -> ResolvedConfig:
+    """The preset for a detected topology: a preset made for it if there is one, else a derived one.
+
+    A preset matches when its nodes, processes per node and device equal the detected ones and
+    its GPU model is in the detected GPU's family (any, when the GPU name is unknown). User
+    presets win over shipped ones. Otherwise the base is the preset of the same family (H100
+    presets for unknown GPUs, cpu-smoke for CPUs) closest in world size, and the result says so.
+    """
+    if presets is None:
+        presets = list_presets().presets
+    family = "cpu" if device == "cpu" else gpu_family(gpu_name)
+    same_device = [p for p in presets if p.config.topology.device == device]
+    if not same_device:
+        raise DeriveError(f"no preset for device {device!r}")
+
+    def family_ok(p: Preset) -> bool:
+        if device == "cpu" or family is None:
+            return True
+        return gpu_family(p.meta.gpu) == family
+
+    exact = [
+        p
+        for p in same_device
+        if p.config.topology.nodes == nodes and p.config.topology.gpus_per_node == gpus_per_node and family_ok(p)
+    ]
+    if family is None and device == "cuda":
+        # unknown GPU: prefer the H100 presets (the public project's reference hardware)
+        exact.sort(key=lambda p: gpu_family(p.meta.gpu) != "H100")
+    exact.sort(key=lambda p: p.source == "shipped")  # user presets first (stable sort keeps the rest)
+    what = f"{nodes} x {gpus_per_node}" + (f" {gpu_name}" if gpu_name else "")
+    if exact:
+        chosen = exact[0]
+        cfg = chosen.config
+        reasons = [Reason("preset", chosen.name, f"{chosen.name} is made for {what}")]
+        if gpu_memory_gb is not None and gpu_memory_gb != cfg.topology.gpu_memory_gb:
+            cfg = cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})})
+            reasons.append(
+                Reason("topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as detected")
+            )
+        if overrides:
+            cfg = override_config(cfg, overrides)
+            for text in overrides:
+                key = text.partition("=")[0].strip()
+                reasons.append(Reason(key, _get(cfg, key), "set on the command line (--set)"))
+        return ResolvedConfig(
+            config=cfg,
+            preset=chosen.name,
+            derived=False,
+            reasons=tuple(reasons),
+            summary=f"preset {chosen.name} matches {what}",
+        )
+
+    pool = [p for p in same_device if family_ok(p)]
+    if device == "cuda" and family is None:
+        pool = [p for p in same_device if gpu_family(p.meta.gpu) == "H100"] or same_device
+    world = nodes * gpus_per_node
+
+    def distance(p: Preset) -> tuple[float, int, bool]:
+        w = p.config.topology.world_size
+        # closest in log world size; on a tie the larger world (its rules are the multi-GPU ones)
+        return (abs(math.log2(world) - math.log2(w)), -w, p.source != "shipped")
+
+    base = min(pool, key=distance)
+    resolved = derive_run_config(base, nodes, gpus_per_node, gpu_memory_gb=gpu_memory_gb, overrides=overrides)
+    why = f"no preset is made for {what}; derived from {base.name}, the closest in world size"
+    if device == "cuda" and family is None:
+        why += f" among the H100 presets (GPU {gpu_name or 'unknown'} has no preset family)"
+    return ResolvedConfig(
+        config=resolved.config,
+        preset=base.name,
+        derived=True,
+        reasons=(Reason("preset", base.name, why),) + resolved.reasons,
+        summary=f"derived for {what} from {base.name}",
+    )
