@@ -187,3 +187,294 @@ def _round_up_bucket(params: int) -> float:
         if m * exp >= params:
             return float(m * exp)
     return float(10 * exp)  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------
+# Bandwidth
+
+_BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B|Bps|B/s|bit/s|b/s)?\s*$")
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """'25Gbit', '10Gbps', '100Gb', '1.5GB/s', '400M' -> nominal bits per second.
+
+    Lower-case b or "bit" is bits, upper-case B is bytes; no unit means bits (links are sold in bits).
+    """
+    m = _BANDWIDTH.match(text)
+    if not m:
+        raise ValueError(f"bandwidth {text!r}: expected a number and a unit, e.g. 25Gbit, 10Gbps, 2GB/s")
+    number, prefix, unit = m.groups()
+    value = float(number) * _PREFIX[prefix.lower()]
+    if unit in ("B", "Bps", "B/s"):
+        value *= 8
+    if value <= 0:
+        raise ValueError(f"bandwidth {text!r}: must be more than 0")
+    return value
+
+
+def usable_bytes_per_s(bits_per_s: float) -> float:
+    """What a collective really moves over a link of this nominal rate (1 Gbit/s -> 100 MB/s)."""
+    return bits_per_s / 8 * USABLE_LINK_FRACTION
+
+
+def format_bandwidth(bits_per_s: float) -> str:
+    for unit, scale in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6)):
+        if bits_per_s >= scale:
+            return f"{bits_per_s / scale:g}{unit}"
+    return f"{bits_per_s:g}bit"
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication
+
+
+def ring_factor(world_size: int | None) -> float:
+    """Bytes each GPU moves in a ring all-reduce, per byte of payload: 2(N-1)/N; None = the large-N
+    bound 2, which is what the public "201.2 MB per sync" figure for 100.6 MB of gradients uses."""
+    if world_size is None:
+        return 2.0
+    return 2 * (world_size - 1) / world_size
+
+
+def bytes_per_optimizer_step(
+    params: int | float, bytes_per_value: int, world_size: int | None, zero_stage: int, grad_accum: int
+) -> float:
+    """Bytes each GPU sends (= receives) per optimizer step, by ZeRO stage, as DeepSpeed 0.19 does it.
+
+    With f = (N-1)/N and P = params x bytes per value (the communication dtype):
+    - stage 0: one gradient all-reduce at the accumulation boundary: 2fP;
+    - stage 1: reduce-scatter of gradients at the boundary + all-gather of updated weights: 2fP;
+    - stage 2: gradients are reduce-scattered after *every* micro-step (DeepSpeed partitions them
+      as backward produces them), weights all-gathered once: grad_accum x fP + fP;
+    - stage 3: per micro-step, weights all-gathered in forward and again in backward, gradients
+      reduce-scattered: grad_accum x 3fP.
+    So accumulation only amortises communication under stages 0 and 1.
+    """
+    if world_size == 1:
+        return 0.0
+    half = ring_factor(world_size) / 2  # f
+    payload = params * bytes_per_value
+    if zero_stage in (0, 1):
+        return 2 * half * payload
+    if zero_stage == 2:
+        return (grad_accum + 1) * half * payload
+    return grad_accum * 3 * half * payload
+
+
+def comm_fraction(comm_s: float, compute_s: float) -> float:
+    """Share of a step spent communicating, with no overlap assumed (an upper bound)."""
+    total = comm_s + compute_s
+    return comm_s / total if total > 0 else 0.0
+
+
+def comm_bytes_per_value(cfg: TrainConfig) -> int:
+    """DeepSpeed communicates in communication_data_type, else in the training precision."""
+    explicit = cfg.deepspeed.communication_data_type
+    if explicit != "auto":
+        return 4 if explicit == "fp32" else 2
+    return _bytes_per_value(resolve_precision(cfg, cfg.topology.device))
+
+
+def smallest_accumulation(
+    target_fraction: float,
+    *,
+    params: int | float,
+    bytes_per_value: int,
+    world_size: int | None,
+    zero_stage: int,
+    compute_s_per_micro_step: float,
+    bytes_per_s: float,
+    limit: int = 4096,
+) -> int | None:
+    """Fewest accumulation steps keeping communication at or under `target_fraction` of a step;
+    None when no accumulation can (ZeRO-2/3 communicate on every micro-step)."""
+    for accum in range(1, limit + 1):
+        comm = bytes_per_optimizer_step(params, bytes_per_value, world_size, zero_stage, accum) / bytes_per_s
+        if comm_fraction(comm, accum * compute_s_per_micro_step) <= target_fraction:
+            return accum
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Time and cost
+
+# Throughput per GPU at the reference clip (12 x 480 x 720), scaled by pixel-frames for other
+# clip sizes (the cost of every layer is linear in frames x height x width).
+REFERENCE_CLIP = (12, 480, 720)
+# H100: the public 8-GPU time (111 h for 100k steps of 128 clips) is 12.8M clips / 111 h / 8 GPUs
+# = 4.0 clips/s per GPU. The public 16-GPU measurement (115 clips/s of 12x480x480) would give
+# 4.8 at 480x720; 4.0 is the more conservative of the two and reproduces the baseline row.
+# A800: H100 x 0.61, the ratio of memory bandwidth (2.04 / 3.35 TB/s): at 3-4% of peak FLOPs
+# this model is not compute-bound, so the FLOP ratio (0.32) would be too pessimistic.
+# CPU: measured on this project's dev machine, one core per process, fp32: ~0.8 s for forward,
+# backward and AdamW step of one 8x64x64 clip = 1.2 clips/s, i.e. 0.01 at the reference size.
+CLIPS_PER_S_PER_GPU = {"H100": 4.0, "A800": 2.4, "cpu": 0.01}
+INTER_NODE_DEFAULT = "25Gbit"  # public advice for 48 and 64 GPUs; used when a preset names none
+INTRA_NODE_CPU_BYTES_PER_S = 2 * GB  # gloo over shared memory / loopback
+
+
+def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
+    """Clips per second per GPU (or CPU process) for cfg's clip size, and where the figure comes from."""
+    from taehv_console.core.plan.derive import gpu_family  # derive imports this module
+
+    family = "cpu" if cfg.topology.device == "cpu" else (gpu_family(gpu) or "H100")
+    ref = CLIPS_PER_S_PER_GPU[family]
+    f, h, w = REFERENCE_CLIP
+    d = cfg.data
+    clips = ref * (f * h * w) / (d.frames * d.height * d.width)
+    if cfg.model.activation_checkpointing:
+        clips /= 1.3  # one extra forward of each checkpointed stage: ~30% more compute
+    origin = {
+        "H100": "public 8-GPU time",
+        "A800": "H100 x 0.61, memory bandwidth ratio",
+        "cpu": "measured: one core, fp32",
+    }[family]
+    why = f"{family} {ref:g} clips/s at 12x480x720 ({origin}), scaled to {d.frames}x{d.height}x{d.width}"
+    if cfg.topology.device == "cuda" and gpu_family(gpu) is None:
+        why += f" (GPU {gpu or 'unknown'}: H100 assumed)"
+    if cfg.model.activation_checkpointing:
+        why += ", /1.3 for activation checkpointing"
+    return clips, why
+
+
+@dataclass(frozen=True)
+class CommEstimate:
+    bytes_per_step: float  # per GPU, per optimizer step
+    bytes_per_s: float  # usable bandwidth of the link that limits the collective
+    link: str  # "inter-node 25Gbit", "intra-node NVLink", ...
+    seconds_per_step: float
+    fraction: float  # of a step, no overlap assumed
+    smallest_accum_under_target: int | None
+    target_fraction: float
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    clips_per_s_per_gpu: float
+    compute_s_per_step: float
+    step_s: float
+    clips_per_s: float  # whole run
+    hours_to_max_steps: float
+    gpu_hours: float
+    cost: float | None  # gpu_hours x price, when a price per GPU-hour is given
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    config: TrainConfig
+    comm: CommEstimate
+    time: TimeEstimate
+    memory: MemoryFit
+    assumptions: tuple[str, ...]
+
+
+def make_plan(
+    cfg: TrainConfig,
+    *,
+    name: str = "",
+    gpu: str = "",
+    bandwidth_bits_per_s: float | None = None,
+    clips_per_s_per_gpu: float | None = None,
+    efficiency: float = 1.0,
+    target_fraction: float = 0.1,
+    price_per_gpu_hour: float | None = None,
+) -> Plan:
+    """Communication, time, cost and memory for one config.
+
+    Step time = accumulation x micro-batch / (throughput x efficiency) + communication, with no
+    overlap of the two (the public arithmetic's convention; overlap_comm can only make it faster).
+    Communication crosses the inter-node link when there are several nodes (the ring passes each
+    node boundary with the full per-GPU volume), else NVLink (or gloo for CPU processes).
+    """
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency {efficiency}: must be in (0, 1]")
+    assumptions: list[str] = []
+    t = cfg.topology
+    params = parameter_count(cfg.model).total
+    bpv = comm_bytes_per_value(cfg)
+
+    if t.nodes > 1:
+        bits = bandwidth_bits_per_s if bandwidth_bits_per_s is not None else parse_bandwidth(INTER_NODE_DEFAULT)
+        bps = usable_bytes_per_s(bits)
+        link = f"inter-node {format_bandwidth(bits)}"
+        assumptions.append(
+            f"inter-node link {format_bandwidth(bits)}, {USABLE_LINK_FRACTION:.0%} usable = {bps / MB:,.0f} MB/s"
+        )
+    elif t.device == "cpu":
+        bps, link = INTRA_NODE_CPU_BYTES_PER_S, "intra-node gloo"
+        assumptions.append(f"CPU processes exchange {bps / GB:g} GB/s over gloo")
+    else:
+        bps, link = INTRA_NODE_BYTES_PER_S, "intra-node NVLink"
+        assumptions.append(f"one node: NVLink all-reduce at {bps / GB:g} GB/s")
+
+    if clips_per_s_per_gpu is None:
+        clips_per_s_per_gpu, why = assumed_throughput(cfg, gpu)
+        assumptions.append(why)
+    else:
+        assumptions.append(f"throughput {clips_per_s_per_gpu:g} clips/s per GPU (given)")
+    if efficiency < 1:
+        assumptions.append(f"scaling efficiency {efficiency:g} on compute")
+
+    micro_s = cfg.optim.batch_per_gpu / (clips_per_s_per_gpu * efficiency)
+    compute_s = cfg.optim.grad_accum * micro_s
+    step_bytes = bytes_per_optimizer_step(params, bpv, t.world_size, cfg.deepspeed.zero_stage, cfg.optim.grad_accum)
+    comm_s = step_bytes / bps
+    comm = CommEstimate(
+        bytes_per_step=step_bytes,
+        bytes_per_s=bps,
+        link=link,
+        seconds_per_step=comm_s,
+        fraction=comm_fraction(comm_s, compute_s),
+        smallest_accum_under_target=smallest_accumulation(
+            target_fraction,
+            params=params,
+            bytes_per_value=bpv,
+            world_size=t.world_size,
+            zero_stage=cfg.deepspeed.zero_stage,
+            compute_s_per_micro_step=micro_s,
+            bytes_per_s=bps,
+        ),
+        target_fraction=target_fraction,
+    )
+    step_s = compute_s + comm_s
+    hours = step_s * cfg.optim.max_steps / 3600
+    gpu_hours = hours * t.world_size
+    time = TimeEstimate(
+        clips_per_s_per_gpu=clips_per_s_per_gpu,
+        compute_s_per_step=compute_s,
+        step_s=step_s,
+        clips_per_s=cfg.effective_batch / step_s,
+        hours_to_max_steps=hours,
+        gpu_hours=gpu_hours,
+        cost=gpu_hours * price_per_gpu_hour if price_per_gpu_hour is not None else None,
+    )
+    return Plan(
+        name=name or cfg.run.preset,
+        config=cfg,
+        comm=comm,
+        time=time,
+        memory=estimate_memory(cfg),
+        assumptions=tuple(assumptions),
+    )
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    plan: Plan
+    speedup: float  # baseline hours / these hours
+    relative_cost: float  # these GPU-hours / baseline GPU-hours
+
+
+def compare_plans(plans: list[Plan], baseline: Plan) -> list[ComparisonRow]:
+    """The public comparison table's shape: time, GPU-hours, speed-up and cost against a baseline."""
+    b = baseline.time
+    return [
+        ComparisonRow(
+            plan=p,
+            speedup=b.hours_to_max_steps / p.time.hours_to_max_steps,
+            relative_cost=p.time.gpu_hours / b.gpu_hours,
+        )
+        for p in plans
+    ]
