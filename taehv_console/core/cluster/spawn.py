@@ -69,6 +69,10 @@ def signal_group(pgid: int, sig: int | str) -> dict:
         # killpg(0) is our own group and killpg(1) init's: never what a caller meant.
         return {"pgid": pgid, "signal": str(sig), "sent": False, "error": f"refusing to signal pgid {pgid}"}
     signum = sig if isinstance(sig, int) else getattr(signal, sig if sig.startswith("SIG") else f"SIG{sig}")
+    if not group_pids(pgid):
+        # Zombies still count for killpg (a container's init may never reap them), but nothing
+        # is left that a signal could stop: report it as gone.
+        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": "no live process in the group"}
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:

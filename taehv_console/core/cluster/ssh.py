@@ -502,6 +502,7 @@ def connect(alias: str, settings: SshSettings) -> SshConnection:
     if settings.known_hosts.is_file():
         # loaded as "system" keys: paramiko never writes those back, so known_hosts stays ours
         client.load_system_host_keys(str(settings.known_hosts))
+    t0 = time.monotonic()
     sock = _open_socket(target, settings.connect_timeout_s)
     t = settings.connect_timeout_s
     try:
@@ -530,8 +531,13 @@ def connect(alias: str, settings: SshSettings) -> SshConnection:
     except (paramiko.SSHException, OSError) as err:
         client.close()
         text = str(err) or type(err).__name__
-        cls = SshTimeoutError if "timeout" in text.lower() or "banner" in text.lower() else SshConnectError
-        raise cls(alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right") from None
+        # A port that accepts TCP but never speaks SSH surfaces as a banner error or, when the
+        # transport thread died first, as paramiko's "No existing session": say what happened.
+        if time.monotonic() - t0 >= 0.9 * t or "banner" in text.lower() or "timeout" in text.lower():
+            raise SshTimeoutError(alias, f"{alias}: no SSH handshake within {t:g} s: {target.hostname}:"
+                                  f"{target.port} accepts TCP but no SSH server answered ({text})",
+                                  "check sshd on the node (wedged, overloaded) or what else holds the port") from None
+        raise SshConnectError(alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right") from None
     transport = client.get_transport()
     if transport is not None:
         transport.set_keepalive(settings.keepalive_s)
