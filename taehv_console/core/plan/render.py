@@ -1,0 +1,326 @@
+"""Launch files for a resolved config: run.toml, deepspeed.json, per-node accelerate YAML, DeepSpeed
+hostfile, a SLURM sbatch script and a Kubernetes Indexed Job.
+
+Each renderer is a pure function returning text; `write_launch_files` puts them in a run directory.
+deepspeed.json comes from trainer.ds_config.build_deepspeed_config, the builder the trainer uses,
+so what is rendered is what DeepSpeed gets.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from trainer.config import TrainConfig, config_to_toml
+from trainer.ds_config import build_deepspeed_config
+
+RUN_TOML = "run.toml"
+DEEPSPEED_JSON = "deepspeed.json"
+HOSTFILE = "hostfile"
+SBATCH = "sbatch.sh"
+K8S_JOB = "k8s-job.yaml"
+DEFAULT_PORT = 29500
+
+
+def accelerate_config_name(node: int) -> str:
+    """One accelerate YAML per node: they differ only in machine_rank, which accelerate reads from
+    the file (DESIGN's single `accelerate.yaml` would need a --machine_rank on every command line)."""
+    return f"accelerate-node-{node}.yaml"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Where the files live and how the nodes find each other.
+
+    run_dir: the run directory as every node sees it (shared storage); paths inside the files
+        point there, so render with the path the nodes will use.
+    hosts: one host per node, node 0 (the main process) first. Empty: "localhost" on one node,
+        placeholders node-0 ... on several (the files say so; `render` warns).
+    """
+
+    run_dir: str
+    hosts: tuple[str, ...] = ()
+    main_process_ip: str = ""  # default: hosts[0] (127.0.0.1 for a one-node run without hosts)
+    main_process_port: int = DEFAULT_PORT
+    job_name: str = ""  # default: from run.name and the preset
+    image: str = "taehv-console:latest"  # container image for Kubernetes
+    k8s_namespace: str = "default"
+    k8s_volume_claim: str = "taehv-shared"  # a ReadWriteMany claim holding runs and data
+    k8s_mount_path: str = "/shared"
+
+    def resolved_hosts(self, nodes: int) -> tuple[str, ...]:
+        if self.hosts:
+            if len(self.hosts) != nodes:
+                raise ValueError(
+                    f"{len(self.hosts)} host(s) given for a {nodes}-node config; give one host per node"
+                )
+            return self.hosts
+        return ("localhost",) if nodes == 1 else tuple(f"node-{i}" for i in range(nodes))
+
+    def main_ip(self, nodes: int) -> str:
+        if self.main_process_ip:
+            return self.main_process_ip
+        if not self.hosts and nodes == 1:
+            return "127.0.0.1"
+        return self.resolved_hosts(nodes)[0]
+
+    def placeholders(self, nodes: int) -> bool:
+        return not self.hosts and nodes > 1 and not self.main_process_ip
+
+
+def job_name(cfg: TrainConfig, opts: RenderOptions) -> str:
+    """A name Kubernetes and SLURM accept: lower-case DNS label, at most 50 characters."""
+    raw = opts.job_name or f"{cfg.run.name}-{cfg.run.preset}"
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")[:50].strip("-")
+    return name or "taehv"
+
+
+def render_run_toml(cfg: TrainConfig) -> str:
+    return config_to_toml(cfg)
+
+
+def render_deepspeed_json(cfg: TrainConfig) -> str:
+    return json.dumps(build_deepspeed_config(cfg, cfg.topology.device), indent=2) + "\n"
+
+
+def accelerate_config(cfg: TrainConfig, node: int, opts: RenderOptions) -> dict:
+    """The accelerate config for machine `node` as a dict (render_accelerate_yaml writes it)."""
+    t = cfg.topology
+    if not 0 <= node < t.nodes:
+        raise ValueError(f"node {node}: a {t.nodes}-node config has machine ranks 0..{t.nodes - 1}")
+    deepspeed = {
+        "deepspeed_config_file": str(Path(opts.run_dir) / DEEPSPEED_JSON),
+        # each node runs its own torchrun; the console (or srun, or the pod) does the fan-out.
+        # Without this accelerate hands machine rank 0 to DeepSpeed's pdsh launcher.
+        "deepspeed_multinode_launcher": "standard",
+        # the model is built whole on every rank (11.3M parameters); zero.Init is for models that
+        # do not fit one device
+        "zero3_init_flag": False,
+    }
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": deepspeed,
+        # No mixed_precision key: with deepspeed_config_file accelerate refuses one (it would be
+        # ignored); the precision is deepspeed.json's bf16/fp16 blocks, and accelerate reports it
+        # from there. use_cpu below is consistent with that file's fp32 on CPU.
+        "machine_rank": node,
+        "num_machines": t.nodes,
+        "num_processes": t.world_size,  # all processes of all nodes, not per node
+        "main_process_ip": opts.main_ip(t.nodes),
+        "main_process_port": opts.main_process_port,
+        "rdzv_backend": "static",  # a fixed world: every node is started by the console, none join later
+        "use_cpu": t.device == "cpu",
+        "gpu_ids": "all",
+        "main_training_function": "main",
+        "debug": False,
+        "enable_cpu_affinity": False,
+    }
+
+
+def render_accelerate_yaml(cfg: TrainConfig, node: int, opts: RenderOptions) -> str:
+    header = f"# accelerate config for node {node} of {cfg.topology.nodes} (machine rank {node})\n"
+    if opts.placeholders(cfg.topology.nodes):
+        header += "# main_process_ip is a placeholder: render with --hosts to name the real node 0\n"
+    return header + yaml.safe_dump(accelerate_config(cfg, node, opts), sort_keys=False)
+
+
+def render_hostfile(cfg: TrainConfig, opts: RenderOptions) -> str:
+    """DeepSpeed hostfile: `host slots=N`, one line per node, node 0 first."""
+    t = cfg.topology
+    lines = [f"# {t.nodes} node(s) x {t.gpus_per_node} slot(s); node 0 runs the main process"]
+    if opts.placeholders(t.nodes):
+        lines.append("# placeholders: replace node-<i> with your hosts, or render with --hosts")
+    lines += [f"{host} slots={t.gpus_per_node}" for host in opts.resolved_hosts(t.nodes)]
+    return "\n".join(lines) + "\n"
+
+
+def trainer_command(run_dir: str) -> list[str]:
+    """What accelerate launches on every process."""
+    return ["taehv-train", "--run", run_dir]
+
+
+def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str]:
+    """`accelerate launch` for one node, as argv (the SSH backend quotes it with shlex.join)."""
+    config_file = str(Path(opts.run_dir) / accelerate_config_name(node))
+    return ["accelerate", "launch", "--config_file", config_file, "--no_python", *trainer_command(opts.run_dir)]
+
+
+def launch_env(cfg: TrainConfig) -> dict[str, str]:
+    """Environment every node's launcher needs: the config's NCCL settings, and on CPU the switch
+    that makes DeepSpeed use its CPU accelerator (it would look for CUDA otherwise)."""
+    env = dict(cfg.distributed.nccl_env)
+    if cfg.topology.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+def _env_lines(cfg: TrainConfig) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_env(cfg).items())]
+
+
+def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
+    """An sbatch script: one task per node, each running accelerate with its own node's config."""
+    t = cfg.topology
+    run_dir = opts.run_dir
+    name = job_name(cfg, opts)
+    cfg_path = shlex.quote(str(Path(run_dir) / "accelerate-node-")) + '"${SLURM_NODEID}".yaml'
+    gpu_line = [f"#SBATCH --gpus-per-node={t.gpus_per_node}"] if t.device == "cuda" else []
+    # the per-node command: machine rank = SLURM_NODEID, master = first host of the allocation
+    node_cmd = (
+        f"exec accelerate launch --config_file {cfg_path}"
+        ' --machine_rank "${SLURM_NODEID}"'
+        ' --main_process_ip "${MASTER_ADDR}" --main_process_port "${MASTER_PORT}"'
+        f" --no_python {shlex.join(trainer_command(run_dir))}"
+    )
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={t.nodes}",
+        "#SBATCH --ntasks-per-node=1",  # one launcher per node; it starts one process per GPU
+        *gpu_line,
+        "#SBATCH --exclusive",
+        f"#SBATCH --output={run_dir}/logs/slurm-%j.out",
+        "",
+        f"# {cfg.run.preset}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
+        f" = {t.world_size} processes",
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(run_dir + '/logs')}",
+        'export MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"',
+        f"export MASTER_PORT={opts.main_process_port}",
+        *_env_lines(cfg),
+        "",
+        "# --kill-on-bad-exit: one node failing ends the others now, not at the collective timeout",
+        f"srun --kill-on-bad-exit=1 --nodes={t.nodes} --ntasks-per-node=1 \\",
+        f"  --output={run_dir}/logs/node-%n.log \\",
+        f"  bash -c {shlex.quote(node_cmd)}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
+    """A headless Service (stable pod DNS names) and an Indexed Job with one pod per node.
+
+    Each pod runs `taehv-console --no-tui` with the run.toml; the environment follows the
+    node-level platform convention (PAI-DLC, Kubeflow): WORLD_SIZE = number of nodes, RANK = this
+    pod's completion index, MASTER_ADDR = pod 0's DNS name, MASTER_PORT; Kubernetes itself adds
+    JOB_COMPLETION_INDEX.
+    """
+    t = cfg.topology
+    name = job_name(cfg, opts)
+    service = f"{name}-nodes"
+    def labels() -> dict:
+        # a fresh dict each time: a shared one would come out as a YAML anchor and alias
+        return {"app.kubernetes.io/name": "taehv-console", "taehv-console/job": name}
+
+    env = [
+        {"name": "WORLD_SIZE", "value": str(t.nodes)},
+        {
+            "name": "RANK",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+            },
+        },
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{service}.{opts.k8s_namespace}.svc.cluster.local"},
+        {"name": "MASTER_PORT", "value": str(opts.main_process_port)},
+        *({"name": k, "value": v} for k, v in sorted(launch_env(cfg).items())),
+    ]
+    resources: dict = {}
+    if t.device == "cuda":
+        resources = {"limits": {"nvidia.com/gpu": t.gpus_per_node}}
+    container = {
+        "name": "taehv",
+        "image": opts.image,
+        "command": ["taehv-console", "--no-tui", "--preset", str(Path(opts.run_dir) / RUN_TOML)],
+        "env": env,
+        "ports": [{"containerPort": opts.main_process_port, "name": "rendezvous"}],
+        "resources": resources,
+        "volumeMounts": [
+            {"name": "shared", "mountPath": opts.k8s_mount_path},
+            # NCCL and the data loader workers need more shared memory than the 64 MB default
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    pod_spec = {
+        "subdomain": service,  # pods are <job>-<index>.<service>
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": opts.k8s_volume_claim}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": opts.k8s_namespace, "labels": labels()},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": t.nodes,
+            "parallelism": t.nodes,
+            # a failed node fails the run (the console resumes from a checkpoint); pods are not
+            # restarted into a process group that has already moved on
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": labels()}, "spec": pod_spec},
+        },
+    }
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service, "namespace": opts.k8s_namespace, "labels": labels()},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"taehv-console/job": name},
+            "ports": [{"name": "rendezvous", "port": opts.main_process_port}],
+            # pod 0 must be resolvable before it is ready: the others connect while it starts
+            "publishNotReadyAddresses": True,
+        },
+    }
+    return [svc, job]
+
+
+def render_k8s_job(cfg: TrainConfig, opts: RenderOptions) -> str:
+    header = (
+        f"# {cfg.run.preset}: {cfg.topology.nodes} pod(s), one per node; "
+        f"run and data live on the claim {opts.k8s_volume_claim!r} mounted at {opts.k8s_mount_path}\n"
+    )
+    return header + yaml.safe_dump_all(k8s_manifests(cfg, opts), sort_keys=False)
+
+
+def render_all(cfg: TrainConfig, opts: RenderOptions) -> dict[str, str]:
+    """File name (relative to the run directory) -> content, for every launch file."""
+    files = {
+        RUN_TOML: render_run_toml(cfg),
+        DEEPSPEED_JSON: render_deepspeed_json(cfg),
+        HOSTFILE: render_hostfile(cfg, opts),
+        SBATCH: render_sbatch(cfg, opts),
+        K8S_JOB: render_k8s_job(cfg, opts),
+    }
+    for node in range(cfg.topology.nodes):
+        files[accelerate_config_name(node)] = render_accelerate_yaml(cfg, node, opts)
+    return files
+
+
+def write_launch_files(cfg: TrainConfig, out_dir: str | Path, opts: RenderOptions | None = None) -> list[Path]:
+    """Write every launch file into `out_dir` (created if needed); paths inside point to
+    opts.run_dir (default: out_dir itself, absolute). Returns the written paths."""
+    out = Path(out_dir)
+    if opts is None:
+        opts = RenderOptions(run_dir=str(out.resolve()))
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_all(cfg, opts).items():
+        path = out / name
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # a reader never sees half a file
+        if name == SBATCH:
+            path.chmod(0o755)
+        written.append(path)
+    return written

@@ -1,0 +1,339 @@
+"""Rendered launch files, checked by the programs that consume them: accelerate's config loader and
+launch path, DeepSpeed's config class, YAML parsers, bash, and the trainer's config loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at import time
+
+from taehv_console.core.plan.presets import load_preset  # noqa: E402
+from taehv_console.core.plan.render import (  # noqa: E402
+    RenderOptions,
+    accelerate_config_name,
+    launch_command,
+    render_all,
+    render_hostfile,
+    write_launch_files,
+)
+from trainer.config import load_config  # noqa: E402
+from trainer.ds_config import build_deepspeed_config  # noqa: E402
+
+ALL = ["1gpu-h100", "8gpu-h100", "16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-a800", "cpu-smoke"]
+
+
+def free_port() -> int:
+    # other engineers' tests run on this machine too: never assume 29500 is free
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def preset(name):
+    return load_preset(name, user_dir=None).config
+
+
+@pytest.fixture
+def rendered16(tmp_path):
+    cfg = preset("16gpu-h100")
+    opts = RenderOptions(run_dir=str(tmp_path), hosts=("127.0.0.1", "127.0.0.2"), main_process_port=free_port())
+    write_launch_files(cfg, tmp_path, opts)
+    return cfg, opts, tmp_path
+
+
+def test_every_file_is_written(rendered16):
+    cfg, _, out = rendered16
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        ["run.toml", "deepspeed.json", "hostfile", "sbatch.sh", "k8s-job.yaml"]
+        + [accelerate_config_name(i) for i in range(cfg.topology.nodes)]
+    )
+    assert not list(out.glob("*.tmp"))
+
+
+def test_accelerate_loader_accepts_each_node_config(rendered16):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg, opts, out = rendered16
+    for node in range(2):
+        loaded = load_config_from_file(str(out / accelerate_config_name(node)))
+        assert isinstance(loaded, ClusterConfig)
+        assert loaded.distributed_type == DistributedType.DEEPSPEED
+        assert (loaded.machine_rank, loaded.num_machines) == (node, 2)
+        assert loaded.num_processes == 16  # all processes of both nodes: 2 x 8, not 16 per node
+        assert loaded.main_process_ip == "127.0.0.1" and loaded.main_process_port == opts.main_process_port
+        assert loaded.deepspeed_config["deepspeed_config_file"] == str(out / "deepspeed.json")
+        assert loaded.deepspeed_config["deepspeed_multinode_launcher"] == "standard"
+        assert loaded.use_cpu is False
+        # accelerate refuses a mixed_precision key next to a deepspeed_config_file (see below)
+        assert loaded.mixed_precision is None
+
+
+def test_accelerate_launch_path_takes_the_config_as_rendered(rendered16, monkeypatch):
+    # accelerate's own `launch` logic up to the point it would start torchrun, for node 1
+    import accelerate.commands.launch as launch
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    cfg, opts, out = rendered16
+    argv = launch_command(cfg, 1, opts)[2:]  # drop "accelerate launch"
+    args = launch.launch_command_parser().parse_args(argv)
+    seen = {}
+    with mock.patch.object(launch, "deepspeed_launcher", lambda a: seen.setdefault("args", a)):
+        launch.launch_command(args)
+    a = seen["args"]
+    assert a.use_deepspeed and a.deepspeed_config_file == str(out / "deepspeed.json")
+    cmd, env = prepare_deepspeed_cmd_env(a)
+    assert cmd is None  # the standard launcher: torchrun on this node, not DeepSpeed's pdsh
+    assert (a.nproc_per_node, a.nnodes, a.node_rank) == ("8", "2", 1)
+    assert a.rdzv_endpoint == f"127.0.0.1:{opts.main_process_port}"
+    # In the training process accelerate builds its DeepSpeed plugin from this environment; with a
+    # mixed_precision key in the YAML this raises ("... accelerate config variables will be ignored")
+    for key, value in env.items():
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    assert plugin.zero_stage == 3 and plugin.gradient_accumulation_steps == 1
+    assert plugin.deepspeed_config["train_batch_size"] == 128
+    assert plugin.deepspeed_config["bf16"]["enabled"] is True  # accelerate reports bf16 from here
+
+
+def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
+    # the real `accelerate launch` with cpu-smoke's node config: torchrun starts 2 processes that
+    # see the rendered world size, rendezvous address and DeepSpeed config (a probe, not training)
+    cfg = preset("cpu-smoke")
+    opts = RenderOptions(run_dir=str(tmp_path), main_process_port=free_port())
+    write_launch_files(cfg, tmp_path, opts)
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        textwrap.dedent(
+            """
+            import json, os, sys
+            keys = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_DEEPSPEED_CONFIG_FILE"]
+            print("PROBE " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:]}))
+            """
+        )
+    )
+    argv = launch_command(cfg, 0, opts)
+    i = argv.index("--no_python")
+    argv = [sys.executable, "-m", "accelerate.commands.launch"] + argv[2 : i + 1] + [sys.executable, str(probe), "--run", "R"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probes = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert sorted(p["RANK"] for p in probes) == ["0", "1"]
+    for p in probes:
+        assert p["WORLD_SIZE"] == "2" and p["MASTER_ADDR"] == "127.0.0.1"
+        assert p["MASTER_PORT"] == str(opts.main_process_port)
+        assert p["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(tmp_path / "deepspeed.json")
+        assert p["argv"] == ["--run", "R"]
+
+
+def _deepspeed_config(path: Path, world_size: int):
+    """DeepSpeed's own config class, as the engine builds it, with a fake world size (it asks
+    deepspeed.comm, which has no process group in a test)."""
+    import deepspeed.runtime.config as dsc
+
+    with mock.patch.object(dsc.dist, "get_rank", lambda *a, **k: 0), mock.patch.object(
+        dsc.dist, "get_world_size", lambda *a, **k: world_size
+    ):
+        return dsc.DeepSpeedConfig(str(path))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
+    cfg = preset(name)
+    write_launch_files(cfg, tmp_path)
+    rendered = json.loads((tmp_path / "deepspeed.json").read_text())
+    assert rendered == build_deepspeed_config(cfg)  # the trainer's builder, nothing else
+    ds = _deepspeed_config(tmp_path / "deepspeed.json", cfg.topology.world_size)
+
+    checked = set()
+
+    def same(key, value):
+        checked.add(key)
+        assert value == rendered[key], key
+
+    same("train_batch_size", ds.train_batch_size)
+    same("train_micro_batch_size_per_gpu", ds.train_micro_batch_size_per_gpu)
+    same("gradient_accumulation_steps", ds.gradient_accumulation_steps)
+    same("gradient_clipping", ds.gradient_clipping)
+    same("steps_per_print", ds.steps_per_print)
+    same("wall_clock_breakdown", ds.wall_clock_breakdown)
+    same("bf16", {"enabled": ds.bfloat16_config.enabled})
+    fp16 = ds.float16_config
+    same(
+        "fp16",
+        {
+            "enabled": fp16.enabled,
+            "loss_scale": fp16.loss_scale,
+            "initial_scale_power": fp16.initial_scale_power,
+            "loss_scale_window": fp16.loss_scale_window,
+            "hysteresis": fp16.hysteresis,
+            "min_loss_scale": fp16.min_loss_scale,
+        },
+    )
+    zero = ds.zero_config.model_dump(by_alias=True)  # DeepSpeed's names, e.g. stage3_max_live_parameters
+    same("zero_optimization", {k: zero[k] for k in rendered["zero_optimization"]})
+    if "communication_data_type" in rendered:
+        checked.add("communication_data_type")
+        assert str(ds.communication_data_type).endswith(rendered["communication_data_type"].replace("fp", "float"))
+    # a key the builder adds later must be checked here too, not pass unseen
+    assert checked == set(rendered)
+    # and the values are the preset's
+    assert ds.zero_optimization_stage == cfg.deepspeed.zero_stage
+    assert zero["reduce_bucket_size"] == cfg.deepspeed.reduce_bucket_size
+    assert zero["allgather_bucket_size"] == cfg.deepspeed.allgather_bucket_size
+    assert ds.train_batch_size == cfg.effective_batch
+    assert ds.bfloat16_config.enabled == (cfg.topology.device == "cuda")
+
+
+def test_deepspeed_rejects_a_world_size_the_batch_does_not_fit(tmp_path):
+    # the fake world size is really used: 16gpu-h100's 128 = 8 x 1 x 16 fails at 8 processes
+    cfg = preset("16gpu-h100")
+    write_launch_files(cfg, tmp_path)
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        _deepspeed_config(tmp_path / "deepspeed.json", 8)
+
+
+def test_kubernetes_manifests_parse_and_describe_an_indexed_job(rendered16):
+    cfg, opts, out = rendered16
+    docs = list(yaml.safe_load_all((out / "k8s-job.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    svc, job = docs
+    assert svc["spec"]["clusterIP"] == "None"
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    c = pod["containers"][0]
+    assert c["command"][:2] == ["taehv-console", "--no-tui"]
+    assert c["command"][-1] == str(out / "run.toml")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["WORLD_SIZE"]["value"] == "2"  # nodes, the PAI-DLC / Kubeflow convention
+    assert "job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env["MASTER_ADDR"]["value"].startswith(f"{job['metadata']['name']}-0.{svc['metadata']['name']}.")
+    assert env["NCCL_DEBUG"]["value"] == "WARN"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # a selector that matches the pods, or the pod DNS names never resolve
+    labels = spec["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_sbatch_is_valid_bash_and_asks_for_the_topology(rendered16):
+    cfg, _, out = rendered16
+    text = (out / "sbatch.sh").read_text()
+    subprocess.run(["bash", "-n", str(out / "sbatch.sh")], check=True)  # bash's own parser
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
+    assert "#SBATCH --ntasks-per-node=1" in text and "--machine_rank \"${SLURM_NODEID}\"" in text
+    assert "export NCCL_DEBUG=WARN" in text and os.access(out / "sbatch.sh", os.X_OK)
+
+
+def test_cpu_files_say_cpu(tmp_path):
+    cfg = preset("cpu-smoke")
+    files = render_all(cfg, RenderOptions(run_dir=str(tmp_path)))
+    acc = yaml.safe_load(files[accelerate_config_name(0)])
+    assert acc["use_cpu"] is True and acc["num_processes"] == 2 and acc["main_process_ip"] == "127.0.0.1"
+    assert "export DS_ACCELERATOR=cpu" in files["sbatch.sh"] and "--gpus-per-node" not in files["sbatch.sh"]
+    job = list(yaml.safe_load_all(files["k8s-job.yaml"]))[1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {}
+
+
+def test_hostfile_and_hosts(tmp_path):
+    cfg = preset("16gpu-h100")
+    text = render_hostfile(cfg, RenderOptions(run_dir="/r", hosts=("gpu01", "gpu02")))
+    lines = [l for l in text.splitlines() if l and not l.startswith("#")]
+    assert lines == ["gpu01 slots=8", "gpu02 slots=8"]
+    placeholder = render_hostfile(cfg, RenderOptions(run_dir="/r"))
+    assert "node-0 slots=8" in placeholder and "placeholders" in placeholder
+    with pytest.raises(ValueError, match="one host per node"):
+        render_hostfile(cfg, RenderOptions(run_dir="/r", hosts=("gpu01",)))
+
+
+def test_run_toml_is_what_the_trainer_loads(rendered16):
+    cfg, _, out = rendered16
+    assert load_config(out / "run.toml") == cfg
+    # and a rendered run.toml is itself a valid preset file (what the Kubernetes pods are given)
+    assert load_preset(str(out / "run.toml"), user_dir=None).config == cfg
+
+
+@pytest.mark.slow
+def test_preset_values_reach_the_deepspeed_engine(tmp_path):
+    # a real DeepSpeed engine (one CPU process, gloo) built from rendered deepspeed.json files:
+    # what the engine reports equals the preset. ZeRO-3 (16gpu-h100) and ZeRO-2 (8gpu-a800),
+    # with the topology set to one CPU process so the batch arithmetic holds in a single process.
+    overrides = ["topology.nodes=1", "topology.gpus_per_node=1", "topology.device='cpu'"]
+    expected = {}
+    for name in ("16gpu-h100", "8gpu-a800"):
+        cfg = load_preset(name, overrides=overrides, user_dir=None).config
+        write_launch_files(cfg, tmp_path / name)
+        ds = cfg.deepspeed
+        expected[name] = {
+            "micro": cfg.optim.batch_per_gpu,
+            "accum": cfg.optim.grad_accum,
+            "clip": cfg.optim.grad_clip,
+            "stage": ds.zero_stage,
+            "reduce": ds.reduce_bucket_size,
+            "allgather": ds.allgather_bucket_size,
+            "overlap": ds.overlap_comm,
+            "live": ds.stage3_max_live_parameters if ds.zero_stage == 3 else None,
+            "prefetch": ds.stage3_prefetch_bucket_size if ds.zero_stage == 3 else None,
+            "persist": ds.stage3_param_persistence_threshold if ds.zero_stage == 3 else None,
+        }
+    script = textwrap.dedent(
+        """
+        import json, sys, torch, deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+        out = {}
+        for name in sys.argv[2:]:
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=f"{sys.argv[1]}/{name}/deepspeed.json")
+            stage = engine.zero_optimization_stage()
+            out[name] = {
+                "micro": engine.train_micro_batch_size_per_gpu(),
+                "accum": engine.gradient_accumulation_steps(),
+                "clip": engine.gradient_clipping(),
+                "stage": stage,
+                "reduce": engine.zero_reduce_bucket_size(),
+                "allgather": engine.zero_allgather_bucket_size(),
+                "overlap": engine.zero_overlap_comm(),
+                "live": engine.zero_max_live_parameters() if stage == 3 else None,
+                "prefetch": engine.zero_prefetch_bucket_size() if stage == 3 else None,
+                "persist": engine.zero_param_persistence_threshold() if stage == 3 else None,
+            }
+            # and the ZeRO optimizer itself holds the bucket size (not only the config object)
+            out[name]["optimizer_reduce"] = int(engine.optimizer.reduce_bucket_size)
+        print("ENGINE " + json.dumps(out))
+        """
+    )
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), *expected], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("ENGINE "))
+    got = json.loads(line[7:])
+    for name, want in expected.items():
+        assert got[name].pop("optimizer_reduce") == want["reduce"]
+        assert got[name] == want, name
