@@ -260,6 +260,8 @@ class Trainer:
             if self.zero_stage == 3:
                 import deepspeed
 
+                # params prefetched by the last forward are in flight; settle them before gathering
+                self.engine.empty_partition_cache()
                 with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
                     sd = self._copy_state(module) if self.is_main else None
             else:
@@ -566,6 +568,10 @@ class Trainer:
             stop_agreed = stop_agreed or stop > 0
             if bad > 0:
                 self.nonfinite_skipped += 1
+                del loss, parts
+                if self.zero_stage == 3:
+                    # a forward with no backward leaves gathered/prefetched ZeRO-3 params in flight
+                    self.engine.empty_partition_cache()
                 if self.is_main:
                     print(f"[taehv-train] step {self.step}: non-finite loss on some rank; micro-batch skipped "
                           f"on all ranks ({self.nonfinite_skipped} so far)", file=sys.stderr, flush=True)  # fmt: skip
