@@ -88,20 +88,17 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
-def _assumed_gbps(cfg: Any) -> float | None:
-    """The inter-node link a preset was planned for (its `network` note, e.g. '25Gbit')."""
-    import re
-
+def _assumed_gbps(cfg: Any) -> float:
+    """The inter-node link (Gbit/s) the plan assumed: the preset's `network` note (e.g. '25Gbit'),
+    else the planner's default for a multi-node run."""
+    from taehv_console.core.plan.planner import INTER_NODE_DEFAULT, parse_bandwidth
     from taehv_console.core.plan.presets import load_preset
-
     from trainer.config import ConfigError
 
     try:
-        net = load_preset(cfg.run.preset).meta.network
-    except ConfigError:  # a custom config names no preset that can be found
-        return None
-    m = re.match(r"\s*([\d.]+)\s*G", net or "")
-    return float(m.group(1)) if m else None
+        return parse_bandwidth(load_preset(cfg.run.preset).meta.network) / 1e9
+    except (ConfigError, ValueError):  # a custom config, or a preset without a network note
+        return parse_bandwidth(INTER_NODE_DEFAULT) / 1e9
 
 
 def render(report: Any, chosen: str) -> None:

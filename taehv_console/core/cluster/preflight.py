@@ -370,6 +370,15 @@ def check_memory_fit(cfg: TrainConfig, facts: Mapping[str, NodeFacts]) -> list[F
         out.append(Finding("memory-does-not-fit", E,
                            f"memory: ~{fit.per_gpu_gb:.1f} GB needed per {unit}, {fit.gpu_gb:g} GB available",
                            "; ".join(fit.notes) or "lower optim.batch_per_gpu"))
+    if cfg.topology.device == "cpu":
+        # CPU processes share the node's RAM: the per-process estimate times processes per node.
+        need = fit.per_gpu_gb * cfg.topology.gpus_per_node
+        for host, f in facts.items():
+            if f.ram_gb and need > f.ram_gb:
+                out.append(Finding("ram-too-small", E,
+                                   f"{host}: {cfg.topology.gpus_per_node} CPU processes need ~{need:.1f} GB, "
+                                   f"the node has {f.ram_gb:.1f} GB of RAM",
+                                   "fewer processes per node (topology.gpus_per_node) or smaller clips", host))
     for note in fit.notes:
         if fit.fits:
             out.append(Finding("planner-note", I, note))
@@ -510,6 +519,10 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
                                     f"the first hostfile line ({master}) is the master, and the other nodes "
                                     f"would reach their own {master}, not this machine",
                                     "name this machine by an address the other nodes can reach"))
+        elif not topology.uses_ssh and topology.this_node_rank not in (None, 0):
+            # A worker pod: the master port lives on pod 0, whose listener is not up yet.
+            findings.append(Finding("master-port-not-checked", I,
+                                    f"master port {topology.master_addr}:{port} is checked on node 0, not here"))
         else:
             if topology.uses_ssh and not is_local_host(master):
                 master_addr = resolve_target(master, pool.settings).hostname

@@ -16,6 +16,7 @@ import os
 import re
 import select
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -588,9 +589,9 @@ class LocalRunner(_SpawnMixin):
         try:
             out, err = proc.communicate(stdin_data or "", timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # its own session: the group is exactly what we started
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is exactly what we started
             proc.communicate()
-            raise CommandTimeoutError(self.host, f"{self.host}: {argv[0]} did not finish within {timeout:g} s")
+            raise CommandTimeoutError(self.host, f"{self.host}: {argv[0]} did not finish within {timeout:g} s") from None
         return CommandResult(host=self.host, argv=tuple(argv), exit_status=proc.returncode, stdout=out,
                              stderr=err, seconds=time.monotonic() - t0, started_at=started)
 

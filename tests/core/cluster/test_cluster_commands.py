@@ -179,3 +179,15 @@ def test_help_imports_no_heavy_module_and_core_no_ui():
             "print(heavy, ui)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[] []"
+
+
+def test_preflight_inside_a_platform_pod_checks_this_node_only(tmp_path):
+    # A PAI-DLC worker pod (rank 1 of 2): no SSH, the platform starts the other pod.
+    env = {"MASTER_ADDR": "dlc1a2b3c4d5e6f-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
+    topo = detect_topology(env, local_gpus=None)
+    report = run_preflight(topo, cpu_config(2), options=PreflightOptions(
+        runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path)))
+    assert [p.host for p in report.probes] == ["localhost"] and report.probes[0].ok
+    found = {f.id for f in report.findings}
+    assert {"other-nodes-not-probed", "master-port-not-checked"} <= found
+    assert report.ok, [f.message for f in report.errors]

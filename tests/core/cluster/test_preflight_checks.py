@@ -189,6 +189,14 @@ def test_memory_fit_uses_the_real_gpu_memory(make_facts):
     assert "batch_per_gpu" in err.fix
 
 
+def test_cpu_processes_must_fit_in_the_node_ram(make_facts):
+    c = cfg(nodes=1, ppn=4, device="cpu", data={"frames": 8, "height": 64, "width": 64},
+            deepspeed={"reduce_bucket_size": 20_000_000, "allgather_bucket_size": 20_000_000})
+    assert ids(pf.check_memory_fit(c, {"n": make_facts("n", "none")}), Severity.ERROR) == []
+    out = pf.check_memory_fit(c, {"n": make_facts("n", "none", ram_gb=1.5)})
+    assert [(f.id, f.node) for f in out if f.severity is Severity.ERROR] == [("ram-too-small", "n")]
+
+
 def test_bus_bandwidth_formula_and_finding():
     assert bus_bandwidth(10.0, 2) == pytest.approx(10.0)
     assert bus_bandwidth(10.0, 8) == pytest.approx(17.5)

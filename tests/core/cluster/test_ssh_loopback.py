@@ -204,3 +204,23 @@ def test_known_hosts_replace_keeps_other_lines(tmp_path):
     assert lines[0] == "# cluster keys" and lines[1].startswith("other ")
     assert [ln for ln in lines if ln.startswith("[10.0.0.5]")] == [f"[10.0.0.5]:2222 ssh-rsa {b.get_base64()}"]
     assert oct(kh.stat().st_mode & 0o777) == "0o600"
+
+
+def test_local_runner_has_the_same_contract_without_ssh(tmp_path):
+    from taehv_console.core.cluster.ssh import LocalRunner
+
+    runner = LocalRunner()
+    marker = tmp_path / "pwned"
+    r = runner.run(["printf", "%s", f"$(touch {marker})"])
+    assert r.ok and r.stdout == f"$(touch {marker})" and not marker.exists()  # no shell at all
+    with pytest.raises(CommandError):
+        runner.run(["echo", "a\nb"])  # refused like over SSH, so behaviour never differs
+    with pytest.raises(CommandTimeoutError):
+        runner.run(["sleep", "30"], timeout=0.5)
+    proc = runner.start_detached(["sleep", "30"], log_path=str(tmp_path / "log"))
+    assert proc.pgid == proc.pid and runner.group_pids(proc.pgid) == (proc.pid,)
+    assert runner.signal_group(proc.pgid, "KILL")
+    deadline = time.monotonic() + 10
+    while runner.group_pids(proc.pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner.group_pids(proc.pgid) == ()
