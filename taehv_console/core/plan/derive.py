@@ -431,3 +431,47 @@ def auto_select(
         reasons=(Reason("preset", base.name, why),) + resolved.reasons,
         summary=f"derived for {what} from {base.name}",
     )
+
+
+def resolve_config(
+    preset: str | None,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: str = "cuda",
+    gpu_name: str = "",
+    gpu_memory_gb: float | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
+) -> ResolvedConfig:
+    """What the CLI's --preset / --nodes / --gpus-per-node / --set mean, in one place.
+
+    - a preset and no topology: the preset as it is;
+    - a preset and a topology: the preset if it is made for that topology, else derived from it;
+    - "auto" (or None) and a topology: auto_select;
+    - "auto" without a topology is an error (detection is the caller's job).
+    """
+    if (nodes is None) != (gpus_per_node is None):
+        raise ConfigError("give both --nodes and --gpus-per-node (processes per node), or neither")
+    overrides = list(overrides)
+    if preset in (None, "", "auto"):
+        if nodes is None or gpus_per_node is None:
+            raise ConfigError("--preset auto needs the topology: --nodes N --gpus-per-node G")
+        return auto_select(
+            nodes, gpus_per_node, device=device, gpu_name=gpu_name, gpu_memory_gb=gpu_memory_gb, overrides=overrides
+        )
+    from taehv_console.core.plan.presets import load_preset
+
+    if nodes is None or gpus_per_node is None:
+        loaded = load_preset(preset, overrides=overrides)
+        cfg = loaded.config
+        reasons = [Reason("preset", loaded.name, f"{loaded.name} as written ({loaded.path})")]
+        if gpu_memory_gb is not None:
+            cfg = cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})})
+            reasons.append(Reason("topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as given"))
+        return ResolvedConfig(cfg, loaded.name, False, tuple(reasons), f"preset {loaded.name}")
+    base = load_preset(preset)
+    t = base.config.topology
+    if (t.nodes, t.gpus_per_node) == (nodes, gpus_per_node):
+        return resolve_config(preset, gpu_memory_gb=gpu_memory_gb, overrides=overrides)
+    resolved = derive_run_config(base, nodes, gpus_per_node, gpu_memory_gb=gpu_memory_gb, overrides=overrides)
+    return resolved

@@ -478,3 +478,51 @@ def compare_plans(plans: list[Plan], baseline: Plan) -> list[ComparisonRow]:
         )
         for p in plans
     ]
+
+
+def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
+    """A JSON-ready view of a plan (the CLI's --json and anything else that wants plain values)."""
+    c = plan.config
+    t = c.topology
+    out = {
+        "name": plan.name,
+        "topology": {"nodes": t.nodes, "gpus_per_node": t.gpus_per_node, "world_size": t.world_size, "device": t.device},
+        "batch": {
+            "per_gpu": c.optim.batch_per_gpu,
+            "grad_accum": c.optim.grad_accum,
+            "effective": c.effective_batch,
+        },
+        "zero_stage": c.deepspeed.zero_stage,
+        "communication": {
+            "bytes_per_step": plan.comm.bytes_per_step,
+            "link": plan.comm.link,
+            "usable_bytes_per_s": plan.comm.bytes_per_s,
+            "seconds_per_step": plan.comm.seconds_per_step,
+            "fraction": plan.comm.fraction,
+            "target_fraction": plan.comm.target_fraction,
+            "smallest_accum_under_target": plan.comm.smallest_accum_under_target,
+        },
+        "time": {
+            "clips_per_s_per_gpu": plan.time.clips_per_s_per_gpu,
+            "compute_s_per_step": plan.time.compute_s_per_step,
+            "step_s": plan.time.step_s,
+            "clips_per_s": plan.time.clips_per_s,
+            "max_steps": c.optim.max_steps,
+            "hours_to_max_steps": plan.time.hours_to_max_steps,
+            "gpu_hours": plan.time.gpu_hours,
+            "cost": plan.time.cost,
+        },
+        "memory": {
+            "fits": plan.memory.fits,
+            "per_gpu_gb": plan.memory.per_gpu_gb,
+            "gpu_gb": plan.memory.gpu_gb,
+            "breakdown_gb": dict(plan.memory.breakdown),
+            "max_batch_per_gpu": plan.memory.max_batch_per_gpu,
+            "notes": list(plan.memory.notes),
+        },
+        "assumptions": list(plan.assumptions),
+    }
+    if row is not None:
+        out["speedup_vs_baseline"] = row.speedup
+        out["relative_cost_vs_baseline"] = row.relative_cost
+    return out

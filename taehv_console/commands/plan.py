@@ -1,0 +1,249 @@
+"""`taehv-console plan`: communication, time, cost and memory figures for a preset or topology.
+
+Without --preset and topology: the comparison table of the shipped GPU presets against the 8-GPU
+baseline (the shape of the public project's table). Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+BASELINE = "8gpu-h100"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", help="preset name or .toml path ('auto' with --nodes/--gpus-per-node)")
+    parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
+    parser.add_argument("--gpu", default="", help="GPU model, e.g. 'H100' or 'A800' (throughput, auto)")
+    parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
+    parser.add_argument("--bandwidth", help="inter-node bandwidth, e.g. 25Gbit, 100Gbps, 10GB/s")
+    parser.add_argument("--throughput", type=float, help="measured clips/s per GPU (default: documented assumption)")
+    parser.add_argument("--efficiency", type=float, default=1.0, help="scaling efficiency on compute, 0-1")
+    parser.add_argument("--target-comm", type=float, default=0.10, help="target communication fraction (0.10)")
+    parser.add_argument("--price", type=float, help="price per GPU-hour, for a cost column")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.config import ConfigError
+
+    try:
+        return _run(args)
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
+    from taehv_console.core.plan.planner import parse_bandwidth
+
+    if not 0 < args.target_comm < 1:
+        raise ValueError(f"--target-comm {args.target_comm}: a fraction between 0 and 1, e.g. 0.1")
+    if args.throughput is not None and args.throughput <= 0:
+        raise ValueError(f"--throughput {args.throughput}: clips per second per GPU, more than 0")
+    return {
+        "bandwidth_bits_per_s": parse_bandwidth(bandwidth_text) if bandwidth_text else None,
+        "clips_per_s_per_gpu": args.throughput,
+        "efficiency": args.efficiency,
+        "target_fraction": args.target_comm,
+        "price_per_gpu_hour": args.price,
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    from taehv_console.core.plan.derive import resolve_config
+    from taehv_console.core.plan.planner import compare_plans, make_plan, plan_to_dict
+    from taehv_console.core.plan.presets import load_preset
+
+    if args.preset is None and args.nodes is None and args.gpus_per_node is None:
+        return _comparison(args)
+
+    resolved = resolve_config(
+        args.preset,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu_name=args.gpu,
+        gpu_memory_gb=args.gpu_memory_gb,
+        overrides=args.set,
+    )
+    cfg = resolved.config
+    meta = _meta(resolved.preset) or _meta(args.preset)
+    meta_gpu = args.gpu or (meta.gpu if meta else "")
+    network = (meta.network if meta else "") or None
+    kwargs = _plan_kwargs(args, args.bandwidth or network)
+    plan = make_plan(cfg, name=cfg.run.preset, gpu=meta_gpu, **kwargs)
+    baseline_preset = load_preset(BASELINE)
+    baseline = make_plan(baseline_preset.config, name=BASELINE, gpu="H100", **{**kwargs, "clips_per_s_per_gpu": None})
+    row = compare_plans([plan], baseline)[0]
+
+    if args.json:
+        out = {
+            "summary": resolved.summary,
+            "derived": resolved.derived,
+            "preset": resolved.preset,
+            "reasons": [{"key": r.key, "value": r.value, "reason": r.reason} for r in resolved.reasons],
+            "plan": plan_to_dict(plan, row),
+            "baseline": BASELINE,
+        }
+        print(json.dumps(out, indent=2, default=str))
+        return 0 if plan.memory.fits else 1
+    _print_plan(resolved, plan, row)
+    return 0 if plan.memory.fits else 1
+
+
+def _comparison(args: argparse.Namespace) -> int:
+    from taehv_console.core.plan.planner import compare_plans, make_plan, plan_to_dict
+    from taehv_console.core.plan.presets import list_presets
+
+    listing = list_presets()
+    presets = [p for p in listing.presets if p.config.topology.device == "cuda"]
+    plans = []
+    for p in presets:
+        kwargs = _plan_kwargs(args, args.bandwidth or p.meta.network or None)
+        plans.append(make_plan(p.config, name=p.name, gpu=p.meta.gpu, **kwargs))
+    plans.sort(key=lambda pl: (pl.config.topology.world_size, pl.name))
+    baseline = next(pl for pl in plans if pl.name == BASELINE)
+    rows = compare_plans(plans, baseline)
+    if args.json:
+        print(json.dumps({"baseline": BASELINE, "plans": [plan_to_dict(r.plan, r) for r in rows]}, indent=2))
+        return 0
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"Time and cost to max steps, against {BASELINE}",
+        title_justify="left",
+        caption="step = compute + communication (no overlap); assumptions below",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),  # left only: 12 columns fit an 80-column terminal
+        pad_edge=False,
+    )
+    cols = ["preset", "nodes", "batch", "ZeRO", "comm", "step", "to max", "GPU-h", "speed", "cost"]
+    if args.price is not None:
+        cols.append("price")
+    cols.append("GB")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "preset" else "right", no_wrap=True)
+    for r in rows:
+        p = r.plan
+        t = p.config.topology
+        cells = [
+            p.name,
+            f"{t.nodes}x{t.gpus_per_node}",
+            str(p.config.effective_batch),
+            str(p.config.deepspeed.zero_stage),
+            f"{p.comm.fraction:.1%}",
+            f"{p.time.step_s:.1f}s",
+            _hours(p.time.hours_to_max_steps),
+            f"{p.time.gpu_hours:,.0f}",
+            f"{r.speedup:.2f}x" if r.speedup < 1 else f"{r.speedup:.1f}x",
+            f"{r.relative_cost:.2f}x",
+        ]
+        if args.price is not None:
+            cells.append(f"{p.time.cost:,.0f}")
+        cells.append(f"{p.memory.per_gpu_gb:.0f}/{p.memory.gpu_gb:g}" + ("" if p.memory.fits else " !"))
+        table.add_row(*cells)
+    console = _console()
+    console.print(table)
+    _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
+    _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
+    return 0
+
+
+def _print_shared_lines(console, label: str, per_plan: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Each distinct line once, with the presets it applies to (all of them: no list)."""
+    owners: dict[str, list[str]] = {}
+    for name, lines in per_plan:
+        for line in lines:
+            owners.setdefault(line, []).append(name)
+    for line, names in owners.items():
+        where = "" if len(names) == len(per_plan) else f" [{', '.join(names)}]"
+        console.print(f"{label}{where}: {line}", highlight=False, markup=False)
+
+
+def _console():
+    from rich.console import Console
+
+    # piped or logged output is read in files and CI logs, not an 80-column window: keep it whole
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
+def _meta(name_or_path: str | None):
+    """The [preset] table (GPU model, advised network) of a preset, when it can be read."""
+    from taehv_console.core.plan.presets import load_preset
+    from trainer.config import ConfigError
+
+    if not name_or_path or name_or_path == "auto":
+        return None
+    try:
+        return load_preset(name_or_path).meta
+    except ConfigError:
+        return None
+
+
+def _hours(h: float) -> str:
+    return f"{h:.1f}h" if h < 48 else f"{h / 24:.1f}d"
+
+
+def _print_plan(resolved, plan, row) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = _console()
+    c = plan.config
+    t = c.topology
+    console.print(f"[bold]{plan.name}[/bold]: {resolved.summary}", highlight=False)
+    if resolved.reasons:
+        table = Table(title="values and why", title_justify="left")
+        table.add_column("key", no_wrap=True)
+        table.add_column("value", max_width=28, overflow="fold")
+        table.add_column("reason", ratio=1)
+        for r in resolved.reasons:
+            value = r.value if not isinstance(r.value, dict) else ", ".join(f"{k}={v}" for k, v in r.value.items())
+            table.add_row(r.key, str(value), r.reason)
+        console.print(table)
+
+    comm = plan.comm
+    lines = [
+        f"topology      {t.nodes} node(s) x {t.gpus_per_node} = {t.world_size} {'GPUs' if t.device == 'cuda' else 'CPU processes'}",
+        f"batch         {c.optim.batch_per_gpu} per GPU x {c.optim.grad_accum} accumulation x {t.world_size}"
+        f" = {c.effective_batch} clips per step, LR {c.optim.lr:g}, ZeRO-{c.deepspeed.zero_stage}",
+        f"communication {comm.bytes_per_step / 1e6:,.1f} MB per GPU per step over {comm.link}:"
+        f" {comm.seconds_per_step:.3f} s = {comm.fraction:.1%} of a step",
+    ]
+    if comm.smallest_accum_under_target is None:
+        lines.append(
+            f"              no accumulation brings it under {comm.target_fraction:.0%} at ZeRO-{c.deepspeed.zero_stage}"
+            " (gradients are reduced every micro-step)"
+        )
+    else:
+        lines.append(
+            f"              smallest accumulation under {comm.target_fraction:.0%}: {comm.smallest_accum_under_target}"
+        )
+    tm = plan.time
+    lines += [
+        f"time          {tm.clips_per_s_per_gpu:.2f} clips/s per GPU; {tm.step_s:.2f} s per step; {tm.clips_per_s:,.0f} clips/s",
+        f"              {c.optim.max_steps:,} steps: {_hours(tm.hours_to_max_steps)}, {tm.gpu_hours:,.0f} GPU-hours"
+        + (f", cost {tm.cost:,.0f}" if tm.cost is not None else ""),
+        f"              vs {BASELINE}: {row.speedup:.2f}x the speed, {row.relative_cost:.2f}x the GPU-hours",
+    ]
+    m = plan.memory
+    breakdown = ", ".join(f"{k} {v:.2f}" for k, v in m.breakdown.items())
+    lines += [
+        f"memory        ~{m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per {'GPU' if t.device == 'cuda' else 'process'}:"
+        f" {'fits' if m.fits else 'DOES NOT FIT'} (at most {m.max_batch_per_gpu} clips per GPU)",
+        f"              {breakdown} (GB)",
+    ]
+    for line in lines:
+        console.print(line, highlight=False)
+    for n in m.notes:
+        console.print(f"note: {n}", highlight=False, style=None if m.fits else "bold red")
+    console.print("assumptions:")
+    for a in plan.assumptions:
+        console.print(f"  - {a}", highlight=False)

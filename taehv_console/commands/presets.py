@@ -1,0 +1,80 @@
+"""`taehv-console presets`: list the shipped and user presets (a table, or --json).
+
+Nothing heavy at module level: this module is imported whenever `taehv-console --help` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the presets as JSON")
+
+
+def preset_to_dict(p) -> dict:
+    c = p.config
+    return {
+        "name": p.name,
+        "source": p.source,
+        "path": p.path,
+        "description": p.meta.description,
+        "gpu": p.meta.gpu,
+        "network": p.meta.network,
+        "nodes": c.topology.nodes,
+        "gpus_per_node": c.topology.gpus_per_node,
+        "world_size": c.topology.world_size,
+        "device": c.topology.device,
+        "batch_per_gpu": c.optim.batch_per_gpu,
+        "grad_accum": c.optim.grad_accum,
+        "effective_batch": c.effective_batch,
+        "lr": c.optim.lr,
+        "zero_stage": c.deepspeed.zero_stage,
+        "clip": [c.data.frames, c.data.height, c.data.width],
+        "max_steps": c.optim.max_steps,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from taehv_console.core.plan.presets import list_presets, user_preset_dir
+
+    listing = list_presets()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "presets": [preset_to_dict(p) for p in listing.presets],
+                    "user_dir": str(user_preset_dir()),
+                    "errors": list(listing.errors),
+                },
+                indent=2,
+            )
+        )
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="Presets", title_justify="left")
+        for col in ("name", "topology", "GPU", "batch", "LR", "ZeRO", "clip", "description"):
+            table.add_column(col, no_wrap=col != "description")
+        for p in listing.presets:
+            c = p.config
+            name = p.name if p.source == "shipped" else f"{p.name} ({p.source})"
+            table.add_row(
+                name,
+                p.topology_label,
+                p.meta.gpu or "-",
+                f"{c.optim.batch_per_gpu} x {c.optim.grad_accum} = {c.effective_batch}",
+                f"{c.optim.lr:g}",
+                str(c.deepspeed.zero_stage),
+                f"{c.data.frames}x{c.data.height}x{c.data.width}",
+                p.meta.description,
+            )
+        # piped output goes to files and logs: wide enough for the descriptions
+        (Console() if sys.stdout.isatty() else Console(width=140)).print(table)
+        print(f"user presets: {user_preset_dir()}")
+    for err in listing.errors:
+        print(f"error: {err}", file=sys.stderr)
+    return 1 if listing.errors else 0

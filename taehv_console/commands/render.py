@@ -1,0 +1,139 @@
+"""`taehv-console render`: write the launch files of a preset (or a derived config) into a folder.
+
+Imports nothing heavy at module level (this module is imported by `taehv-console --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+_HOST_LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+slots\s*=\s*(?P<slots>\d+))?\s*$")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", required=True, help="preset name or .toml path ('auto' with a topology)")
+    parser.add_argument("--out", required=True, help="folder to write the files into (created if needed)")
+    parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
+    parser.add_argument("--gpu", default="", help="GPU model for --preset auto, e.g. H100")
+    parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
+    parser.add_argument("--hosts", help="DeepSpeed hostfile (`host slots=N` per line): the nodes, node 0 first")
+    parser.add_argument("--run-dir", help="the folder's path as the nodes see it (default: --out, absolute)")
+    parser.add_argument("--main-ip", default="", help="address of node 0 (default: first host)")
+    parser.add_argument("--port", type=int, default=29500, help="rendezvous port on node 0 (29500)")
+    parser.add_argument("--image", default="taehv-console:latest", help="container image for the Kubernetes Job")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def read_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """(host, slots) per line of a DeepSpeed hostfile; `#` starts a comment."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the hostfile: {err.strerror or err}") from None
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _HOST_LINE.match(line)
+        if not m or m.group("host").startswith("-"):
+            raise ValueError(f"{path}:{number}: expected `hostname slots=N`, got {raw.strip()!r}")
+        hosts.append((m.group("host"), int(m.group("slots")) if m.group("slots") else None))
+    if not hosts:
+        raise ValueError(f"{path}: no hosts in the hostfile")
+    return hosts
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.config import ConfigError
+
+    try:
+        return _run(args)
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: cannot write to {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from taehv_console.core.plan.derive import resolve_config
+    from taehv_console.core.plan.render import RenderOptions, write_launch_files
+
+    hosts: tuple[str, ...] = ()
+    nodes, gpus = args.nodes, args.gpus_per_node
+    if args.hosts:
+        entries = read_hostfile(args.hosts)
+        hosts = tuple(h for h, _ in entries)
+        slots = {s for _, s in entries if s is not None}
+        if nodes is None and gpus is None:
+            # the hostfile is the topology: one node per line, its slots the processes per node
+            if len(slots) > 1:
+                raise ValueError(
+                    f"{args.hosts}: nodes have different slot counts {sorted(slots)}; every node must run "
+                    "the same number of processes (give --gpus-per-node to use fewer on each)"
+                )
+            if slots:
+                nodes, gpus = len(hosts), slots.pop()
+    resolved = resolve_config(
+        args.preset,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        gpu_name=args.gpu,
+        gpu_memory_gb=args.gpu_memory_gb,
+        overrides=args.set,
+    )
+    cfg = resolved.config
+    if hosts and len(hosts) != cfg.topology.nodes:
+        raise ValueError(
+            f"{args.hosts} names {len(hosts)} host(s) but the config has {cfg.topology.nodes} node(s); "
+            "give one host per node, or --nodes/--gpus-per-node to match the hostfile"
+        )
+    out = Path(args.out)
+    opts = RenderOptions(
+        run_dir=args.run_dir or str(out.resolve()),
+        hosts=hosts,
+        main_process_ip=args.main_ip,
+        main_process_port=args.port,
+        image=args.image,
+    )
+    written = write_launch_files(cfg, out, opts)
+    placeholders = opts.placeholders(cfg.topology.nodes)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "summary": resolved.summary,
+                    "derived": resolved.derived,
+                    "preset": cfg.run.preset,
+                    "run_dir": opts.run_dir,
+                    "files": [str(p) for p in written],
+                    "placeholder_hosts": placeholders,
+                    "reasons": [{"key": r.key, "value": r.value, "reason": r.reason} for r in resolved.reasons],
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    else:
+        t = cfg.topology
+        print(f"{resolved.summary}: {t.nodes} node(s) x {t.gpus_per_node} = {t.world_size} processes")
+        for r in resolved.reasons if resolved.derived else ():
+            print(f"  {r.key} = {r.value}: {r.reason}")
+        print(f"wrote {len(written)} files to {out}:")
+        for p in written:
+            print(f"  {p.name}")
+    if placeholders:
+        print(
+            "warning: no --hosts given for a multi-node config: the hostfile and main_process_ip use "
+            "placeholders node-0 ...; render again with --hosts FILE",
+            file=sys.stderr,
+        )
+    return 0
