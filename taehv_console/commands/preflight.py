@@ -114,7 +114,8 @@ def render(report: Any, chosen: str) -> None:
     marks = {"error": "[red]✗ error[/]", "warning": "[yellow]! warning[/]", "info": "[dim]· info[/]"}
     for f in report.findings:
         where = f" [bold]{f.node}[/]" if f.node else ""
-        console.print(f"{marks[f.severity.value]}{where} [dim]({f.id})[/] {f.message}")
+        message = f.message.removeprefix(f"{f.node}: ") if f.node else f.message  # node shown once
+        console.print(f"{marks[f.severity.value]}{where} [dim]({f.id})[/] {message}")
         if f.fix:
             console.print(f"    fix: {f.fix}")
     n_err = len(report.errors)

@@ -108,6 +108,8 @@ def check_processes_vs_gpus(topology: Topology, facts: Mapping[str, NodeFacts], 
             continue
         devices = f.visible_gpu_count if cfg.topology.device == "cuda" else f.cpu_count
         kind = "GPU(s) visible" if cfg.topology.device == "cuda" else "CPU(s)"
+        if devices == 0:
+            continue  # "no-gpu" already says it; "slots=0" would be no fix
         if node.slots > devices:
             out.append(Finding(
                 "slots-exceed-devices", E,

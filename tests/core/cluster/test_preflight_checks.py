@@ -65,10 +65,10 @@ def test_hostfile_slots_beyond_gpus_and_processes_beyond_gpus(make_facts):
 
 
 def test_zero_gpus_is_an_error_with_the_probe_reason(make_facts):
-    topo = hostfile_topology(("gpu01", None))
+    topo = hostfile_topology(("gpu01", 8))
     out = pf.check_processes_vs_gpus(topo, {"gpu01": make_facts("gpu01", "no-driver")}, cfg(nodes=1))
-    [f] = [f for f in out if f.id == "no-gpu"]
-    assert "Driver Not Loaded" in f.message and "topology.device=cpu" in f.fix
+    [f] = out  # one finding: no "slots exceed 0 GPUs, set slots=0" on top of it
+    assert f.id == "no-gpu" and "Driver Not Loaded" in f.message and "topology.device=cpu" in f.fix
 
 
 def test_cpu_run_slots_count_cpus(make_facts):
