@@ -20,11 +20,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="", help="GPU model, e.g. 'H100' or 'A800' (throughput, auto)")
     parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
     parser.add_argument("--bandwidth", help="inter-node bandwidth, e.g. 25Gbit, 100Gbps, 10GB/s")
-    parser.add_argument("--throughput", type=float, help="measured clips/s per GPU (default: documented assumption)")
+    parser.add_argument(
+        "--throughput", type=float, help="measured clips/s per GPU (default: documented assumption)"
+    )
     parser.add_argument("--efficiency", type=float, default=1.0, help="scaling efficiency on compute, 0-1")
-    parser.add_argument("--target-comm", type=float, default=0.10, help="target communication fraction (0.10)")
+    parser.add_argument(
+        "--target-comm", type=float, default=0.10, help="target communication fraction (0.10)"
+    )
     parser.add_argument("--price", type=float, help="price per GPU-hour, for a cost column")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -77,7 +83,9 @@ def _run(args: argparse.Namespace) -> int:
     kwargs = _plan_kwargs(args, args.bandwidth or network)
     plan = make_plan(cfg, name=cfg.run.preset, gpu=meta_gpu, **kwargs)
     baseline_preset = load_preset(BASELINE)
-    baseline = make_plan(baseline_preset.config, name=BASELINE, gpu="H100", **{**kwargs, "clips_per_s_per_gpu": None})
+    baseline = make_plan(
+        baseline_preset.config, name=BASELINE, gpu="H100", **{**kwargs, "clips_per_s_per_gpu": None}
+    )
     row = compare_plans([plan], baseline)[0]
 
     if args.json:
@@ -112,7 +120,6 @@ def _comparison(args: argparse.Namespace) -> int:
         print(json.dumps({"baseline": BASELINE, "plans": [plan_to_dict(r.plan, r) for r in rows]}, indent=2))
         return 0
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -192,7 +199,6 @@ def _hours(h: float) -> str:
 
 
 def _print_plan(resolved, plan, row) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     console = _console()
@@ -205,17 +211,25 @@ def _print_plan(resolved, plan, row) -> None:
         table.add_column("value", max_width=28, overflow="fold")
         table.add_column("reason", ratio=1)
         for r in resolved.reasons:
-            value = r.value if not isinstance(r.value, dict) else ", ".join(f"{k}={v}" for k, v in r.value.items())
+            value = (
+                r.value
+                if not isinstance(r.value, dict)
+                else ", ".join(f"{k}={v}" for k, v in r.value.items())
+            )
             table.add_row(r.key, str(value), r.reason)
         console.print(table)
 
     comm = plan.comm
     lines = [
         f"topology      {t.nodes} node(s) x {t.gpus_per_node} = {t.world_size} {'GPUs' if t.device == 'cuda' else 'CPU processes'}",
-        f"batch         {c.optim.batch_per_gpu} per GPU x {c.optim.grad_accum} accumulation x {t.world_size}"
-        f" = {c.effective_batch} clips per step, LR {c.optim.lr:g}, ZeRO-{c.deepspeed.zero_stage}",
-        f"communication {comm.bytes_per_step / 1e6:,.1f} MB per GPU per step over {comm.link}:"
-        f" {comm.seconds_per_step:.3f} s = {comm.fraction:.1%} of a step",
+        (
+            f"batch         {c.optim.batch_per_gpu} per GPU x {c.optim.grad_accum} accumulation x {t.world_size}"
+            f" = {c.effective_batch} clips per step, LR {c.optim.lr:g}, ZeRO-{c.deepspeed.zero_stage}"
+        ),
+        (
+            f"communication {comm.bytes_per_step / 1e6:,.1f} MB per GPU per step over {comm.link}:"
+            f" {comm.seconds_per_step:.3f} s = {comm.fraction:.1%} of a step"
+        ),
     ]
     if comm.smallest_accum_under_target is None:
         lines.append(
@@ -236,8 +250,10 @@ def _print_plan(resolved, plan, row) -> None:
     m = plan.memory
     breakdown = ", ".join(f"{k} {v:.2f}" for k, v in m.breakdown.items())
     lines += [
-        f"memory        ~{m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per {'GPU' if t.device == 'cuda' else 'process'}:"
-        f" {'fits' if m.fits else 'DOES NOT FIT'} (at most {m.max_batch_per_gpu} clips per GPU)",
+        (
+            f"memory        ~{m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per {'GPU' if t.device == 'cuda' else 'process'}:"
+            f" {'fits' if m.fits else 'DOES NOT FIT'} (at most {m.max_batch_per_gpu} clips per GPU)"
+        ),
         f"              {breakdown} (GB)",
     ]
     for line in lines:

@@ -21,12 +21,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
     parser.add_argument("--gpu", default="", help="GPU model for --preset auto, e.g. H100")
     parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
-    parser.add_argument("--hosts", help="DeepSpeed hostfile (`host slots=N` per line): the nodes, node 0 first")
+    parser.add_argument(
+        "--hosts", help="DeepSpeed hostfile (`host slots=N` per line): the nodes, node 0 first"
+    )
     parser.add_argument("--run-dir", help="the folder's path as the nodes see it (default: --out, absolute)")
     parser.add_argument("--main-ip", default="", help="address of node 0 (default: first host)")
     parser.add_argument("--port", type=int, default=29500, help="rendezvous port on node 0 (29500)")
-    parser.add_argument("--image", default="taehv-console:latest", help="container image for the Kubernetes Job")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4")
+    parser.add_argument(
+        "--image", default="taehv-console:latest", help="container image for the Kubernetes Job"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4"
+    )
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
@@ -116,7 +122,9 @@ def _run(args: argparse.Namespace) -> int:
                     "run_dir": opts.run_dir,
                     "files": [str(p) for p in written],
                     "placeholder_hosts": placeholders,
-                    "reasons": [{"key": r.key, "value": r.value, "reason": r.reason} for r in resolved.reasons],
+                    "reasons": [
+                        {"key": r.key, "value": r.value, "reason": r.reason} for r in resolved.reasons
+                    ],
                 },
                 indent=2,
                 default=str,

@@ -25,7 +25,9 @@ print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] i
 def loaded_after(*argv: str) -> list[str]:
     # a fresh interpreter: this test process has long imported everything
     code = PROBE.replace("{heavy}", repr(set(HEAVY)))
-    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], check=False, capture_output=True, text=True, timeout=120
+    )
     line = next(l for l in proc.stdout.splitlines() if l.startswith("MODULES "))
     return json.loads(line[len("MODULES ") :])
 
@@ -41,6 +43,10 @@ def test_subcommand_help_imports_nothing_heavy(command):
 
 def test_the_probe_would_notice_torch():
     # guard against a probe that can never fail: importing torch in the same way is seen
-    code = PROBE.replace("{heavy}", repr(set(HEAVY))).replace("from taehv_console.cli import main", "import torch\nfrom taehv_console.cli import main")
-    proc = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=120)
+    code = PROBE.replace("{heavy}", repr(set(HEAVY))).replace(
+        "from taehv_console.cli import main", "import torch\nfrom taehv_console.cli import main"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--help"], check=False, capture_output=True, text=True, timeout=120
+    )
     assert "torch" in proc.stdout

@@ -7,6 +7,7 @@ topologies derive back to their published values (ZeRO stage excepted, see `_zer
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -111,8 +112,11 @@ def _from_anchors(world: int, anchors: tuple[tuple[int, int], ...]) -> tuple[int
         return lo_v, f"as at {lo_w} GPUs (the smallest published world)"
     if world > hi_w:
         v = _round_to(hi_v * math.sqrt(hi_w / world), 50)
-        return v, f"{hi_v} at {hi_w} GPUs x sqrt({hi_w}/{world}), extrapolated past the largest published world"
-    for (w0, v0), (w1, v1) in zip(anchors, anchors[1:]):
+        return (
+            v,
+            f"{hi_v} at {hi_w} GPUs x sqrt({hi_w}/{world}), extrapolated past the largest published world",
+        )
+    for (w0, v0), (w1, v1) in itertools.pairwise(anchors):
         if w0 < world < w1:
             frac = (math.log2(world) - math.log2(w0)) / (math.log2(w1) - math.log2(w0))
             v = _round_to(v0 + (v1 - v0) * frac, 50)
@@ -269,9 +273,17 @@ def derive_run_config(
     put("deepspeed.allgather_bucket_size", bucket, bucket_why + " (allgather = reduce)")
     s3 = "used only under ZeRO-3"
     live = _step(world, MAX_LIVE_STEPS)
-    put("deepspeed.stage3_max_live_parameters", live, f"{_fmt(live)}: published 1e9/8e8/5e8 at 16/48/64 GPUs; {s3}")
+    put(
+        "deepspeed.stage3_max_live_parameters",
+        live,
+        f"{_fmt(live)}: published 1e9/8e8/5e8 at 16/48/64 GPUs; {s3}",
+    )
     pre = _step(world, PREFETCH_STEPS)
-    put("deepspeed.stage3_prefetch_bucket_size", pre, f"{_fmt(pre)}: published 2e8/2.5e8/3e8 at 16/48/64 GPUs; {s3}")
+    put(
+        "deepspeed.stage3_prefetch_bucket_size",
+        pre,
+        f"{_fmt(pre)}: published 2e8/2.5e8/3e8 at 16/48/64 GPUs; {s3}",
+    )
     put(
         "deepspeed.stage3_param_persistence_threshold",
         PERSISTENCE_THRESHOLD,
@@ -380,7 +392,9 @@ def auto_select(
     exact = [
         p
         for p in same_device
-        if p.config.topology.nodes == nodes and p.config.topology.gpus_per_node == gpus_per_node and family_ok(p)
+        if p.config.topology.nodes == nodes
+        and p.config.topology.gpus_per_node == gpus_per_node
+        and family_ok(p)
     ]
     if family is None and device == "cuda":
         # unknown GPU: prefer the H100 presets (the public project's reference hardware)
@@ -392,9 +406,13 @@ def auto_select(
         cfg = chosen.config
         reasons = [Reason("preset", chosen.name, f"{chosen.name} is made for {what}")]
         if gpu_memory_gb is not None and gpu_memory_gb != cfg.topology.gpu_memory_gb:
-            cfg = cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})})
+            cfg = cfg.model_copy(
+                update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})}
+            )
             reasons.append(
-                Reason("topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as detected")
+                Reason(
+                    "topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as detected"
+                )
             )
         if overrides:
             cfg = override_config(cfg, overrides)
@@ -457,7 +475,12 @@ def resolve_config(
         if nodes is None or gpus_per_node is None:
             raise ConfigError("--preset auto needs the topology: --nodes N --gpus-per-node G")
         return auto_select(
-            nodes, gpus_per_node, device=device, gpu_name=gpu_name, gpu_memory_gb=gpu_memory_gb, overrides=overrides
+            nodes,
+            gpus_per_node,
+            device=device,
+            gpu_name=gpu_name,
+            gpu_memory_gb=gpu_memory_gb,
+            overrides=overrides,
         )
     from taehv_console.core.plan.presets import load_preset
 
@@ -466,8 +489,12 @@ def resolve_config(
         cfg = loaded.config
         reasons = [Reason("preset", loaded.name, f"{loaded.name} as written ({loaded.path})")]
         if gpu_memory_gb is not None:
-            cfg = cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})})
-            reasons.append(Reason("topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as given"))
+            cfg = cfg.model_copy(
+                update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})}
+            )
+            reasons.append(
+                Reason("topology.gpu_memory_gb", gpu_memory_gb, f"{gpu_memory_gb:g} GB per device, as given")
+            )
         return ResolvedConfig(cfg, loaded.name, False, tuple(reasons), f"preset {loaded.name}")
     base = load_preset(preset)
     t = base.config.topology

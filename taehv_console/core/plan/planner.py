@@ -192,7 +192,9 @@ def _round_up_bucket(params: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # Bandwidth
 
-_BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B|Bps|B/s|bit/s|b/s)?\s*$")
+_BANDWIDTH = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B|Bps|B/s|bit/s|b/s)?\s*$"
+)
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -238,7 +240,7 @@ def ring_factor(world_size: int | None) -> float:
 
 
 def bytes_per_optimizer_step(
-    params: int | float, bytes_per_value: int, world_size: int | None, zero_stage: int, grad_accum: int
+    params: float, bytes_per_value: int, world_size: int | None, zero_stage: int, grad_accum: int
 ) -> float:
     """Bytes each GPU sends (= receives) per optimizer step, by ZeRO stage, as DeepSpeed 0.19 does it.
 
@@ -279,7 +281,7 @@ def comm_bytes_per_value(cfg: TrainConfig) -> int:
 def smallest_accumulation(
     target_fraction: float,
     *,
-    params: int | float,
+    params: float,
     bytes_per_value: int,
     world_size: int | None,
     zero_stage: int,
@@ -396,7 +398,9 @@ def make_plan(
     bpv = comm_bytes_per_value(cfg)
 
     if t.nodes > 1:
-        bits = bandwidth_bits_per_s if bandwidth_bits_per_s is not None else parse_bandwidth(INTER_NODE_DEFAULT)
+        bits = (
+            bandwidth_bits_per_s if bandwidth_bits_per_s is not None else parse_bandwidth(INTER_NODE_DEFAULT)
+        )
         bps = usable_bytes_per_s(bits)
         link = f"inter-node {format_bandwidth(bits)}"
         assumptions.append(
@@ -419,7 +423,9 @@ def make_plan(
 
     micro_s = cfg.optim.batch_per_gpu / (clips_per_s_per_gpu * efficiency)
     compute_s = cfg.optim.grad_accum * micro_s
-    step_bytes = bytes_per_optimizer_step(params, bpv, t.world_size, cfg.deepspeed.zero_stage, cfg.optim.grad_accum)
+    step_bytes = bytes_per_optimizer_step(
+        params, bpv, t.world_size, cfg.deepspeed.zero_stage, cfg.optim.grad_accum
+    )
     comm_s = step_bytes / bps
     comm = CommEstimate(
         bytes_per_step=step_bytes,
@@ -486,7 +492,12 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
     t = c.topology
     out = {
         "name": plan.name,
-        "topology": {"nodes": t.nodes, "gpus_per_node": t.gpus_per_node, "world_size": t.world_size, "device": t.device},
+        "topology": {
+            "nodes": t.nodes,
+            "gpus_per_node": t.gpus_per_node,
+            "world_size": t.world_size,
+            "device": t.device,
+        },
         "batch": {
             "per_gpu": c.optim.batch_per_gpu,
             "grad_accum": c.optim.grad_accum,

@@ -148,7 +148,14 @@ def trainer_command(run_dir: str) -> list[str]:
 def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str]:
     """`accelerate launch` for one node, as argv (the SSH backend quotes it with shlex.join)."""
     config_file = str(Path(opts.run_dir) / accelerate_config_name(node))
-    return ["accelerate", "launch", "--config_file", config_file, "--no_python", *trainer_command(opts.run_dir)]
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        config_file,
+        "--no_python",
+        *trainer_command(opts.run_dir),
+    ]
 
 
 def launch_env(cfg: TrainConfig) -> dict[str, str]:
@@ -187,8 +194,10 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         "#SBATCH --exclusive",
         f"#SBATCH --output={run_dir}/logs/slurm-%j.out",
         "",
-        f"# {cfg.run.preset}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
-        f" = {t.world_size} processes",
+        (
+            f"# {cfg.run.preset}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
+            f" = {t.world_size} processes"
+        ),
         "set -euo pipefail",
         f"mkdir -p {shlex.quote(run_dir + '/logs')}",
         'export MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"',
@@ -215,6 +224,7 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     t = cfg.topology
     name = job_name(cfg, opts)
     service = f"{name}-nodes"
+
     def labels() -> dict:
         # a fresh dict each time: a shared one would come out as a YAML anchor and alias
         return {"app.kubernetes.io/name": "taehv-console", "taehv-console/job": name}
@@ -307,7 +317,9 @@ def render_all(cfg: TrainConfig, opts: RenderOptions) -> dict[str, str]:
     return files
 
 
-def write_launch_files(cfg: TrainConfig, out_dir: str | Path, opts: RenderOptions | None = None) -> list[Path]:
+def write_launch_files(
+    cfg: TrainConfig, out_dir: str | Path, opts: RenderOptions | None = None
+) -> list[Path]:
     """Write every launch file into `out_dir` (created if needed); paths inside point to
     opts.run_dir (default: out_dir itself, absolute). Returns the written paths."""
     out = Path(out_dir)

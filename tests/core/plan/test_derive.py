@@ -78,7 +78,10 @@ def test_derive_for_unpublished_topologies(h100, nodes, gpus, expected):
 
 def test_lr_reason_reads_like_the_review_screen(h100):
     r = derive_run_config(h100, 6, 8)
-    assert r.reason_for("optim.lr") == "LR 0.00018: 1e-4 x 240/128 = 0.0001875, rounded down to 2 significant digits"
+    assert (
+        r.reason_for("optim.lr")
+        == "LR 0.00018: 1e-4 x 240/128 = 0.0001875, rounded down to 2 significant digits"
+    )
     assert "10800 s for 6 node(s)" in r.reason_for("distributed.collective_timeout_s")
 
 
@@ -135,7 +138,15 @@ def test_overrides_win_over_rules(h100):
 
 
 def test_rules_in_isolation():
-    assert [collective_timeout_s(n) for n in (1, 2, 5, 6, 7, 8, 40)] == [3600, 7200, 7200, 10800, 10800, 14400, 14400]
+    assert [collective_timeout_s(n) for n in (1, 2, 5, 6, 7, 8, 40)] == [
+        3600,
+        7200,
+        7200,
+        10800,
+        10800,
+        14400,
+        14400,
+    ]
     assert [lr_for(b) for b in (128, 240, 256, 192)] == [1e-4, 1.8e-4, 2e-4, 1.5e-4]
     assert gpu_family("NVIDIA H100 80GB HBM3") == "H100" and gpu_family("NVIDIA A800-SXM4-80GB") == "A800"
     assert gpu_family("NVIDIA A100-SXM4-40GB") == "A800" and gpu_family("NVIDIA L40S") is None
@@ -173,6 +184,8 @@ def test_auto_derives_and_says_from_which_base():
 
 def test_auto_prefers_a_user_preset_for_the_same_topology(tmp_path, monkeypatch):
     monkeypatch.setenv("TAEHV_CONSOLE_PRESETS", str(tmp_path))
-    (tmp_path / "ours.toml").write_text('[preset]\nbase = "16gpu-h100"\ngpu = "H100"\n[optim]\nmax_steps = 10\n')
+    (tmp_path / "ours.toml").write_text(
+        '[preset]\nbase = "16gpu-h100"\ngpu = "H100"\n[optim]\nmax_steps = 10\n'
+    )
     r = auto_select(2, 8, gpu_name="H100", presets=list_presets().presets)
     assert r.preset == "ours" and r.config.optim.max_steps == 10

@@ -53,7 +53,17 @@ def test_plan_comparison_json(capsys):
 
 def test_plan_derived_topology_json(capsys):
     code, data = run_json(
-        capsys, "plan", "--preset", "8gpu-h100", "--nodes", "4", "--gpus-per-node", "8", "--bandwidth", "25Gbit", "--json"
+        capsys,
+        "plan",
+        "--preset",
+        "8gpu-h100",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--bandwidth",
+        "25Gbit",
+        "--json",
     )
     assert code == 0 and data["derived"] is True
     plan = data["plan"]
@@ -72,7 +82,9 @@ def test_plan_auto_and_human_output(capsys):
 
 
 def test_plan_memory_misfit_exits_non_zero(capsys):
-    code, data = run_json(capsys, "plan", "--preset", "8gpu-h100", "--set", "optim.batch_per_gpu=64", "--json")
+    code, data = run_json(
+        capsys, "plan", "--preset", "8gpu-h100", "--set", "optim.batch_per_gpu=64", "--json"
+    )
     assert code == 1 and data["plan"]["memory"]["fits"] is False
     assert "does not fit" in data["plan"]["memory"]["notes"][0]
 
@@ -81,7 +93,9 @@ def test_render_writes_files(capsys, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two nodes\n10.0.0.1 slots=8\n10.0.0.2 slots=8\n")
     out = tmp_path / "run"
-    code, data = run_json(capsys, "render", "--preset", "16gpu-h100", "--hosts", str(hostfile), "--out", str(out), "--json")
+    code, data = run_json(
+        capsys, "render", "--preset", "16gpu-h100", "--hosts", str(hostfile), "--out", str(out), "--json"
+    )
     assert code == 0 and data["derived"] is False and data["placeholder_hosts"] is False
     node1 = yaml.safe_load((out / "accelerate-node-1.yaml").read_text())
     assert node1["machine_rank"] == 1 and node1["main_process_ip"] == "10.0.0.1"
@@ -91,7 +105,17 @@ def test_render_writes_files(capsys, tmp_path):
 def test_render_derives_from_the_hostfile_topology(capsys, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a slots=4\nb slots=4\nc slots=4\n")
-    code, data = run_json(capsys, "render", "--preset", "8gpu-h100", "--hosts", str(hostfile), "--out", str(tmp_path / "r"), "--json")
+    code, data = run_json(
+        capsys,
+        "render",
+        "--preset",
+        "8gpu-h100",
+        "--hosts",
+        str(hostfile),
+        "--out",
+        str(tmp_path / "r"),
+        "--json",
+    )
     assert code == 0 and data["derived"] is True and data["preset"] == "8gpu-h100@3x4"
     assert yaml.safe_load((tmp_path / "r" / "accelerate-node-2.yaml").read_text())["num_processes"] == 12
 
@@ -102,15 +126,28 @@ def test_render_derives_from_the_hostfile_topology(capsys, tmp_path):
         (["plan", "--preset", "no-such"], "no preset named 'no-such'"),
         (["plan", "--nodes", "2"], "give both --nodes and --gpus-per-node"),
         (["plan", "--preset", "8gpu-h100", "--bandwidth", "fast"], "bandwidth 'fast'"),
-        (["plan", "--preset", "8gpu-h100", "--set", "data.frames=13"], "data.frames: must be a multiple of 4"),
-        (["render", "--preset", "8gpu-h100", "--out", "OUT", "--set", "optim.lrr=1"], "optim.lrr: unknown key"),
-        (["render", "--preset", "8gpu-h100", "--out", "OUT", "--hosts", "MISSING"], "cannot read the hostfile"),
+        (
+            ["plan", "--preset", "8gpu-h100", "--set", "data.frames=13"],
+            "data.frames: must be a multiple of 4",
+        ),
+        (
+            ["render", "--preset", "8gpu-h100", "--out", "OUT", "--set", "optim.lrr=1"],
+            "optim.lrr: unknown key",
+        ),
+        (
+            ["render", "--preset", "8gpu-h100", "--out", "OUT", "--hosts", "MISSING"],
+            "cannot read the hostfile",
+        ),
     ],
 )
 def test_user_errors_are_one_message_and_exit_2(argv, message, tmp_path):
     argv = [a.replace("OUT", str(tmp_path / "out")).replace("MISSING", str(tmp_path / "nope")) for a in argv]
     proc = subprocess.run(
-        [sys.executable, "-m", "taehv_console.cli", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "taehv_console.cli", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.startswith("error: ")

@@ -70,7 +70,11 @@ def test_shipped_values_follow_the_public_table(name, no_user_dir):
     # common to all GPU presets: frames as stated read as 480 high x 720 wide, AdamW, bf16, 100k steps
     assert (c.data.height, c.data.width) == (480, 720)
     assert c.optim.betas == (0.9, 0.95) and c.optim.weight_decay == 0.01 and c.optim.grad_clip == 1.0
-    assert c.deepspeed.mixed_precision == "bf16" and c.optim.schedule == "cosine" and c.optim.max_steps == 100_000
+    assert (
+        c.deepspeed.mixed_precision == "bf16"
+        and c.optim.schedule == "cosine"
+        and c.optim.max_steps == 100_000
+    )
     assert c.data.frames == (20 if name == "1gpu-h100" else 12)
     assert c.run.preset == name
 
@@ -169,7 +173,9 @@ def test_a_broken_user_preset_is_listed_as_an_error_not_a_crash(tmp_path):
     write(tmp_path / "typo.toml", "[optim]\nbatch = 3\n")
     listing = list_presets(user_dir=tmp_path)
     assert len(listing.presets) == len(SHIPPED)
-    assert len(listing.errors) == 1 and "typo.toml" in listing.errors[0] and "optim.batch" in listing.errors[0]
+    assert (
+        len(listing.errors) == 1 and "typo.toml" in listing.errors[0] and "optim.batch" in listing.errors[0]
+    )
 
 
 def test_overrides_parse_as_toml_and_are_validated(no_user_dir):

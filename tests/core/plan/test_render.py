@@ -17,8 +17,8 @@ import yaml
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at import time
 
-from taehv_console.core.plan.presets import load_preset  # noqa: E402
-from taehv_console.core.plan.render import (  # noqa: E402
+from taehv_console.core.plan.presets import load_preset
+from taehv_console.core.plan.render import (
     RenderOptions,
     accelerate_config_name,
     launch_command,
@@ -26,8 +26,8 @@ from taehv_console.core.plan.render import (  # noqa: E402
     render_hostfile,
     write_launch_files,
 )
-from trainer.config import load_config  # noqa: E402
-from trainer.ds_config import build_deepspeed_config  # noqa: E402
+from trainer.config import load_config
+from trainer.ds_config import build_deepspeed_config
 
 ALL = ["1gpu-h100", "8gpu-h100", "16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-a800", "cpu-smoke"]
 
@@ -46,7 +46,9 @@ def preset(name):
 @pytest.fixture
 def rendered16(tmp_path):
     cfg = preset("16gpu-h100")
-    opts = RenderOptions(run_dir=str(tmp_path), hosts=("127.0.0.1", "127.0.0.2"), main_process_port=free_port())
+    opts = RenderOptions(
+        run_dir=str(tmp_path), hosts=("127.0.0.1", "127.0.0.2"), main_process_port=free_port()
+    )
     write_launch_files(cfg, tmp_path, opts)
     return cfg, opts, tmp_path
 
@@ -65,7 +67,7 @@ def test_accelerate_loader_accepts_each_node_config(rendered16):
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
     from accelerate.utils import DistributedType
 
-    cfg, opts, out = rendered16
+    _cfg, opts, out = rendered16
     for node in range(2):
         loaded = load_config_from_file(str(out / accelerate_config_name(node)))
         assert isinstance(loaded, ClusterConfig)
@@ -82,7 +84,7 @@ def test_accelerate_loader_accepts_each_node_config(rendered16):
 
 def test_accelerate_launch_path_takes_the_config_as_rendered(rendered16, monkeypatch):
     # accelerate's own `launch` logic up to the point it would start torchrun, for node 1
-    import accelerate.commands.launch as launch
+    from accelerate.commands import launch
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
@@ -127,9 +129,13 @@ def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
     )
     argv = launch_command(cfg, 0, opts)
     i = argv.index("--no_python")
-    argv = [sys.executable, "-m", "accelerate.commands.launch"] + argv[2 : i + 1] + [sys.executable, str(probe), "--run", "R"]
+    argv = (
+        [sys.executable, "-m", "accelerate.commands.launch"]
+        + argv[2 : i + 1]
+        + [sys.executable, str(probe), "--run", "R"]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     probes = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
     assert sorted(p["RANK"] for p in probes) == ["0", "1"]
@@ -145,8 +151,9 @@ def _deepspeed_config(path: Path, world_size: int):
     deepspeed.comm, which has no process group in a test)."""
     import deepspeed.runtime.config as dsc
 
-    with mock.patch.object(dsc.dist, "get_rank", lambda *a, **k: 0), mock.patch.object(
-        dsc.dist, "get_world_size", lambda *a, **k: world_size
+    with (
+        mock.patch.object(dsc.dist, "get_rank", lambda *a, **k: 0),
+        mock.patch.object(dsc.dist, "get_world_size", lambda *a, **k: world_size),
     ):
         return dsc.DeepSpeedConfig(str(path))
 
@@ -188,7 +195,9 @@ def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
     same("zero_optimization", {k: zero[k] for k in rendered["zero_optimization"]})
     if "communication_data_type" in rendered:
         checked.add("communication_data_type")
-        assert str(ds.communication_data_type).endswith(rendered["communication_data_type"].replace("fp", "float"))
+        assert str(ds.communication_data_type).endswith(
+            rendered["communication_data_type"].replace("fp", "float")
+        )
     # a key the builder adds later must be checked here too, not pass unseen
     assert checked == set(rendered)
     # and the values are the preset's
@@ -208,7 +217,7 @@ def test_deepspeed_rejects_a_world_size_the_batch_does_not_fit(tmp_path):
 
 
 def test_kubernetes_manifests_parse_and_describe_an_indexed_job(rendered16):
-    cfg, opts, out = rendered16
+    _cfg, _opts, out = rendered16
     docs = list(yaml.safe_load_all((out / "k8s-job.yaml").read_text()))
     assert [d["kind"] for d in docs] == ["Service", "Job"]
     svc, job = docs
@@ -232,11 +241,11 @@ def test_kubernetes_manifests_parse_and_describe_an_indexed_job(rendered16):
 
 
 def test_sbatch_is_valid_bash_and_asks_for_the_topology(rendered16):
-    cfg, _, out = rendered16
+    _cfg, _, out = rendered16
     text = (out / "sbatch.sh").read_text()
     subprocess.run(["bash", "-n", str(out / "sbatch.sh")], check=True)  # bash's own parser
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
-    assert "#SBATCH --ntasks-per-node=1" in text and "--machine_rank \"${SLURM_NODEID}\"" in text
+    assert "#SBATCH --ntasks-per-node=1" in text and '--machine_rank "${SLURM_NODEID}"' in text
     assert "export NCCL_DEBUG=WARN" in text and os.access(out / "sbatch.sh", os.X_OK)
 
 
@@ -329,7 +338,12 @@ def test_preset_values_reach_the_deepspeed_engine(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path), *expected], capture_output=True, text=True, timeout=240, env=env
+        [sys.executable, "-c", script, str(tmp_path), *expected],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("ENGINE "))
