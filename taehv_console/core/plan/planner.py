@@ -100,8 +100,9 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
     """Memory per GPU for `cfg`: model states by ZeRO stage, DeepSpeed buffers, activations.
 
     Activations come from `footprint.activation_elements` (a layer-by-layer count of what autograd
-    keeps for one clip of frames x height x width, see there), times the micro-batch, at 2 bytes
-    in bf16/fp16 and 4 in fp32; checkpointing keeps stage inputs plus one recomputed stage.
+    keeps for one clip of frames x height x width plus backward's gradients through the largest
+    stage, checked against a measured step, see there), times the micro-batch, at 2 bytes in
+    bf16/fp16 and 4 in fp32; checkpointing keeps stage inputs plus one recomputed stage.
     A workspace margin (10% of activations) and a fixed framework share (1 GB per GPU, 0.5 GB per
     CPU process) cover what the count leaves out. Expect +-30%: it is for "fits or not", not for
     the last gigabyte.
@@ -116,7 +117,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
     states = model_state_bytes(params, stage, world, precision)
     buffers = comm_buffer_bytes(cfg, params, precision)
     acts = activation_elements(cfg.model, cfg.data.frames, cfg.data.height, cfg.data.width)
-    per_clip = acts.total * b
+    per_clip = acts.peak * b
     fixed = sum(states.values()) + buffers + FRAMEWORK_GB[device] * GB
 
     def total_for(batch: int) -> float:
