@@ -141,21 +141,15 @@ def render_hostfile(cfg: TrainConfig, opts: RenderOptions) -> str:
 
 
 def trainer_command(run_dir: str) -> list[str]:
-    """What accelerate launches on every process."""
-    return ["taehv-train", "--run", run_dir]
+    """What accelerate launches on every process: `python -m trainer.cli` (the `taehv-train`
+    entry point) with accelerate's own interpreter, so a node needs no venv on its PATH."""
+    return ["-m", "trainer.cli", "--run", run_dir]
 
 
 def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str]:
     """`accelerate launch` for one node, as argv (the SSH backend quotes it with shlex.join)."""
     config_file = str(Path(opts.run_dir) / accelerate_config_name(node))
-    return [
-        "accelerate",
-        "launch",
-        "--config_file",
-        config_file,
-        "--no_python",
-        *trainer_command(opts.run_dir),
-    ]
+    return ["accelerate", "launch", "--config_file", config_file, *trainer_command(opts.run_dir)]
 
 
 def launch_env(cfg: TrainConfig) -> dict[str, str]:
@@ -183,7 +177,7 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         f"exec accelerate launch --config_file {cfg_path}"
         ' --machine_rank "${SLURM_NODEID}"'
         ' --main_process_ip "${MASTER_ADDR}" --main_process_port "${MASTER_PORT}"'
-        f" --no_python {shlex.join(trainer_command(run_dir))}"
+        f" {shlex.join(trainer_command(run_dir))}"
     )
     lines = [
         "#!/bin/bash",

@@ -22,6 +22,7 @@ from taehv_console.core.plan.render import (
     RenderOptions,
     accelerate_config_name,
     launch_command,
+    launch_env,
     render_all,
     render_hostfile,
     write_launch_files,
@@ -107,6 +108,8 @@ def test_accelerate_launch_path_takes_the_config_as_rendered(rendered16, monkeyp
             monkeypatch.setenv(key, value)
     plugin = DeepSpeedPlugin()
     assert plugin.zero_stage == 3 and plugin.gradient_accumulation_steps == 1
+    # the trainer's own call (trainer/train.py) under the same environment
+    DeepSpeedPlugin(hf_ds_config=build_deepspeed_config(cfg, "cuda"))
     assert plugin.deepspeed_config["train_batch_size"] == 128
     assert plugin.deepspeed_config["bf16"]["enabled"] is True  # accelerate reports bf16 from here
 
@@ -128,11 +131,12 @@ def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
         )
     )
     argv = launch_command(cfg, 0, opts)
-    i = argv.index("--no_python")
+    assert argv[-4:] == ["-m", "trainer.cli", "--run", str(tmp_path)]
+    i = argv.index("-m") - 1  # keep "--config_file X"; run the probe instead of the trainer
     argv = (
         [sys.executable, "-m", "accelerate.commands.launch"]
         + argv[2 : i + 1]
-        + [sys.executable, str(probe), "--run", "R"]
+        + ["--no_python", sys.executable, str(probe), "--run", "R"]
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120, env=env)
@@ -351,3 +355,48 @@ def test_preset_values_reach_the_deepspeed_engine(tmp_path):
     for name, want in expected.items():
         assert got[name].pop("optimizer_reduce") == want["reduce"]
         assert got[name] == want, name
+
+
+@pytest.mark.slow
+def test_rendered_files_train_for_real(tmp_path):
+    # render cpu-smoke, then run exactly the rendered launch command: 2 CPU ranks train, checkpoint,
+    # and the engine's effective DeepSpeed config (written by the trainer) equals what was rendered
+    data = tmp_path / "data"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "make-synthetic", str(data), "--clips", "6", "--frames", "8"],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    overrides = [
+        f"data.source={data}",
+        "optim.max_steps=2",
+        "schedule.checkpoint_every=2",
+        "schedule.val_every=2",
+    ]
+    cfg = load_preset("cpu-smoke", overrides=overrides, user_dir=None).config
+    run = tmp_path / "run"
+    opts = RenderOptions(run_dir=str(run), main_process_port=free_port())
+    write_launch_files(cfg, run, opts)
+    argv = launch_command(cfg, 0, opts)
+    argv[0] = str(Path(sys.executable).parent / "accelerate")
+    env.update(launch_env(cfg))  # what sbatch/k8s export: DS_ACCELERATOR=cpu for a CPU config
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=280)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    start = json.loads((run / "events" / "rank-0.jsonl").read_text().splitlines()[0])
+    assert start["kind"] == "start" and start["world_size"] == 2 and start["preset"] == "cpu-smoke"
+    assert (run / "checkpoints" / "step-2").is_dir()
+    rendered = json.loads((run / "deepspeed.json").read_text())
+    effective = json.loads((run / "deepspeed.effective.json").read_text())
+    for key in (
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "train_batch_size",
+        "gradient_clipping",
+    ):
+        assert effective[key] == rendered[key], key
+    for key, value in effective["zero_optimization"].items():
+        assert value == rendered["zero_optimization"][key], key
+    assert effective["bf16"]["enabled"] == rendered["bf16"]["enabled"]
