@@ -52,6 +52,8 @@ class RenderOptions:
     k8s_namespace: str = "default"
     k8s_volume_claim: str = "taehv-shared"  # a ReadWriteMany claim holding runs and data
     k8s_mount_path: str = "/shared"
+    # what each pod runs; default `taehv-console --no-tui --preset <run_dir>/run.toml`
+    k8s_command: tuple[str, ...] = ()
 
     def resolved_hosts(self, nodes: int) -> tuple[str, ...]:
         if self.hosts:
@@ -241,7 +243,8 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     container = {
         "name": "taehv",
         "image": opts.image,
-        "command": ["taehv-console", "--no-tui", "--preset", str(Path(opts.run_dir) / RUN_TOML)],
+        "command": list(opts.k8s_command)
+        or ["taehv-console", "--no-tui", "--preset", str(Path(opts.run_dir) / RUN_TOML)],
         "env": env,
         "ports": [{"containerPort": opts.main_process_port, "name": "rendezvous"}],
         "resources": resources,
