@@ -41,11 +41,16 @@ def run(args: argparse.Namespace) -> int:
     from taehv_console.core.plan.presets import list_presets, user_preset_dir
 
     listing = list_presets()
+    # smallest world first, CPU presets last: the order a reader compares them in
+    ordered = sorted(
+        listing.presets,
+        key=lambda p: (p.config.topology.device != "cuda", p.config.topology.world_size, p.name),
+    )
     if args.json:
         print(
             json.dumps(
                 {
-                    "presets": [preset_to_dict(p) for p in listing.presets],
+                    "presets": [preset_to_dict(p) for p in ordered],
                     "user_dir": str(user_preset_dir()),
                     "errors": list(listing.errors),
                 },
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         table = Table(title="Presets", title_justify="left")
         for col in ("name", "topology", "GPU", "batch", "LR", "ZeRO", "clip", "description"):
             table.add_column(col, no_wrap=col != "description")
-        for p in listing.presets:
+        for p in ordered:
             c = p.config
             name = p.name if p.source == "shipped" else f"{p.name} ({p.source})"
             table.add_row(

@@ -138,8 +138,11 @@ def _resolve_raw(
         lines = text.splitlines()
         raise ConfigError("\n".join(lines[:1] + [line.replace("  ", "  preset.", 1) for line in lines[1:]]))
     if meta.base:
-        _, _, _, base_data, _ = _resolve_raw(meta.base, user_dir, seen + (key,))
+        _, _, _, base_data, base_meta = _resolve_raw(meta.base, user_dir, seen + (key,))
         data = deep_merge(base_data, data)
+        # the GPU model and network advice describe the values inherited: keep them unless restated
+        inherited = {"gpu": base_meta.gpu, "network": base_meta.network}
+        meta = meta.model_copy(update={k: v for k, v in inherited.items() if not getattr(meta, k)})
     return name, source, path, data, meta
 
 

@@ -159,6 +159,8 @@ def test_user_presets_shadow_shipped_and_inherit_with_base(tmp_path, monkeypatch
     assert p.config.optim.max_steps == 5000 and p.config.deepspeed.zero_stage == 3
     assert p.config.topology.nodes == 1 and p.config.topology.gpus_per_node == 8
     assert load_preset("8gpu-h100").source == "user"
+    # the GPU model and network advice come along with the values they describe
+    assert (p.meta.gpu, p.meta.network) == ("H100", "10Gbit")
     assert user_preset_dir() == udir
 
 
