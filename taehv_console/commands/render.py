@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
-
-_HOST_LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+slots\s*=\s*(?P<slots>\d+))?\s*$")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -36,26 +33,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
-def read_hostfile(path: str) -> list[tuple[str, int | None]]:
-    """(host, slots) per line of a DeepSpeed hostfile; `#` starts a comment."""
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read the hostfile: {err.strerror or err}") from None
-    hosts = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = _HOST_LINE.match(line)
-        if not m or m.group("host").startswith("-"):
-            raise ValueError(f"{path}:{number}: expected `hostname slots=N`, got {raw.strip()!r}")
-        hosts.append((m.group("host"), int(m.group("slots")) if m.group("slots") else None))
-    if not hosts:
-        raise ValueError(f"{path}: no hosts in the hostfile")
-    return hosts
-
-
 def run(args: argparse.Namespace) -> int:
     from trainer.config import ConfigError
 
@@ -70,15 +47,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from taehv_console.core.cluster.hosts import read_hostfile
     from taehv_console.core.plan.derive import resolve_config
     from taehv_console.core.plan.render import RenderOptions, write_launch_files
 
     hosts: tuple[str, ...] = ()
     nodes, gpus = args.nodes, args.gpus_per_node
     if args.hosts:
-        entries = read_hostfile(args.hosts)
-        hosts = tuple(h for h, _ in entries)
-        slots = {s for _, s in entries if s is not None}
+        entries = read_hostfile(args.hosts)  # validated names: nothing reaches a file or shell unchecked
+        hosts = tuple(e.host for e in entries)
+        slots = {e.slots for e in entries if e.slots is not None}
         if nodes is None and gpus is None:
             # the hostfile is the topology: one node per line, its slots the processes per node
             if len(slots) > 1:

@@ -127,6 +127,10 @@ def test_render_derives_from_the_hostfile_topology(capsys, tmp_path):
         (["plan", "--nodes", "2"], "give both --nodes and --gpus-per-node"),
         (["plan", "--preset", "8gpu-h100", "--bandwidth", "fast"], "bandwidth 'fast'"),
         (
+            ["render", "--preset", "8gpu-h100", "--out", "OUT", "--hosts", "BADHOSTS"],
+            "starts with '-'",
+        ),
+        (
             ["plan", "--preset", "8gpu-h100", "--set", "data.frames=13"],
             "data.frames: must be a multiple of 4",
         ),
@@ -136,12 +140,19 @@ def test_render_derives_from_the_hostfile_topology(capsys, tmp_path):
         ),
         (
             ["render", "--preset", "8gpu-h100", "--out", "OUT", "--hosts", "MISSING"],
-            "cannot read the hostfile",
+            "no such hostfile",
         ),
     ],
 )
 def test_user_errors_are_one_message_and_exit_2(argv, message, tmp_path):
-    argv = [a.replace("OUT", str(tmp_path / "out")).replace("MISSING", str(tmp_path / "nope")) for a in argv]
+    bad = tmp_path / "bad-hosts"
+    bad.write_text("-oProxyCommand=touch slots=8\n")  # an option disguised as a host
+    argv = [
+        a.replace("OUT", str(tmp_path / "out"))
+        .replace("MISSING", str(tmp_path / "nope"))
+        .replace("BADHOSTS", str(bad))
+        for a in argv
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "taehv_console.cli", *argv],
         check=False,
