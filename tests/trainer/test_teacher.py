@@ -62,7 +62,7 @@ def test_a_teacher_that_cannot_be_loaded_is_an_error_not_a_substitute(tmp_path, 
     run = write_run(tmp_path / "run", base_config(clip_dir, topology={"gpus_per_node": 1},
                                                    loss={"teacher": str(bad)}))  # fmt: skip
     launch = Launch(run, 1)
-    assert launch.wait() == 2
+    assert launch.wait() != 0
     log = launch.log.read_text()
     assert "loss.teacher" in log and str(bad) in log
     assert not events(run, 0, "step")

@@ -203,19 +203,38 @@ def test_zero3_final_weights_are_full_and_reproduce_the_last_validation(zero3_ru
 # ---------------------------------------------------------------- signals and failures
 
 
-def test_sigterm_mid_run_checkpoints_the_current_step_and_exits_0(tmp_path, clip_dir):
+def test_sigterm_mid_run_checkpoints_the_current_step_on_every_rank(tmp_path, clip_dir):
     run = write_run(tmp_path / "run", base_config(clip_dir, optim={"max_steps": 500},
                                                    schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
     launch = Launch(run, 2)
     wait_for(lambda: len(events(run, 0, "step")) >= 2, 180, "two steps", launch)
     os.killpg(launch.proc.pid, signal.SIGTERM)  # what `taehv-console stop` sends: the launcher's group
-    rc = launch.wait(120)
-    assert rc == 0, launch.tail()
-    stop = events(run, 0, "stop")[-1]
-    assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM"
+    # torchrun itself reports the signal with a non-zero status; the ranks' own outcome is in their events
+    launch.wait(120)
+    stops = [events(run, r, "stop")[-1] for r in (0, 1)]
+    assert all(s["reason"] == "signal" and s["signal"] == "SIGTERM" and s["exit_status"] == 0 for s in stops)
+    assert stops[0]["step"] == stops[1]["step"] >= 2  # both ranks agreed on the step to stop at
     newest = ckpt.scan(run / "checkpoints").newest
-    assert newest is not None and newest.step == stop["step"] >= 2
-    assert events(run, 1, "stop")[-1]["step"] == stop["step"]  # both ranks stopped at the same step
+    assert newest is not None and newest.step == stops[0]["step"]
+
+
+def test_sigterm_makes_the_trainer_process_exit_0(tmp_path, clip_dir):
+    import subprocess
+    import sys
+
+    run = write_run(tmp_path / "run", base_config(clip_dir, topology={"gpus_per_node": 1}, optim={"max_steps": 500},
+                                                   schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.cli", "--run", str(run)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "DS_ACCELERATOR": "cpu"})  # fmt: skip
+    try:
+        wait_for(lambda: len(events(run, 0, "step")) >= 1, 180, "a step")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        proc.kill()
+    stop = events(run, 0, "stop")[-1]
+    assert stop["reason"] == "signal"
+    assert ckpt.scan(run / "checkpoints").newest.step == stop["step"]
 
 
 def test_kill_9_during_checkpoint_never_takes_the_tmp_dir(tmp_path, clip_dir):
@@ -260,7 +279,7 @@ def test_world_size_change_on_resume_is_refused_with_the_supported_paths(zero2_r
                     "topology": {"nodes": 1, "gpus_per_node": 1, "device": "cpu"}})  # fmt: skip
     shutil.copytree(zero2_run / "checkpoints" / "step-3", run / "checkpoints" / "step-3")
     launch = Launch(run, 1, args=("--resume", "latest"))
-    assert launch.wait() == 2
+    assert launch.wait() != 0  # the rank exits 2; torchrun reports any failed rank as 1
     log = launch.log.read_text()
     assert "ds_to_universal" in log and "--weights-only" in log
     # the weights-only path works at the new world size
