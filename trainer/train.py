@@ -90,6 +90,7 @@ class Trainer:
         self.resume_spec = resume
         self.weights_only = weights_only
         self.stop = StopRequest()
+        self.collective_wait_s = 0.0  # per step: seconds spent in _all_reduce (see there)
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -237,9 +238,14 @@ class Trainer:
         import torch.distributed as dist
 
         dev = self.device if self.device_kind == "cuda" else "cpu"
+        t0 = time.time()
         t = torch.tensor(values, dtype=torch.float64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return t.tolist()
+        out = t.tolist()  # on CUDA the wait for the other ranks lands here, so it is inside the timing
+        # Time blocked on the other ranks: every rank's step time is the same (collectives line them
+        # up), so step time minus this wait is what tells a straggler from the ranks waiting for it.
+        self.collective_wait_s += time.time() - t0
+        return out
 
     def _barrier(self) -> None:
         import torch.distributed as dist
@@ -544,6 +550,7 @@ class Trainer:
 
         cfg = self.cfg
         t0 = time.time()
+        self.collective_wait_s = 0.0
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -605,7 +612,7 @@ class Trainer:
             self.last["distill_loss"] = means["distill_loss"]
             if cfg.loss.decoder_on_teacher_latents:
                 self.last["decoder_teacher_loss"] = means["decoder_teacher_loss"]
-        self.events.heartbeat(self.step, step_time_s=step_time)
+        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6))
         if self.is_main or self.step % cfg.schedule.log_every == 0:
             self.events.emit("step", **self.last)
         if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):
