@@ -1,0 +1,368 @@
+"""Launch backends behind one interface: start every controlled node's launcher, list what of it is
+still alive, send the stop signal, SIGKILL what is left.
+
+- local:    this machine alone (LocalRunner);
+- ssh:      every node of a hostfile over SSH (localhost entries run directly);
+- platform: a pod/container of PAI-DLC, Kubeflow or a Kubernetes Indexed Job: this node only,
+            machine rank = the platform's node index; the platform starts the others;
+- slurm:    inside an allocation: one detached `srun` starts the wrapper on every node;
+- sbatch:   from a login node: submit the rendered sbatch script; the job is the launcher.
+
+Each node's launcher runs under the node wrapper (core/run/node.py) in its own session; the
+backend records host, pid and pgid, and every later action names that group (and the tree below
+it), never a process name.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from taehv_console.core.cluster.hosts import is_local_host
+from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out
+from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
+
+NODE_MODULE = "taehv_console.core.run.node"
+BACKENDS = ("local", "ssh", "platform", "slurm", "sbatch")
+
+
+class BackendError(RuntimeError):
+    """A node could not be reached or a command failed; says which node and what to do."""
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What one node runs: the launcher argv (accelerate launch ...), its environment, and where
+    its output and status go. `index` is the machine rank."""
+
+    index: int
+    host: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    log: str = ""
+    status: str = ""
+    cwd: str = ""
+
+
+def wrapper_argv(python: str, command: NodeCommand, attempt: int) -> list[str]:
+    return [python, "-m", NODE_MODULE, "launch", "--status", command.status, "--node", str(command.index),
+            "--attempt", str(attempt), "--", *command.argv]
+
+
+@dataclass(frozen=True)
+class Started:
+    launchers: tuple[NodeLauncher, ...]
+    errors: Mapping[int, str]  # node -> why it could not be started
+    slurm_job: str | None = None
+
+
+class LaunchBackend(ABC):
+    """The one interface the controller uses; node keys are machine ranks (-1: a driver process
+    such as srun that stands for every node)."""
+
+    kind: str = ""
+
+    @abstractmethod
+    def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started: ...
+
+    @abstractmethod
+    def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
+        """node -> live pids of its launcher's tree (empty: nothing left), or why it is unknown."""
+
+    @abstractmethod
+    def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
+        """SIGTERM each launcher's process group; node -> error text for the ones that failed."""
+
+    @abstractmethod
+    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+        """SIGKILL each launcher's whole tree; node -> pids still there afterwards."""
+
+    def job_exit_code(self, attempt: Attempt) -> int | None:
+        """Only for backends without node wrappers (sbatch): the job's exit code once it ended."""
+        return None
+
+    def describe(self, attempt: Attempt) -> list[str]:
+        return [f"node {n.index} on {n.host}: pid {n.pid}, pgid {n.pgid}" for n in attempt.nodes]
+
+    def close(self) -> None:
+        return None
+
+
+def _leader_start(run: RunDir, launcher: NodeLauncher, attempt: int) -> int | None:
+    """The wrapper's recorded start time, when its status file is the one of this launcher."""
+    if launcher.index < 0:
+        return None
+    st: NodeStatus | None = run.node_status(launcher.index)
+    if st is not None and st.attempt == attempt and st.pid == launcher.pid:
+        return st.start_ticks
+    return None
+
+
+def _json_out(result: Any, host: str, what: str) -> dict:
+    import json
+
+    if result.exit_status != 0:
+        tail = (result.stderr or result.stdout).strip()[-300:]
+        raise BackendError(f"{host}: {what} failed (exit {result.exit_status}): {tail}")
+    for line in reversed(result.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise BackendError(f"{host}: {what} printed no answer")
+
+
+class RunnerBackend(LaunchBackend):
+    """local, ssh and platform: node launchers started through NodeRunners (SSH or this machine)."""
+
+    def __init__(self, kind: str, pool: SshPool, command_timeout_s: float = 30.0):
+        self.kind = kind
+        self.pool = pool
+        self.timeout = command_timeout_s
+
+    def _runner(self, host: str) -> NodeRunner:
+        return self.pool.runner(host)
+
+    def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
+        import time
+
+        def one(key: str) -> NodeLauncher:
+            c = by_index[int(key)]
+            r = self._runner(c.host)
+            p = r.start_detached(wrapper_argv(r.python, c, attempt), log_path=c.log, cwd=c.cwd or None,
+                                 env=dict(c.env), timeout=self.timeout + 30)
+            return NodeLauncher(index=c.index, host=c.host, pid=p.pid, pgid=p.pgid, log=p.log, started=time.time())
+
+        by_index = {c.index: c for c in commands}
+        results = fan_out([str(c.index) for c in commands], one, self.pool.settings.max_parallel)
+        launchers, errors = [], {}
+        for key, res in results.items():
+            if isinstance(res, Exception):
+                errors[int(key)] = _why(res)
+            else:
+                launchers.append(res)
+        return Started(tuple(sorted(launchers, key=lambda n: n.index)), errors)
+
+    def _each(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None, fn) -> dict[int, Any]:
+        chosen = [n for n in attempt.nodes if nodes is None or n.index in nodes]
+        by_key = {str(n.index): n for n in chosen}
+        out = fan_out(list(by_key), lambda k: fn(by_key[k], _leader_start(run, by_key[k], attempt.number)),
+                      self.pool.settings.max_parallel)
+        return {int(k): v for k, v in out.items()}
+
+    def _node_call(self, launcher: NodeLauncher, args: list[str]) -> dict:
+        r = self._runner(launcher.host)
+        if isinstance(r, LocalRunner):
+            # this machine: the same functions in-process, without a Python start per poll
+            return _local_node_call(args)
+        res = r.run([r.python, "-m", NODE_MODULE, *args], timeout=self.timeout)
+        return _json_out(res, launcher.host, f"`{NODE_MODULE} {args[0]}`")
+
+    @staticmethod
+    def _ident(launcher: NodeLauncher, start: int | None) -> list[str]:
+        return ["--pgid", str(launcher.pgid)] + (["--start-ticks", str(start)] if start is not None else [])
+
+    def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
+        def one(n: NodeLauncher, start: int | None):
+            return tuple(self._node_call(n, ["pids", *self._ident(n, start)])["pids"])
+
+        return self._each(run, attempt, None, one)
+
+    def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
+        def one(n: NodeLauncher, start: int | None):
+            return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"])
+
+        return {k: _why(v) for k, v in self._each(run, attempt, nodes, one).items() if isinstance(v, Exception)}
+
+    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+        def one(n: NodeLauncher, start: int | None):
+            return tuple(self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"])["left"])
+
+        return self._each(run, attempt, nodes, one)
+
+
+def _local_node_call(args: list[str]) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from taehv_console.core.run import node
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        node.main(args)
+    return json.loads(buf.getvalue().strip().splitlines()[-1])
+
+
+def _why(err: Exception) -> str:
+    if isinstance(err, SshError) and err.fix:
+        return f"{err} ({err.fix})"
+    return str(err) or type(err).__name__
+
+
+# ----------------------------------------------------------------------------------------- slurm
+
+class SrunBackend(LaunchBackend):
+    """Inside a SLURM allocation: one `srun` (detached, on this machine) starts the node wrapper on
+    every node with machine rank = SLURM_NODEID. Stopping signals srun's group: srun forwards the
+    signal to every task, and SLURM removes a step's processes when the step ends."""
+
+    kind = "slurm"
+
+    def __init__(self, pool: SshPool, nodes: int, srun: str = "srun"):
+        self.local = LocalRunner("localhost", pool.settings.python)
+        self.pool = pool
+        self.nodes = nodes
+        self.srun = srun
+
+    def srun_argv(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> list[str]:
+        # every node's command differs only in its machine rank: written once with {node}, which
+        # the wrapper fills from SLURM_NODEID
+        c0 = commands[0]
+        template = [a.replace(f"accelerate-node-{c0.index}.yaml", "accelerate-node-{node}.yaml") for a in c0.argv]
+        status = str(run.logs / "node-{node}.status.json")
+        return [self.srun, "--kill-on-bad-exit=1", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+                f"--output={run.logs}/node-%n.log", "--open-mode=append",
+                self.pool.settings.python, "-m", NODE_MODULE, "launch", "--status", status,
+                "--node-env", "SLURM_NODEID", "--attempt", str(attempt), "--", *template]
+
+    def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
+        import time
+
+        argv = self.srun_argv(run, commands, attempt)
+        try:
+            p = self.local.start_detached(argv, log_path=str(run.logs / "srun.log"), cwd=str(run.path),
+                                          env=dict(commands[0].env))
+        except (SshError, OSError) as err:
+            return Started((), {-1: _why(err)})
+        return Started((NodeLauncher(index=-1, host="localhost", pid=p.pid, pgid=p.pgid, log=p.log,
+                                     started=time.time()),), {})
+
+    def _driver(self, attempt: Attempt) -> NodeLauncher | None:
+        return next((n for n in attempt.nodes if n.index == -1), None)
+
+    def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
+        d = self._driver(attempt)
+        return {-1: tuple(_local_node_call(["pids", "--pgid", str(d.pgid)])["pids"])} if d else {}
+
+    def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
+        d = self._driver(attempt)
+        if d:
+            _local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "TERM"])
+        return {}
+
+    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+        d = self._driver(attempt)
+        return {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])} if d else {}
+
+    def describe(self, attempt: Attempt) -> list[str]:
+        d = self._driver(attempt)
+        return [f"srun on this machine: pid {d.pid}, pgid {d.pgid}"] if d else []
+
+
+class SbatchBackend(LaunchBackend):
+    """From a login node: submit the rendered sbatch script. The job is the launcher: its state
+    comes from squeue/sacct, the stop is `scancel --signal=TERM` (every step's tasks get it), then
+    `scancel` after the grace period."""
+
+    kind = "sbatch"
+    _ALIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"})
+
+    def __init__(self, runner: NodeRunner | None = None, sbatch: str = "sbatch", squeue: str = "squeue",
+                 scancel: str = "scancel", sacct: str = "sacct"):
+        self.runner = runner or LocalRunner("localhost", sys.executable)
+        self.cmd = {"sbatch": sbatch, "squeue": squeue, "scancel": scancel, "sacct": sacct}
+
+    def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
+        from taehv_console.core.plan.render import SBATCH
+
+        script = run.path / SBATCH
+        if not script.is_file():
+            return Started((), {-1: f"{script} is missing: render the run's files first"})
+        # The rendered script runs `taehv-train --run RUN` as it is: it has no place for a resume's
+        # arguments, so a resume goes through srun inside an allocation instead.
+        c0 = commands[0]
+        if "--resume" in c0.argv:
+            return Started((), {-1: "the sbatch backend submits the rendered script, which starts fresh; resume "
+                                    "from inside an allocation (salloc, then `taehv-console resume RUN`: the "
+                                    "slurm backend) "})
+        argv = [self.cmd["sbatch"], "--parsable", f"--chdir={run.path}"]
+        env = dict(c0.env)
+        try:
+            res = self.runner.run(argv + [str(script)], env=env, timeout=60)
+        except (SshError, OSError) as err:
+            return Started((), {-1: _why(err)})
+        m = re.match(r"\s*(\d+)", res.stdout or "")
+        if res.exit_status != 0 or not m:
+            return Started((), {-1: f"sbatch failed (exit {res.exit_status}): {(res.stderr or res.stdout).strip()[-300:]}"})
+        return Started((), {}, slurm_job=m.group(1))
+
+    def _state(self, job: str) -> str:
+        res = self.runner.run([self.cmd["squeue"], "-h", "-j", job, "-o", "%T"], timeout=30)
+        return (res.stdout or "").strip().splitlines()[0].strip() if res.exit_status == 0 and res.stdout.strip() else ""
+
+    def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
+        if not attempt.slurm_job:
+            return {}
+        try:
+            state = self._state(attempt.slurm_job)
+        except (SshError, OSError) as err:
+            return {-1: BackendError(_why(err))}
+        # no pids to show for a job on other machines: its id stands for them while it lives
+        return {-1: (int(attempt.slurm_job),) if state in self._ALIVE else ()}
+
+    def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
+        if attempt.slurm_job:
+            res = self.runner.run([self.cmd["scancel"], "--signal=TERM", attempt.slurm_job], timeout=30)
+            if res.exit_status != 0:
+                return {-1: f"scancel failed: {(res.stderr or res.stdout).strip()[-200:]}"}
+        return {}
+
+    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+        if not attempt.slurm_job:
+            return {}
+        self.runner.run([self.cmd["scancel"], attempt.slurm_job], timeout=30)
+        return self.processes(run, attempt)
+
+    def job_exit_code(self, attempt: Attempt) -> int | None:
+        if not attempt.slurm_job:
+            return None
+        res = self.runner.run([self.cmd["sacct"], "-j", attempt.slurm_job, "-X", "-n", "-P", "-o", "State,ExitCode"],
+                              timeout=30)
+        line = (res.stdout or "").strip().splitlines()[:1]
+        if res.exit_status != 0 or not line:
+            return None
+        state, _, code = line[0].partition("|")
+        if state.split()[0] in self._ALIVE:
+            return None
+        exit_code, _, sig = code.partition(":")
+        try:
+            return -int(sig) if sig and int(sig) else int(exit_code)
+        except ValueError:
+            return None
+
+    def describe(self, attempt: Attempt) -> list[str]:
+        return [f"SLURM job {attempt.slurm_job}"] if attempt.slurm_job else []
+
+
+def make_backend(kind: str, pool: SshPool, nodes: int = 1) -> LaunchBackend:
+    if kind in ("local", "ssh", "platform"):
+        return RunnerBackend(kind, pool)
+    if kind == "slurm":
+        return SrunBackend(pool, nodes)
+    if kind == "sbatch":
+        return SbatchBackend()
+    raise ValueError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})")
+
+
+def hosts_are_local(hosts: Sequence[str]) -> bool:
+    return all(is_local_host(h) for h in hosts)
+
+
+def node_paths(run: RunDir, index: int) -> tuple[str, str]:
+    """(log, status) paths of node `index` as every node sees them (the run dir is shared)."""
+    return str(run.node_log(index)), str(run.node_status_path(index))
+

@@ -1,0 +1,694 @@
+"""Run control: create a run, launch (or resume) every node, follow it to its end, stop it, and
+pick it up again from another console.
+
+One RunController per run per console, holding the run's lock for its whole life. The loop in
+`follow` reads the shared run directory (node status files, events) every half second and asks
+the nodes for their process trees every few seconds; it decides:
+- every rank stopped with `done` -> DONE; a stop it was asked for -> stop() -> STOPPED;
+- a launcher exiting non-zero, a rank's error, or a launcher vanishing -> FAILED, with the first
+  failing node and rank (core/run/failure.py), and every other node stopped within seconds
+  rather than at the collective timeout.
+Closing the console (or losing SSH) stops nothing: the launchers run detached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from taehv_console.core.run.backends import BackendError, LaunchBackend, NodeCommand, make_backend
+from taehv_console.core.run.failure import (
+    NodeEvidence,
+    attempt_log_text,
+    choose_failure,
+    parse_root_cause,
+    tail_lines,
+)
+from taehv_console.core.run.lock import RunBusyError, RunLock
+from taehv_console.core.run.progress import AttemptEvents, file_sizes
+from taehv_console.core.run.rundir import RunDir, create_run_dir
+from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+
+if TYPE_CHECKING:  # 3.10 has no typing.Self
+    from typing_extensions import Self
+
+DEFAULT_GRACE_S = 120.0
+# After a failure the survivors are usually stuck in a collective with a dead peer: they will not
+# checkpoint, so they get a short grace before SIGKILL (the issue's bound is 30 s in all).
+FAILURE_GRACE_S = 8.0
+# Symptoms on the other ranks often arrive before the cause is reported; wait this long after the
+# first sign of trouble so the cause is among the evidence.
+FAILURE_SETTLE_S = 2.0
+LIVENESS_EVERY_S = 5.0
+# A launcher whose tree is gone gets this long to have its exit status appear before it counts
+# as vanished (the wrapper writes it the moment the launcher exits, on shared storage).
+STATUS_LAG_S = 5.0
+
+
+class ControlError(RuntimeError):
+    """A control action cannot be done; the message says why and what to do instead."""
+
+
+class RunLiveError(ControlError):
+    """The run's processes are alive: a launch or resume would start it twice."""
+
+
+class NothingToResumeError(ControlError):
+    pass
+
+
+class WorldSizeChangedError(ControlError):
+    pass
+
+
+class LaunchError(ControlError):
+    pass
+
+
+def stop_grace_s(cfg: Any) -> float:
+    """The preset's stop grace when the schema has one (schedule.stop_grace_s), else 120 s."""
+    value = getattr(getattr(cfg, "schedule", None), "stop_grace_s", None)
+    return float(value) if value else DEFAULT_GRACE_S
+
+
+def _me() -> str:
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+# ------------------------------------------------------------------------------------ creation
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where and how the run's nodes start. `hosts` in machine-rank order (the ssh aliases for the
+    ssh backend); `controlled` the nodes this console starts (all, except on a platform)."""
+
+    backend: str
+    hosts: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    controlled: tuple[int, ...] | None = None
+
+
+def create_run(runs_dir: str | Path, cfg: Any, spec: LaunchSpec, run: RunDir | None = None) -> RunDir:
+    """Write a new run directory (or fill a given one): run.toml, the rendered launch files with
+    the real hosts and master, and state.json in phase `created`."""
+    from taehv_console.core.plan.render import RenderOptions, write_launch_files
+
+    run = run or create_run_dir(runs_dir, cfg.run.preset)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    nodes = cfg.topology.nodes
+    hosts = spec.hosts if len(spec.hosts) == nodes else ()
+    write_launch_files(cfg, run.path, RenderOptions(run_dir=str(run.path), hosts=hosts,
+                                                    main_process_ip=spec.master_addr,
+                                                    main_process_port=spec.master_port))
+    controlled = spec.controlled if spec.controlled is not None else tuple(range(nodes))
+    state = RunState(run_id=run.run_id, phase=Phase.CREATED, backend=spec.backend, hosts=tuple(spec.hosts),
+                     master_addr=spec.master_addr, master_port=spec.master_port, created=time.time(),
+                     env=tuple(sorted(spec.env.items())), controlled=controlled)
+    run.write_state(state)
+    return run
+
+
+# ------------------------------------------------------------------------------------ snapshots
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What a front end shows: phase, attempt, progress numbers, the events new since the last
+    snapshot, and console notes (stop sent, node killed ...)."""
+
+    run_id: str
+    phase: Phase
+    attempt: int
+    progress: Mapping[str, Any]
+    events: tuple[Mapping[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    phase: Phase
+    failure: Failure | None
+    stop: StopRecord | None
+    progress: Mapping[str, Any]
+    final_weights: str | None = None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    spec: str  # "latest" or a checkpoint path, as taehv-train takes it
+    step: int
+    path: str
+    world_size: int | None
+    skipped: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------------------------- controller
+
+class RunController:
+    """Controls one run from this console. Make it with `RunController.open` (takes the lock)."""
+
+    def __init__(self, run: RunDir, backend: LaunchBackend, lock: RunLock, state: RunState, cfg: Any,
+                 writes_state: bool = True):
+        self.run = run
+        self.backend = backend
+        self.lock = lock
+        self.state = state
+        self.cfg = cfg
+        self.writes_state = writes_state
+        self.grace_s = stop_grace_s(cfg)
+        self._events: AttemptEvents | None = None
+        self._notes: list[str] = []
+        self._last_liveness = 0.0
+        self._gone_since: dict[int, float] = {}
+        self._vanished: dict[int, str] = {}
+        self._trouble_since: float | None = None
+        self._killed: tuple[str, ...] = ()
+        # set from another thread (a second Ctrl-C): the stop in progress skips the rest of its grace
+        self.hurry = False
+
+    # -- opening
+    @classmethod
+    def open(cls, run: RunDir, pool: Any, purpose: str = "control", lock_name: str | None = None,
+             state: RunState | None = None) -> RunController:
+        """Take the run's lock (RunBusyError if another console has it) and read its state."""
+        lock = RunLock(run.path / lock_name if lock_name else run.lock_path, purpose).acquire()
+        try:
+            state = state or run.read_state()
+            cfg = run.load_config()
+            backend = make_backend(state.backend, pool, cfg.topology.nodes)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(run, backend, lock, state, cfg, writes_state=lock_name is None)
+
+    def close(self) -> None:
+        self.backend.close()
+        self.lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state
+    def _save(self, state: RunState) -> RunState:
+        self.state = self.run.write_state(state) if self.writes_state else state
+        return self.state
+
+    def _note(self, text: str) -> None:
+        self._notes.append(text)
+
+    @property
+    def attempt(self) -> Attempt | None:
+        return self.state.attempt
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.topology.world_size
+
+    def _tail(self) -> AttemptEvents:
+        if self._events is None:
+            a = self.attempt
+            offsets = dict(a.event_offsets) if a else {}
+            self._events = AttemptEvents(self.run.events, self.world_size, self.cfg.optim.max_steps, offsets)
+        return self._events
+
+    # -- liveness
+    def processes(self) -> dict[int, tuple[int, ...] | Exception]:
+        a = self.attempt
+        if a is None or (not a.nodes and not a.slurm_job):
+            return {}
+        return self.backend.processes(self.run, a)
+
+    def live_nodes(self) -> dict[int, tuple[int, ...]]:
+        """node -> live pids for nodes with anything left; an unreachable node counts as live
+        (better refuse a launch than start a run twice)."""
+        out = {}
+        for node, pids in self.processes().items():
+            if isinstance(pids, Exception) or pids:
+                out[node] = () if isinstance(pids, Exception) else pids
+        return out
+
+    def is_live(self) -> bool:
+        a = self.attempt
+        return a is not None and a.ended is None and bool(self.live_nodes())
+
+    # -- launch
+    def commands(self, attempt: int, resume: str | None, weights_only: bool) -> list[NodeCommand]:
+        from taehv_console.core.plan.render import RenderOptions, launch_command, launch_env
+
+        cfg = self.cfg
+        env = {
+            **launch_env(cfg),
+            # torchrun gives its ranks this long after forwarding SIGTERM before it SIGKILLs them;
+            # its default of 30 s would cut a checkpoint short of our own grace period
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(self.grace_s)),
+            **dict(self.state.env),
+        }
+        hosts = self.state.hosts or ("localhost",) * cfg.topology.nodes
+        out = []
+        for i in self.state.controlled:
+            argv = launch_command(cfg, i, RenderOptions(run_dir=str(self.run.path)))
+            if resume:
+                argv += ["--resume", resume] + (["--weights-only"] if weights_only else [])
+            out.append(NodeCommand(index=i, host=hosts[i] if i < len(hosts) else "localhost", argv=tuple(argv),
+                                   env=env, log=str(self.run.node_log(i)), status=str(self.run.node_status_path(i)),
+                                   cwd=str(self.run.path)))
+        return out
+
+    def launch(self, resume: str | None = None, weights_only: bool = False) -> RunState:
+        """Start every controlled node's launcher (a resume when `resume` is given). Refuses a run
+        whose processes are alive. On a node that cannot be started, the others are killed."""
+        a = self.attempt
+        if a is not None and a.ended is None:
+            live = self.live_nodes()
+            if live:
+                raise RunLiveError(f"{self.run.run_id} is running (node(s) {', '.join(map(str, sorted(live)))} "
+                                   "alive): a second launch would start it twice; attach to it instead "
+                                   f"(taehv-console attach {self.run.run_id})")
+        number = (a.number if a else 0) + 1
+        for i in self.state.controlled:
+            self.run.node_status_path(i).unlink(missing_ok=True)  # a stale status is never read as this attempt's
+        self.run.stop_request_path.unlink(missing_ok=True)
+        attempt = Attempt(number=number, started=time.time(), resume=resume, weights_only=weights_only,
+                          event_offsets=tuple(sorted(file_sizes(self.run.events).items())))
+        self._save(replace(self.state.with_attempt(attempt), phase=Phase.LAUNCHING, failure=None, stop=None))
+        self._events = None
+        self._gone_since.clear()
+        self._vanished.clear()
+        self._trouble_since = None
+        started = self.backend.start(self.run, self.commands(number, resume, weights_only), number)
+        attempt = replace(attempt, nodes=started.launchers, slurm_job=started.slurm_job)
+        self._save(self.state.with_attempt(attempt))
+        if started.errors:
+            node, why = min(started.errors.items())
+            failure = Failure(reason=f"could not start the launcher: {why}", node=node if node >= 0 else None,
+                              host=self._host(node), detected=time.time())
+            if started.launchers:
+                self.backend.kill(self.run, attempt)
+            self._save(replace(self.state.with_attempt(replace(attempt, ended=time.time(), outcome="failed")),
+                               phase=Phase.FAILED, failure=failure))
+            raise LaunchError(failure.summary())
+        return self._save(replace(self.state, phase=Phase.RUNNING))
+
+    def _host(self, node: int) -> str | None:
+        if 0 <= node < len(self.state.hosts):
+            return self.state.hosts[node]
+        return None
+
+    # -- resume
+    def resume_point(self, weights_only: bool = False, from_path: str | None = None) -> ResumePoint:
+        """The checkpoint a resume starts from (newest complete one, or `from_path`), checked against
+        this run's world size before anything starts."""
+        from trainer import checkpoint as ckpt
+
+        if from_path:
+            st = ckpt.verify(Path(from_path))
+            if not st.ok:
+                raise NothingToResumeError(f"{from_path}: not a complete checkpoint ({st.state}: "
+                                           f"{'; '.join(st.problems)})")
+            skipped: tuple[str, ...] = ()
+            spec = str(Path(from_path).absolute())
+        else:
+            scan = ckpt.scan(self.run.checkpoints)
+            skipped = tuple(f"{s.path.name}: {'; '.join(s.problems)}" for s in scan.skipped)
+            st = scan.newest
+            if st is None:
+                extra = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+                raise NothingToResumeError(f"{self.run.run_id}: no complete checkpoint in {self.run.checkpoints}"
+                                           f"{extra}; start a new run instead")
+            spec = "latest"
+        if st.step >= self.cfg.optim.max_steps and self.run.final_weights.is_file():
+            raise NothingToResumeError(f"{self.run.run_id} finished at step {st.step} of {self.cfg.optim.max_steps}; "
+                                       f"its weights are in {self.run.final_weights.parent}")
+        world = self.world_size
+        if st.world_size is not None and st.world_size != world and not weights_only:
+            t = self.cfg.topology
+            raise WorldSizeChangedError(
+                f"{self.run.run_id}: {st.path.name} was written by {st.world_size} processes, but run.toml now has "
+                f"{t.nodes} node(s) x {t.gpus_per_node} = {world}. ZeRO optimizer shards cannot be loaded at another "
+                "world size, so the console will not try. Two supported paths:\n"
+                f"  1. weights only, with a fresh optimizer:  taehv-console resume {self.run.run_id} --weights-only\n"
+                "  2. DeepSpeed's universal checkpoint (keeps the optimizer state):\n"
+                f"     python -m deepspeed.checkpoint.ds_to_universal --input_folder {st.path}/ds "
+                f"--output_folder {st.path}/universal\n"
+                "     (the trainer cannot load a universal checkpoint yet: path 1 is the one that runs today)")
+        return ResumePoint(spec=spec, step=st.step, path=str(st.path), world_size=st.world_size, skipped=skipped)
+
+    # -- follow
+    def snapshot(self, events: Sequence[Mapping[str, Any]] = ()) -> RunSnapshot:
+        notes, self._notes = tuple(self._notes), []
+        a = self.attempt
+        return RunSnapshot(run_id=self.run.run_id, phase=self.state.phase, attempt=a.number if a else 0,
+                           progress=self._tail().progress.snapshot(), events=tuple(events), notes=notes,
+                           failure=self.state.failure)
+
+    def follow(self, on_update: Callable[[RunSnapshot], None] | None = None,
+               should_stop: Callable[[], bool] | None = None, interval: float = 0.5) -> Outcome:
+        """Watch the run until it ends; stop it when should_stop() turns true or another console
+        asks (stop.request). Returns how it ended."""
+        on_update = on_update or (lambda _s: None)
+        should_stop = should_stop or (lambda: False)
+        if self.state.phase.ended:
+            on_update(self.snapshot())
+            return self.outcome()
+        if self.state.phase is Phase.STOPPING and self.state.stop is not None:
+            # a console died in the middle of a stop: finish it, with what is left of its grace
+            left = self.state.stop.requested + self.state.stop.grace_s - time.time()
+            self.stop(grace_s=max(5.0, left), reason=self.state.stop.reason, by=self.state.stop.by,
+                      on_update=on_update)
+            return self.outcome()
+        last_push = 0.0
+        while True:
+            events = self._tail().poll()
+            now = time.time()
+            request = self._stop_request()
+            if should_stop() or request is not None:
+                grace = request.get("grace_s") if request else None
+                by = request.get("by", "another console") if request else _me()
+                self._note(f"stop requested by {by}")
+                on_update(self.snapshot(events))
+                self.stop(grace_s=grace, reason="request" if request else "signal", by=by,
+                          on_update=on_update)
+                self.run.stop_request_path.unlink(missing_ok=True)
+                return self.outcome()
+            ended = self._check(now)
+            if events or self._notes or ended or now - last_push >= 2.0:
+                on_update(self.snapshot(events))
+                last_push = now
+            if ended:
+                return self.outcome()
+            time.sleep(interval)
+
+    def _stop_request(self) -> dict | None:
+        path = self.run.stop_request_path
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def _statuses(self) -> dict[int, Any]:
+        a = self.attempt
+        out = {}
+        for i in range(self.cfg.topology.nodes):
+            st = self.run.node_status(i)
+            if st is not None and a is not None and st.attempt == a.number:
+                out[i] = st
+        return out
+
+    def _check(self, now: float) -> bool:
+        """One round of decisions; True when the run has ended (state written)."""
+        a = self.attempt
+        if a is None:
+            return True
+        progress = self._tail().progress
+        statuses = self._statuses()
+        watched = self._watched_nodes()
+        exited = {i for i, st in statuses.items() if st.exited}
+        failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}
+        if self.backend.kind == "sbatch" and not self.live_nodes():
+            code = self.backend.job_exit_code(a)
+            if code is not None:
+                exited = set(watched)
+                if code:
+                    failing = {-1: code}
+        rank_failed = self._failed_ranks(progress)
+
+        # Every rank has said how it ended: that is the run's verdict, whatever the launchers exit
+        # with (torchrun exits non-zero when it was itself signalled, even after a clean stop).
+        if progress.all_stopped() and not rank_failed:
+            last_stop = max((e.get("time", now) for e in progress.stops.values()), default=now)
+            if set(watched) <= exited or now - last_stop > STATUS_LAG_S:
+                return self._conclude(progress)
+
+        if now - self._last_liveness >= LIVENESS_EVERY_S or (failing and self._trouble_since is None):
+            self._update_vanished(now, exited, watched)
+
+        if failing or rank_failed or self._vanished:
+            if self._trouble_since is None:
+                self._trouble_since = now
+            if now - self._trouble_since < FAILURE_SETTLE_S and not set(watched) <= exited:
+                return False  # let the cause be reported too, not only its symptoms
+            self._fail(self._diagnose(statuses, progress, sorted(self._vanished.items()), failing, now))
+            return True
+
+        if watched and set(watched) <= exited:
+            # every launcher exited 0, yet some rank never said how it ended
+            return self._conclude(progress)
+        return False
+
+    @staticmethod
+    def _failed_ranks(progress: Any) -> set[int]:
+        return {r for r, e in progress.stops.items() if e.get("reason") == "error"} | set(progress.errors)
+
+    def _update_vanished(self, now: float, exited: set[int], watched: Sequence[int]) -> None:
+        """Ask the nodes for their trees; a node whose tree is gone and whose exit status has not
+        appeared within STATUS_LAG_S vanished (its wrapper was killed, or the node was lost)."""
+        self._last_liveness = now
+        for node, pids in self.processes().items():
+            if isinstance(pids, Exception) or pids:
+                self._gone_since.pop(node, None)
+                self._vanished.pop(node, None)
+                continue
+            first = self._gone_since.setdefault(node, now)
+            if now - first < STATUS_LAG_S:
+                continue
+            if node >= 0 and node not in exited:
+                self._vanished[node] = self._host(node) or "?"
+            elif node < 0 and self.backend.kind == "slurm" and not set(watched) <= exited:
+                self._vanished[node] = "srun"
+
+    def _watched_nodes(self) -> tuple[int, ...]:
+        # nodes whose exit status this console expects: its own; on the platform's node 0, all
+        # (the other pods write theirs to the shared run directory too)
+        if self.state.backend == "platform" and 0 in self.state.controlled:
+            return tuple(range(self.cfg.topology.nodes))
+        if self.state.backend in ("slurm", "sbatch"):
+            return tuple(range(self.cfg.topology.nodes))
+        return tuple(self.state.controlled)
+
+    def _diagnose(self, statuses: Mapping[int, Any], progress: Any, vanished: Sequence[tuple[int, str]],
+                  failing: Mapping[int, int], now: float) -> Failure:
+        a = self.attempt
+        evidence = []
+        for i in range(self.cfg.topology.nodes):
+            st = statuses.get(i)
+            text = attempt_log_text(self.run.node_log(i), i, a.number if a else 1)
+            evidence.append(NodeEvidence(node=i, host=self._host(i) or (st.hostname if st else "?"),
+                                         exit_code=st.exit_code if st else None, ended=st.ended if st else None,
+                                         root_cause=parse_root_cause(text), log_tail=tail_lines(text)))
+        errors = dict(progress.errors)
+        for r, e in progress.stops.items():
+            if e.get("reason") == "error" and r not in errors:
+                errors[r] = {"message": "stopped with an error", "time": e.get("time", now)}
+        failure = choose_failure(evidence, errors, self.cfg.topology.gpus_per_node, now, vanished)
+        if failure is None and -1 in failing:
+            failure = Failure(reason=f"the SLURM job ended with exit code {failing[-1]}", exit_code=failing[-1],
+                              detected=now)
+        return failure or Failure(reason="the run failed, and no node left a reason the console could find",
+                                  detected=now)
+
+    def _fail(self, failure: Failure) -> None:
+        """Record the failure, then stop every node still running: SIGTERM, a short grace, SIGKILL."""
+        self._save(replace(self.state, phase=Phase.FAILED, failure=failure))
+        self._note(f"failed: {failure.summary()}")
+        a = self.attempt
+        live = [n for n in self.live_nodes() if n in self.state.controlled or n < 0]
+        if live:
+            self._note(f"stopping node(s) {', '.join(map(str, live))} after the failure")
+            self.backend.terminate(self.run, a, live)
+            self._wait_gone(FAILURE_GRACE_S)
+            left = self._kill_leftovers()
+            if left:
+                self._note(f"processes still listed after SIGKILL: {left}")
+        self._save(self.state.with_attempt(replace(self.attempt, ended=time.time(), outcome="failed")))
+
+    def _wait_gone(self, seconds: float, on_update: Callable[[RunSnapshot], None] | None = None) -> bool:
+        deadline = time.time() + seconds
+        next_check = 0.0
+        while True:
+            events = self._tail().poll()
+            if on_update and events:
+                on_update(self.snapshot(events))
+            now = time.time()
+            if now >= next_check:
+                if not self.live_nodes():
+                    return True
+                next_check = now + 1.0
+            if now >= deadline or self.hurry:
+                return False
+            time.sleep(0.25)
+
+    def _kill_leftovers(self) -> dict[int, tuple[int, ...]]:
+        """SIGKILL every tree with anything left; node -> what is still there after that."""
+        live = self.live_nodes()
+        if not live:
+            return {}
+        self._note("SIGKILL to what is left on node(s) " + ", ".join(map(str, sorted(live))))
+        self._killed = tuple(f"{self._host(n) or 'local'}:{self._pgid(n)}" for n in sorted(live))
+        out = self.backend.kill(self.run, self.attempt, sorted(live))
+        left = {n: v for n, v in out.items() if isinstance(v, tuple) and v}
+        return left
+
+    def _pgid(self, node: int) -> int | None:
+        a = self.attempt
+        return next((n.pgid for n in a.nodes if n.index == node), None) if a else None
+
+    # -- stop
+    def stop(self, grace_s: float | None = None, reason: str = "user", by: str | None = None,
+             on_update: Callable[[RunSnapshot], None] | None = None) -> StopRecord:
+        """SIGTERM every node's launcher group, wait for the ranks' checkpoint and `stop` events
+        (up to the grace period), SIGKILL what is left, then check that nothing of those process
+        trees remains on any node."""
+        a = self.attempt
+        grace = float(grace_s) if grace_s is not None else self.grace_s
+        record = StopRecord(requested=time.time(), by=by or _me(), reason=reason, grace_s=grace)
+        if a is None or a.ended is not None:
+            return self.state.stop or record
+        self._killed: tuple[str, ...] = ()
+        self._save(replace(self.state, phase=Phase.STOPPING, stop=record))
+        errors = self.backend.terminate(self.run, a)
+        for node, why in errors.items():
+            self._note(f"node {node}: SIGTERM not delivered: {why}")
+        self._note(f"SIGTERM sent to {len(a.nodes) or 1} launcher group(s); up to {grace:g} s for the checkpoint")
+        if on_update:
+            on_update(self.snapshot())
+        self._wait_gone(grace, on_update)
+        left = self._kill_leftovers()
+        verified = not left and not self.live_nodes()
+        progress = self._tail().progress
+        self._tail().poll()
+        reasons = progress.stop_reasons()
+        step = None
+        if progress.all_stopped() and reasons <= {"signal", "done"}:
+            steps = {e.get("step") for e in progress.stops.values()}
+            step = steps.pop() if len(steps) == 1 else None
+        record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
+        if progress.all_stopped() and reasons == {"done"}:
+            phase, outcome = Phase.DONE, "done"  # it finished on its own while we were stopping it
+        elif progress.all_stopped() and "error" in reasons:
+            phase, outcome = Phase.FAILED, "failed"
+        else:
+            phase, outcome = Phase.STOPPED, "stopped"
+        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=outcome)),
+                           phase=phase, stop=record))
+        where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
+        self._note(f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}"))
+        if on_update:
+            on_update(self.snapshot())
+        return record
+
+    def _conclude(self, progress: Any) -> bool:
+        """Every launcher is done (or every rank said how it ended): record the verdict."""
+        a = self.attempt
+        left = self._kill_leftovers() if self.live_nodes() else {}
+        reasons = progress.stop_reasons()
+        if progress.all_stopped() and reasons == {"done"}:
+            phase = Phase.DONE
+        elif progress.all_stopped() and "error" not in reasons:
+            phase = Phase.STOPPED  # stopped from outside the console (a signal to the launchers)
+            if self.state.stop is None:
+                steps = {e.get("step") for e in progress.stops.values()}
+                self.state = replace(self.state, stop=StopRecord(
+                    requested=min(e.get("time", 0) for e in progress.stops.values()), by="outside the console",
+                    reason="signal", grace_s=0, checkpoint_step=steps.pop() if len(steps) == 1 else None,
+                    verified=not left, finished=time.time()))
+        else:
+            failure = self._diagnose(self._statuses(), progress, (), {}, time.time())
+            self._save(replace(self.state, failure=failure))
+            phase = Phase.FAILED
+        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)), phase=phase))
+        self._note(f"run {phase.value}")
+        return True
+
+    def outcome(self) -> Outcome:
+        return Outcome(phase=self.state.phase, failure=self.state.failure, stop=self.state.stop,
+                       progress=self._tail().progress.snapshot(),
+                       final_weights=str(self.run.final_weights) if self.run.final_weights.is_file() else None)
+
+    # -- attach
+    def reconcile(self) -> str:
+        """After a console died: 'live' when the current attempt still has processes (the state
+        says running again), else the attempt is concluded from what it left: 'ended'."""
+        a = self.attempt
+        if a is None or a.ended is not None:
+            return "ended"
+        if self.is_live():
+            if self.state.phase not in (Phase.RUNNING, Phase.STOPPING):
+                self._save(replace(self.state, phase=Phase.RUNNING))
+            return "live"
+        self._tail().poll()
+        progress = self._tail().progress
+        statuses = self._statuses()
+        watched = self._watched_nodes()
+        clean = all(i in statuses and statuses[i].exit_code == 0 for i in watched)
+        if (progress.all_stopped() and not self._failed_ranks(progress)) or clean:
+            self._conclude(progress)
+        else:
+            failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}
+            vanished = [(i, self._host(i) or "?") for i in watched if i not in statuses or not statuses[i].exited]
+            self._fail(self._diagnose(statuses, progress, vanished, failing, time.time()))
+        return "ended"
+
+
+# ------------------------------------------------------------------------------------ requests
+
+def request_stop(run: RunDir, pool: Any, grace_s: float | None = None, wait_s: float | None = None,
+                 on_update: Callable[[RunSnapshot], None] | None = None,
+                 say: Callable[[str], None] | None = None) -> RunState:
+    """Stop a run from any console. If no console controls it, take the lock and stop it here;
+    if one does, ask it (stop.request) and wait until the state says the run ended; should that
+    console die meanwhile, take over."""
+    say = say or (lambda _m: None)
+    deadline = None
+    while True:
+        try:
+            ctrl = RunController.open(run, pool, purpose="stop")
+        except RunBusyError as err:
+            if deadline is None:
+                grace = grace_s if grace_s is not None else stop_grace_s(run.load_config())
+                deadline = time.time() + (wait_s if wait_s is not None else grace + 90)
+                tmp = run.stop_request_path.with_name(f".{run.stop_request_path.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({"time": time.time(), "by": _me(), "grace_s": grace_s}))
+                os.replace(tmp, run.stop_request_path)
+                say(f"{err}\nasked it to stop the run; waiting for it")
+            state = run.read_state()
+            if state.phase.ended:
+                return state
+            if time.time() > deadline:
+                raise ControlError(f"{run.run_id}: the controlling console did not stop the run in time "
+                                   f"(state: {state.phase.value})") from None
+            time.sleep(0.5)
+            continue
+        with ctrl:
+            if ctrl.reconcile() == "ended":
+                return ctrl.state
+            say(f"stopping {run.run_id}")
+            ctrl.stop(grace_s=grace_s, reason="user", on_update=on_update)
+            run.stop_request_path.unlink(missing_ok=True)
+            return ctrl.state
+
+
+def probe_live(run: RunDir, pool: Any) -> tuple[RunState, dict[int, tuple[int, ...] | Exception]]:
+    """State and live process trees of a run, without taking its lock (for `status`)."""
+    state = run.read_state()
+    a = state.attempt
+    if a is None or a.ended is not None:
+        return state, {}
+    cfg = run.load_config()
+    backend = make_backend(state.backend, pool, cfg.topology.nodes)
+    try:
+        return state, backend.processes(run, a)
+    except BackendError as err:
+        return state, {-1: err}

@@ -1,0 +1,175 @@
+"""Why a run failed, told from the evidence: each node's launcher exit status, torchelastic's
+"Root Cause (first observed failure)" block in the node's log, and the ranks' `error` events.
+
+When one rank dies, every other rank fails soon after with a symptom (a closed connection, a
+timeout); those arrive seconds apart and often before the real cause is reported. So the cause is
+chosen by kind, not by arrival: a rank killed by a signal first, then an error that is not a peer
+symptom, then the earliest launcher to exit non-zero.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from taehv_console.core.run.state import Failure
+
+ROOT_CAUSE = "Root Cause (first observed failure)"
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.MULTILINE)
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+_HOST = re.compile(r"^\s*host\s*:\s*(\S+)", re.MULTILINE)
+# what a rank reports when a *peer* went away: a consequence, never the first failure
+_PEER_SYMPTOM = re.compile(
+    r"connection closed by peer|connection reset|broken pipe|econnreset|connection refused|"
+    r"recvbytes|sendbytes|socket closed|read error|timed out|timeout|communicator was aborted|"
+    r"software caused connection abort|terminated|sigterm|barrier",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int | None
+    local_rank: int | None
+    exit_code: int | None
+    host: str | None
+    lines: tuple[str, ...]
+
+
+def attempt_log_text(log: Path, node: int, attempt: int, limit: int = 256 << 10) -> str:
+    """The part of a node's log written by this attempt (the wrapper starts each with a header);
+    only the last `limit` bytes are read: the end is where a failure is told."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    marker = f"node {node} attempt {attempt} on "
+    at = text.rfind(marker)
+    if at >= 0:
+        text = text[text.rfind("\n", 0, at) + 1:]
+    return text
+
+
+def parse_root_cause(text: str) -> RootCause | None:
+    """torchelastic's block, from its title to the closing ===== line (the last one in the text)."""
+    at = text.rfind(ROOT_CAUSE)
+    if at < 0:
+        return None
+    lines = []
+    for line in text[at:].splitlines():
+        if lines and re.fullmatch(r"\s*={10,}\s*", line):
+            break
+        lines.append(line.rstrip())
+    block = "\n".join(lines)
+    rank = _RANK.search(block)
+    code = _EXIT.search(block)
+    host = _HOST.search(block)
+    return RootCause(
+        rank=int(rank.group(1)) if rank else None,
+        local_rank=int(rank.group(2)) if rank else None,
+        exit_code=int(code.group(1)) if code else None,
+        host=host.group(1) if host else None,
+        lines=tuple(lines[:20]),
+    )
+
+
+def tail_lines(text: str, n: int = 15) -> tuple[str, ...]:
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return tuple(lines[-n:])
+
+
+def is_peer_symptom(message: str) -> bool:
+    return bool(_PEER_SYMPTOM.search(message or ""))
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    node: int
+    host: str
+    exit_code: int | None  # the launcher's (None: still running or unknown)
+    ended: float | None
+    root_cause: RootCause | None
+    log_tail: tuple[str, ...] = ()
+
+
+def choose_failure(
+    nodes: Sequence[NodeEvidence],
+    rank_errors: dict[int, dict],
+    gpus_per_node: int,
+    now: float,
+    vanished: Sequence[tuple[int, str]] = (),
+) -> Failure | None:
+    """The first failure, by kind (see the module doc); None when nothing failed.
+
+    `rank_errors`: rank -> its first `error` event this attempt. `vanished`: (node, host) whose
+    launcher is gone without an exit status (killed with the wrapper, or the node lost)."""
+    failing = [n for n in nodes if n.exit_code not in (None, 0)]
+    by_node = {n.node: n for n in nodes}
+
+    def node_of(rank: int) -> int:
+        return rank // max(1, gpus_per_node)
+
+    # 1. a rank killed by a signal: nothing else explains it
+    signalled = [n for n in failing if n.root_cause and (n.root_cause.exit_code or 0) < 0]
+    if signalled:
+        n = min(signalled, key=lambda e: e.ended or now)
+        rc = n.root_cause
+        return Failure(
+            reason=f"rank {rc.rank} was killed by signal {-rc.exit_code} ({_signal_name(-rc.exit_code)})",
+            node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank, exit_code=rc.exit_code,
+            log_lines=rc.lines, detected=now,
+        )
+    # 2. a rank's own error (not a peer's disappearance)
+    own = {r: e for r, e in rank_errors.items() if not is_peer_symptom(str(e.get("message", "")))}
+    if own:
+        rank, event = min(own.items(), key=lambda kv: kv[1].get("time", now))
+        node = node_of(rank)
+        ev = by_node.get(node)
+        lines = [f"rank {rank}: {event.get('message', '')}"]
+        lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-10:]
+        return Failure(reason=f"rank {rank} failed: {event.get('message', '')}"[:500], node=node,
+                       host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
+                       exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
+                       log_lines=tuple(lines), detected=now)
+    # 3. the earliest launcher to exit non-zero
+    if failing:
+        n = min(failing, key=lambda e: e.ended or now)
+        rc = n.root_cause
+        if rc is not None:
+            return Failure(reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
+                                  f"exited with {n.exit_code}",
+                           node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank,
+                           exit_code=n.exit_code, log_lines=rc.lines, detected=now)
+        return Failure(reason=f"the launcher on node {n.node} exited with {n.exit_code}", node=n.node, host=n.host,
+                       exit_code=n.exit_code, log_lines=n.log_tail, detected=now)
+    # 4. the launcher itself is gone without a word
+    if vanished:
+        node, host = vanished[0]
+        ev = by_node.get(node)
+        return Failure(reason=f"the launcher on node {node} ({host}) is gone without an exit status "
+                              "(killed, or the node was lost)",
+                       node=node, host=host, log_lines=ev.log_tail if ev else (), detected=now)
+    # 5. only symptoms so far: name the earliest, it is all there is
+    if rank_errors:
+        rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
+        node = node_of(rank)
+        ev = by_node.get(node)
+        return Failure(reason=f"rank {rank} failed: {event.get('message', '')}"[:500], node=node,
+                       host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
+                       log_lines=(f"rank {rank}: {event.get('message', '')}",), detected=now)
+    return None
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

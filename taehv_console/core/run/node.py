@@ -1,0 +1,275 @@
+"""Runs on each node: the launcher wrapper, and the process-tree tool the console uses to check and
+stop a node's share of a run. `python -m taehv_console.core.run.node launch|pids|kill ...`, each
+printing one JSON object (pids, kill) or running the launcher (launch).
+
+Why a wrapper: the console starts it detached (own session, pgid recorded in state.json), so
+nothing reports the launcher's exit status back. The wrapper writes it to
+`logs/node-<i>.status.json` on the shared run directory, together with who it is (pid, process
+start time, boot id) so that a reused pid is never taken for the run.
+
+Why a tree and not just the group: torchrun starts every rank in a session of its own, so the
+launcher's process group does not hold the ranks. The wrapper makes itself a child subreaper, so
+every process the launch starts stays its descendant even when its parent dies first; "the run's
+processes on a node" are the launcher's group, everything below it, and the groups those
+processes lead. Nothing is ever matched by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# ------------------------------------------------------------------------------------- /proc
+
+def read_proc(proc_root: str = "/proc") -> dict[int, tuple[int, int, int, str, int]]:
+    """pid -> (ppid, pgid, sid, state, start_ticks) for every process visible in /proc."""
+    table = {}
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "stat")) as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited while we looked
+        # comm (field 2) may hold spaces and parentheses: the fields restart after the last ')'
+        rest = stat[stat.rfind(")") + 2:].split()
+        if len(rest) < 20:
+            continue
+        state, ppid, pgid, sid, start = rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19])
+        table[int(entry)] = (ppid, pgid, sid, state, start)
+    return table
+
+
+def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
+    entry = read_proc_one(pid, proc_root)
+    return entry[4] if entry else None
+
+
+def read_proc_one(pid: int, proc_root: str = "/proc") -> tuple[int, int, int, str, int] | None:
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2:].split()
+    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0], int(rest[19])
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_tree(pgid: int, leader_start: int | None = None,
+             table: dict[int, tuple[int, int, int, str, int]] | None = None) -> dict[int, int]:
+    """Live processes of a launcher's tree: pid -> pgid. Empty when nothing is left, or when the
+    group's leader pid now belongs to another process (its start time differs from the recorded
+    one): a pgid can be reused once all of its processes are gone.
+
+    Zombies are not counted: nothing can stop them, and their parent reaps them.
+    """
+    table = read_proc() if table is None else table
+    if pgid <= 1:
+        return {}
+    leader = table.get(pgid)
+    if leader is not None and leader_start is not None and leader[4] != leader_start:
+        # The leader's pid now names a newer process: Linux never reuses a pid while a group of
+        # that id has members, so nothing of the run's group is left, and this one is not ours.
+        return {}
+    live = {pid: v for pid, v in table.items() if v[3] != "Z"}
+    children: dict[int, list[int]] = {}
+    for pid, v in live.items():
+        children.setdefault(v[0], []).append(pid)
+    tree = {pid for pid, v in live.items() if v[1] == pgid}
+    groups = {pgid}
+    while True:
+        # descendants of everything found so far, then every member of the groups they lead
+        stack = list(tree)
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in tree:
+                    tree.add(child)
+                    stack.append(child)
+        new_groups = {live[p][1] for p in tree} - groups
+        # a descendant's own group (torchrun's ranks each lead one) holds only run processes;
+        # the caller's group (this tool's) is never taken, whatever happens
+        new_groups.discard(os.getpgid(0))
+        if not new_groups:
+            break
+        groups |= new_groups
+        tree |= {pid for pid, v in live.items() if v[1] in new_groups}
+    return {pid: live[pid][1] for pid in sorted(tree)}
+
+
+def signal_tree(pgid: int, sig: int, leader_start: int | None = None, whole_tree: bool = True) -> dict:
+    """Send `sig` to the launcher's group, and with whole_tree to every group in its tree (the
+    ranks' groups first, the launcher's last, so nothing is orphaned before it is signalled)."""
+    tree = run_tree(pgid, leader_start)
+    if not tree:
+        return {"pgid": pgid, "signalled": [], "pids": []}
+    own = os.getpgid(0)
+    groups = sorted({g for g in tree.values() if g not in (pgid, own) and g > 1}) if whole_tree else []
+    sent = []
+    for g in [*groups, pgid]:
+        try:
+            os.killpg(g, sig)
+            sent.append(g)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return {"pgid": pgid, "signalled": sent, "pids": sorted(tree)}
+
+
+def kill_tree(pgid: int, leader_start: int | None = None, rounds: int = 10, pause_s: float = 0.2) -> dict:
+    """SIGKILL the whole tree until nothing is left (a process forked between the scan and the
+    signal is caught by the next round). Returns what was signalled and what, if anything, is left."""
+    signalled: set[int] = set()
+    left: dict[int, int] = {}
+    for _ in range(rounds):
+        out = signal_tree(pgid, signal.SIGKILL, leader_start)
+        signalled.update(out["signalled"])
+        time.sleep(pause_s)
+        left = run_tree(pgid, leader_start)
+        if not left:
+            break
+    return {"pgid": pgid, "signalled": sorted(signalled), "left": sorted(left)}
+
+
+# ------------------------------------------------------------------------------------ wrapper
+
+def _become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _ignore(_signum, _frame) -> None:
+    # The stop signal goes to the whole group; the launcher below handles it. The wrapper stays
+    # to record how the launcher ended. A Python-level handler (not SIG_IGN) on purpose: handlers
+    # are reset by exec, SIG_IGN would be inherited by the launcher and it would never stop.
+    return None
+
+
+def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
+    """Run argv as the launcher of one node; record identity and exit status; return its status."""
+    subreaper = _become_subreaper()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _ignore)
+    # The launcher and the trainer of this environment: `accelerate` and `taehv-train` live beside
+    # the interpreter that runs this wrapper, which a non-interactive SSH session's PATH lacks.
+    bindir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # log lines in the order they happen
+    me = os.getpid()
+    status = {
+        "node": node, "attempt": attempt, "pid": me, "pgid": os.getpgid(0), "hostname": socket.gethostname(),
+        "start_ticks": start_ticks(me), "boot_id": boot_id(), "started": time.time(), "argv": argv,
+        "exit_code": None, "ended": None, "subreaper": subreaper,
+    }
+    _write_json(status_path, status)
+    print(f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node} attempt {attempt} on "
+          f"{status['hostname']} (pid {me}): {' '.join(argv)}", flush=True)
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    except OSError as err:
+        print(f"[taehv-console] cannot start {argv[0]}: {err}", flush=True)
+        _write_json(status_path, {**status, "exit_code": 127, "ended": time.time()})
+        return 127
+    code: int | None = None
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break  # nothing left to wait for: the launcher and every orphan it left are gone
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
+            continue
+        if pid == child.pid and code is None:
+            code = os.waitstatus_to_exitcode(raw)
+            child.returncode = code  # reaped here; keep Popen from waiting again
+            _write_json(status_path, {**status, "exit_code": code, "ended": time.time()})
+            print(f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node}: launcher exited "
+                  f"with {code}", flush=True)
+        # any other pid: an orphan re-parented to us (we are its subreaper), reaped so no zombie stays
+    if code is None:  # pragma: no cover - waitpid always reports our own child first
+        code = 1
+    return code if code >= 0 else 128 - code
+
+
+# --------------------------------------------------------------------------------------- main
+
+def _tree_json(args: argparse.Namespace) -> dict:
+    tree = run_tree(args.pgid, args.start_ticks)
+    return {"pgid": args.pgid, "pids": sorted(tree), "groups": sorted(set(tree.values())), "boot_id": boot_id()}
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taehv_console.core.run.node")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("launch", help="run a node's launcher, recording its identity and exit status")
+    p.add_argument("--status", required=True, type=Path, help="the status file to write")
+    p.add_argument("--node", type=int, help="machine rank of this node")
+    p.add_argument("--node-env", metavar="VAR", help="read the machine rank from this variable (SLURM_NODEID)")
+    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    for name, text in (("pids", "list the live processes of a launcher's tree"),
+                       ("kill", "signal a launcher's group (TERM) or its whole tree (KILL)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--pgid", type=int, required=True)
+        p.add_argument("--start-ticks", type=int, help="the group leader's recorded start time")
+        if name == "kill":
+            p.add_argument("--signal", default="TERM", choices=("TERM", "INT", "KILL"))
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.action == "launch":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("launch needs a command after --")
+        node = args.node
+        if args.node_env:
+            node = int(os.environ[args.node_env])
+        if node is None:
+            parser.error("give --node or --node-env")
+        # {node} in the command and the status path: one srun line serves every node
+        command = [c.replace("{node}", str(node)) for c in command]
+        status = Path(str(args.status).replace("{node}", str(node)))
+        return launch(status, node, args.attempt, command)
+    if args.pgid <= 1:
+        print(json.dumps({"error": f"refusing pgid {args.pgid}"}))
+        return 2
+    if args.action == "pids":
+        out = _tree_json(args)
+    elif args.signal == "KILL":
+        out = kill_tree(args.pgid, args.start_ticks)
+    else:
+        # TERM goes to the launcher's group only: torchrun forwards it to each rank's group and
+        # waits for them, which is the trainer's checkpoint-then-exit path
+        out = signal_tree(args.pgid, getattr(signal, f"SIG{args.signal}"), args.start_ticks, whole_tree=False)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

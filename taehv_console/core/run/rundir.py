@@ -1,0 +1,162 @@
+"""The run directory (DESIGN.md's single source of truth for a run): where every file of a run
+lives, how a run gets its readable unique id, and how a run is found again by id or path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from taehv_console.core.run.state import NodeStatus, RunState, read_node_status, read_state, write_state
+
+RUN_TOML = "run.toml"
+STATE_JSON = "state.json"
+LOCK = "lock"
+STOP_REQUEST = "stop.request"
+_SAFE = re.compile(r"[^a-z0-9-]+")
+
+
+class RunNotFoundError(LookupError):
+    """No run matches what was asked; the message says where it looked."""
+
+
+def new_run_id(preset: str, now: float | None = None) -> str:
+    """`20261122-023145-cpu-smoke`: sortable by start time and says what it runs."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    name = _SAFE.sub("-", preset.lower()).strip("-")[:40].strip("-") or "run"
+    return f"{stamp}-{name}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def run_toml(self) -> Path:
+        return self.path / RUN_TOML
+
+    @property
+    def state_path(self) -> Path:
+        return self.path / STATE_JSON
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def stop_request_path(self) -> Path:
+        return self.path / STOP_REQUEST
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.path / "heartbeat"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def final_weights(self) -> Path:
+        return self.path / "final" / "taehv.safetensors"
+
+    def node_log(self, node: int) -> Path:
+        return self.logs / f"node-{node}.log"
+
+    def node_status_path(self, node: int) -> Path:
+        return self.logs / f"node-{node}.status.json"
+
+    def node_status(self, node: int) -> NodeStatus | None:
+        return read_node_status(self.node_status_path(node))
+
+    def event_file(self, rank: int) -> Path:
+        return self.events / f"rank-{rank}.jsonl"
+
+    def has_state(self) -> bool:
+        return self.state_path.is_file()
+
+    def read_state(self) -> RunState:
+        return read_state(self.state_path)
+
+    def write_state(self, state: RunState) -> RunState:
+        return write_state(self.state_path, state)
+
+    def load_config(self):
+        from trainer.config import load_config
+
+        return load_config(self.run_toml)
+
+
+def create_run_dir(runs_dir: str | Path, preset: str, now: float | None = None) -> RunDir:
+    """A new, empty run directory under runs_dir. mkdir without exist_ok is the uniqueness check:
+    two consoles starting the same preset in the same second get -2, -3 ... instead of sharing."""
+    root = Path(runs_dir).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    base = new_run_id(preset, now)
+    for n in range(1, 1000):
+        path = root / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        (path / "logs").mkdir()
+        return RunDir(path)
+    raise RuntimeError(f"{root}: could not find a free run id for {base}")
+
+
+def list_runs(runs_dir: str | Path) -> list[RunDir]:
+    """Run directories (those holding run.toml) under runs_dir, newest first by id."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    runs = [RunDir(p.absolute()) for p in root.iterdir() if p.is_dir() and (p / RUN_TOML).is_file()]
+    # ids start with the start time, so the name orders them; mtime breaks ties between copies
+    return sorted(runs, key=lambda r: (r.run_id, _mtime(r.path)), reverse=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def resolve_run(ref: str | None, runs_dir: str | Path = "runs") -> RunDir:
+    """A run from what the user typed: a path to a run directory (or its run.toml), a run id under
+    runs_dir, or a unique prefix of one. None: the newest run under runs_dir."""
+    if ref:
+        p = Path(ref).expanduser()
+        if p.name == RUN_TOML and p.is_file():
+            p = p.parent
+        if (p / RUN_TOML).is_file():
+            return RunDir(p.absolute())
+        if os.sep not in ref:
+            candidate = Path(runs_dir) / ref
+            if (candidate / RUN_TOML).is_file():
+                return RunDir(candidate.absolute())
+            matches = [r for r in list_runs(runs_dir) if r.run_id.startswith(ref)]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                names = ", ".join(r.run_id for r in matches[:5])
+                raise RunNotFoundError(f"{ref!r} matches {len(matches)} runs in {runs_dir} ({names}); give more of the id")
+        raise RunNotFoundError(f"no run {ref!r}: not a run directory (one holding {RUN_TOML}) and not a run id "
+                               f"in {Path(runs_dir).absolute()} (use --runs DIR)")
+    runs = list_runs(runs_dir)
+    if not runs:
+        raise RunNotFoundError(f"no runs in {Path(runs_dir).absolute()} (use --runs DIR, or name the run)")
+    return runs[0]

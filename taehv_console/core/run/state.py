@@ -1,0 +1,226 @@
+"""`state.json`: what the console knows about a run (phase, attempts, each node's launcher pid and
+pgid and host, failure, stop) as frozen values, read and written whole and atomically.
+
+Only the console holding the run's lock writes it; anyone may read it. Unknown keys are ignored
+on read, so an older console can still show a run a newer one wrote.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+STATE_VERSION = 1
+
+
+class Phase(str, enum.Enum):
+    CREATED = "created"  # files written, nothing started
+    LAUNCHING = "launching"  # node launchers being started
+    RUNNING = "running"
+    STOPPING = "stopping"  # SIGTERM sent, waiting for the checkpoint
+    STOPPED = "stopped"  # ended by a stop; resumable
+    DONE = "done"  # every rank reached max_steps
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (Phase.STOPPED, Phase.DONE, Phase.FAILED)
+
+
+@dataclass(frozen=True)
+class NodeLauncher:
+    """One node's launcher process as started: stop it by its process group, never by name."""
+
+    index: int  # machine rank
+    host: str
+    pid: int
+    pgid: int
+    log: str
+    started: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run failed: the first failing node and rank, and the log lines that show it."""
+
+    reason: str
+    node: int | None = None
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    log_lines: tuple[str, ...] = ()
+    detected: float = 0.0
+
+    def summary(self) -> str:
+        where = []
+        if self.node is not None:
+            where.append(f"node {self.node}" + (f" ({self.host})" if self.host else ""))
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        return (", ".join(where) + ": " if where else "") + self.reason
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    requested: float
+    by: str  # "pid@host" of whoever asked
+    reason: str  # "user", "signal", "failure", ...
+    grace_s: float
+    checkpoint_step: int | None = None  # the step every rank stopped and checkpointed at
+    killed: tuple[str, ...] = ()  # "host:pgid" groups that needed SIGKILL
+    verified: bool = False  # nothing of the run's process groups was left on any node
+    finished: float | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the run's launchers (the first launch, then each resume)."""
+
+    number: int
+    started: float
+    nodes: tuple[NodeLauncher, ...] = ()
+    resume: str | None = None  # None (fresh), "latest" or a checkpoint path
+    weights_only: bool = False
+    ended: float | None = None
+    outcome: str | None = None  # "done" | "stopped" | "failed"
+    slurm_job: str | None = None
+    # rank -> size of its events file when the attempt began: where this attempt's events start
+    event_offsets: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunState:
+    run_id: str
+    phase: Phase
+    backend: str  # local | ssh | platform | slurm | sbatch
+    hosts: tuple[str, ...]  # one per node, machine-rank order
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    created: float = 0.0
+    updated: float = 0.0
+    attempts: tuple[Attempt, ...] = ()
+    failure: Failure | None = None
+    stop: StopRecord | None = None
+    # extra environment for every node's launcher (--env), kept so a resume uses it again
+    env: tuple[tuple[str, str], ...] = ()
+    # nodes this console starts and signals (platform: only its own node)
+    controlled: tuple[int, ...] = ()
+    version: int = STATE_VERSION
+
+    @property
+    def attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def with_attempt(self, attempt: Attempt) -> RunState:
+        """This state with its current attempt replaced (or the first one added)."""
+        attempts = self.attempts[:-1] + (attempt,) if self.attempts and self.attempts[-1].number == attempt.number \
+            else self.attempts + (attempt,)
+        return replace(self, attempts=attempts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["phase"] = self.phase.value
+        d["env"] = dict(self.env)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        kw = _known(cls, data)
+        kw["phase"] = Phase(kw.get("phase", "created"))
+        kw["hosts"] = tuple(kw.get("hosts", ()))
+        kw["controlled"] = tuple(kw.get("controlled", ()))
+        kw["env"] = tuple(sorted((str(k), str(v)) for k, v in (kw.get("env") or {}).items()))
+        kw["attempts"] = tuple(
+            Attempt(**{**_known(Attempt, a),
+                       "nodes": tuple(NodeLauncher(**_known(NodeLauncher, n)) for n in a.get("nodes", ())),
+                       "event_offsets": tuple((int(r), int(o)) for r, o in a.get("event_offsets", ()))})
+            for a in kw.get("attempts", ())
+        )
+        if kw.get("failure"):
+            f = _known(Failure, kw["failure"])
+            kw["failure"] = Failure(**{**f, "log_lines": tuple(f.get("log_lines", ()))})
+        if kw.get("stop"):
+            s = _known(StopRecord, kw["stop"])
+            kw["stop"] = StopRecord(**{**s, "killed": tuple(s.get("killed", ()))})
+        return cls(**kw)
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+class StateError(RuntimeError):
+    """state.json is missing or unreadable; the message names the file."""
+
+
+def write_state(path: Path, state: RunState) -> RunState:
+    """Write atomically (temp file in the same directory, fsync, os.replace): a reader on any node
+    sees the old state or the new one, never half of one. Returns the state with `updated` set."""
+    state = replace(state, updated=time.time())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state.to_dict(), f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return state
+
+
+def read_state(path: Path) -> RunState:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StateError(f"{path}: no state file (the run was never launched by a console)") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise StateError(f"{path}: unreadable ({err})") from None
+    try:
+        return RunState.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise StateError(f"{path}: not a run state this console understands ({err})") from None
+
+
+# ----------------------------------------------------------------------------- node status files
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What a node's launcher wrapper wrote about itself (`logs/node-<i>.status.json`): who it is
+    (pid, process start time, boot id, so a reused pid is never taken for it) and, once the
+    launcher has exited, its exit code."""
+
+    node: int
+    attempt: int
+    pid: int
+    pgid: int
+    hostname: str = ""
+    start_ticks: int | None = None
+    boot_id: str = ""
+    started: float = 0.0
+    exit_code: int | None = None  # negative: killed by that signal
+    ended: float | None = None
+    argv: tuple[str, ...] = field(default=())
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeStatus:
+        kw = _known(cls, data)
+        kw["argv"] = tuple(kw.get("argv", ()))
+        return cls(**kw)
+
+
+def read_node_status(path: Path) -> NodeStatus | None:
+    """The status file, or None when it is absent or being replaced (callers poll again)."""
+    try:
+        return NodeStatus.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
