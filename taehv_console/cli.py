@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("taehv_console.commands.detect", "detect the cluster: topology source and the facts of every node"),
     "preflight": ("taehv_console.commands.preflight", "check the cluster against a preset before launching"),
     "trust": ("taehv_console.commands.trust", "show a host's SSH key fingerprint and add it to known_hosts"),
+    "status": ("taehv_console.commands.status", "a run's phase, nodes, progress and failure; or every run"),
+    "stop": ("taehv_console.commands.stop", "stop a run: checkpoint, then nothing of it left on any node"),
+    "resume": ("taehv_console.commands.resume", "relaunch a run from its newest complete checkpoint"),
+    "attach": ("taehv_console.commands.attach", "follow a run another console launched, until it ends"),
 }
 
 
@@ -26,7 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="taehv-console",
         description="Train TAEHV with DeepSpeed across GPU nodes: detect, check, plan, launch, watch.",
     )
-    parser.add_argument("--no-tui", action="store_true", help="run the whole flow headless (containers, CI)")
+    parser.add_argument("--no-tui", action="store_true",
+                        help="run the whole flow headless (containers, CI): detect, preflight, launch or attach, "
+                             "progress until the run ends")
+    # the headless flow's options live on the top level: `taehv-console --no-tui --hosts FILE ...`
+    from taehv_console.commands.detect import add_ssh_options
+    from taehv_console.headless import EXIT_CODES_HELP, add_launch_options
+
+    add_launch_options(parser)
+    add_ssh_options(parser)
+    parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         try:
@@ -46,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = getattr(args, "_run", None)
     if run is None:
+        if args.no_tui:
+            from taehv_console import headless
+
+            return headless.run(args)
+        # The TUI takes this branch once it exists; until then the command list is the answer.
         parser.print_help()
         return 2
     return int(run(args) or 0)

@@ -1,0 +1,175 @@
+"""`taehv-console status [RUN]`: a run's phase, nodes (launcher pid/pgid and whether anything of it
+is alive, asked of each node), progress, newest checkpoint and failure; without RUN, every run
+under --runs. Also home of the run options status/stop/resume/attach share.
+
+Imports nothing heavy at module level (`taehv-console --help` imports this file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    from taehv_console.commands.detect import add_ssh_options
+
+    parser.add_argument("run", nargs="?", metavar="RUN", help=f"run directory or id ({what})")
+    parser.add_argument("--runs", default="runs", metavar="DIR", help="runs directory (default ./runs)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_ssh_options(parser)
+
+
+def pick_run(args: argparse.Namespace, prefer_live: bool) -> Any:
+    """RUN as given, else the newest run whose state is not ended (prefer_live), else the newest."""
+    from taehv_console.core.run.rundir import list_runs, resolve_run
+    from taehv_console.core.run.state import StateError
+
+    if args.run or not prefer_live:
+        return resolve_run(args.run, args.runs)
+    for run in list_runs(args.runs):
+        try:
+            if run.has_state() and not run.read_state().phase.ended:
+                return run
+        except StateError:
+            continue
+    return resolve_run(None, args.runs)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser, "default: list every run")
+    parser.add_argument("--no-check", action="store_true", help="do not ask the nodes which processes are alive")
+
+
+def run(args: argparse.Namespace) -> int:
+    from taehv_console.commands.detect import ssh_settings
+    from taehv_console.core.cluster.ssh import SshPool
+    from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
+    from taehv_console.core.run.state import StateError
+
+    with SshPool(ssh_settings(args)) as pool:
+        try:
+            if args.run:
+                info = run_info(resolve_run(args.run, args.runs), pool, check=not args.no_check)
+                _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
+                return 0
+            runs = list_runs(args.runs)
+        except (RunNotFoundError, StateError) as err:
+            print(f"taehv-console status: {err}", file=sys.stderr)
+            return 2
+        infos = [run_info(r, pool, check=not args.no_check, brief=True) for r in runs]
+    if args.json:
+        print(json.dumps(infos, indent=2, default=str))
+    elif not infos:
+        print(f"no runs in {args.runs}")
+    else:
+        _print_list(infos)
+    return 0
+
+
+def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> dict[str, Any]:
+    """Everything `status` shows about one run, as plain values (the --json output)."""
+    from dataclasses import asdict
+
+    from taehv_console.core.run.control import probe_live
+    from taehv_console.core.run.lock import is_locked, read_holder
+    from taehv_console.core.run.progress import AttemptEvents
+    from taehv_console.core.run.state import StateError
+    from trainer import checkpoint as ckpt
+    from trainer.config import ConfigError
+
+    info: dict[str, Any] = {"run": run.run_id, "run_dir": str(run.path)}
+    try:
+        cfg = run.load_config()
+        info["preset"] = cfg.run.preset
+        info["topology"] = f"{cfg.topology.nodes} x {cfg.topology.gpus_per_node} {cfg.topology.device}"
+    except ConfigError as err:
+        info["error"] = str(err)
+        return info
+    if not run.has_state():
+        info["phase"] = "rendered"  # files only (render), never launched by a console
+        return info
+    try:
+        state, procs = probe_live(run, pool) if check else (run.read_state(), {})
+    except StateError as err:
+        info["error"] = str(err)
+        return info
+    a = state.attempt
+    info.update(phase=state.phase.value, backend=state.backend, hosts=list(state.hosts),
+                attempts=len(state.attempts))
+    if is_locked(run.lock_path):
+        info["controlled_by"] = read_holder(run.lock_path)
+    events = AttemptEvents(run.events, cfg.topology.world_size, cfg.optim.max_steps,
+                           dict(a.event_offsets) if a else {})
+    events.poll()
+    info["progress"] = events.progress.snapshot()
+    if a is not None and a.ended is None and check:
+        alive = {n: (str(p) if isinstance(p, Exception) else list(p)) for n, p in procs.items()}
+        info["alive"] = alive
+        info["live"] = any(isinstance(p, Exception) or p for p in procs.values())
+    if brief:
+        return info
+    newest = ckpt.scan(run.checkpoints, deep=False).newest
+    info["checkpoint"] = {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} \
+        if newest else None
+    info["nodes"] = [asdict(n) for n in a.nodes] if a else []
+    info["attempt"] = {"number": a.number, "resume": a.resume, "weights_only": a.weights_only,
+                       "outcome": a.outcome, "slurm_job": a.slurm_job} if a else None
+    info["failure"] = asdict(state.failure) if state.failure else None
+    info["stop"] = asdict(state.stop) if state.stop else None
+    info["final_weights"] = str(run.final_weights) if run.final_weights.is_file() else None
+    return info
+
+
+def _print_list(infos: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("run", "phase", "step", "nodes", "backend"):
+        table.add_column(col)
+    for i in infos:
+        p = i.get("progress") or {}
+        phase = i.get("phase", "?")
+        if i.get("live") is False and phase in ("running", "stopping", "launching"):
+            phase += " (nothing alive)"
+        table.add_row(i["run"], phase, f"{p.get('step', '-')}/{p.get('max_steps', '-')}",
+                      i.get("topology", ""), i.get("backend", "-"))
+    Console().print(table)
+
+
+def _print_one(i: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    c = Console(highlight=False)
+    c.print(f"[bold]{i['run']}[/] ({i['run_dir']})")
+    if i.get("error"):
+        c.print(f"[red]{i['error']}[/]")
+        return
+    c.print(f"  phase {i.get('phase')}, preset {i.get('preset')}, {i.get('topology')}, backend {i.get('backend', '-')}")
+    if i.get("controlled_by"):
+        h = i["controlled_by"]
+        c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
+    p = i.get("progress")
+    if p:
+        c.print(f"  step {p['step']}/{p['max_steps']}  loss {p['loss']}  psnr {p['psnr']}  "
+                f"ranks started {p['ranks_started']}/{p['world_size']}")
+    for n in i.get("nodes", []):
+        alive = (i.get("alive") or {}).get(n["index"])
+        live = "" if alive is None else (f", alive: {alive}" if alive else ", nothing alive")
+        c.print(f"  node {n['index']} {n['host']}: pid {n['pid']} pgid {n['pgid']}{live}  log {n['log']}")
+    if i.get("checkpoint"):
+        c.print(f"  newest checkpoint: step {i['checkpoint']['step']} ({i['checkpoint']['path']})")
+    if i.get("failure"):
+        f = i["failure"]
+        c.print(f"  [red]failed[/]: node {f.get('node')} ({f.get('host')}), rank {f.get('rank')}: {f.get('reason')}")
+        for line in f.get("log_lines", []):
+            c.print(f"    | {line}")
+    if i.get("stop"):
+        s = i["stop"]
+        c.print(f"  stop ({s.get('reason')} by {s.get('by')}): checkpoint step {s.get('checkpoint_step')}, "
+                f"nothing left: {s.get('verified')}")
+    if i.get("final_weights"):
+        c.print(f"  weights: {i['final_weights']}")

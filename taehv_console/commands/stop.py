@@ -1,0 +1,58 @@
+"""`taehv-console stop [RUN]`: SIGTERM every node's launcher group, wait for the checkpoint and the
+ranks' `stop` events, SIGKILL what is left, and check nothing of the run remains on any node.
+When another console controls the run, that console is asked to do it (and watched until done).
+
+Exit status: 0 when the run is stopped (or had already ended) and nothing of it is left; 1 when
+something could not be stopped; 2 for a wrong command line or run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from taehv_console.commands.status import add_run_arguments
+
+    add_run_arguments(parser, "default: the newest running run")
+    parser.add_argument("--grace", type=float, metavar="S",
+                        help="seconds to wait for the checkpoint before SIGKILL (default: 120)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from taehv_console.commands.detect import ssh_settings
+    from taehv_console.commands.status import pick_run
+    from taehv_console.core.cluster.ssh import SshPool
+    from taehv_console.core.run.control import ControlError, request_stop
+    from taehv_console.core.run.rundir import RunNotFoundError
+    from taehv_console.core.run.state import StateError
+    from taehv_console.headless import make_view
+
+    try:
+        target = pick_run(args, prefer_live=True)
+    except RunNotFoundError as err:
+        print(f"taehv-console stop: {err}", file=sys.stderr)
+        return 2
+    view = make_view(args.json)
+    try:
+        with SshPool(ssh_settings(args)) as pool:
+            state = request_stop(target, pool, grace_s=args.grace, on_update=view.update, say=view.note)
+    except (ControlError, StateError) as err:
+        print(f"taehv-console stop: {err}", file=sys.stderr)
+        return 1
+    finally:
+        view.close()
+    s = state.stop
+    ok = state.phase.ended and (s is None or s.verified)
+    result = {"run": target.run_id, "phase": state.phase.value,
+              "checkpoint_step": s.checkpoint_step if s else None, "nothing_left": bool(s.verified) if s else None,
+              "killed": list(s.killed) if s else []}
+    if args.json:
+        print(json.dumps({"source": "console", "kind": "result", **result}))
+    else:
+        where = f"checkpoint at step {s.checkpoint_step}" if s and s.checkpoint_step is not None else "no new checkpoint"
+        print(f"{target.run_id}: {state.phase.value}; {where}"
+              + ("; nothing of it left on any node" if s and s.verified else ""))
+    return 0 if ok else 1
