@@ -1,0 +1,159 @@
+"""A stand-in for one node's `accelerate launch` in controller tests: it behaves like torchrun
+where control depends on it, at no DeepSpeed cost.
+
+- starts `--ranks` rank processes, each in a session of its own (torchrun does the same);
+- each rank writes the trainer's events (start, step every --step-s, checkpoint, stop) and
+  heartbeats into RUN; a stop request (SIGTERM) finishes the step, "checkpoints" and writes
+  `stop` (reason signal), exit 0; at --max-steps it stops with reason done;
+- the launcher forwards SIGTERM to every rank's group and exits 1 afterwards (torchrun's
+  SignalException), or 0 when the ranks finished on their own;
+- when a rank dies it prints torchelastic's "Root Cause (first observed failure)" block, kills
+  the other ranks and exits 1.
+Options by environment for odd cases: FAKE_IGNORE_TERM=1 (ranks ignore SIGTERM: SIGKILL needed),
+FAKE_FAIL_AT=rank:step (that rank raises an error at that step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def emit(run: Path, rank: int, kind: str, **fields) -> None:
+    (run / "events").mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"v": 1, "time": time.time(), "rank": rank, "kind": kind, **fields})
+    with open(run / "events" / f"rank-{rank}.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, start_step: int) -> int:
+    stop = {"asked": False}
+    if os.environ.get("FAKE_IGNORE_TERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
+    fail_rank, _, fail_step = os.environ.get("FAKE_FAIL_AT", "-1:-1").partition(":")
+    (run / "heartbeat").mkdir(parents=True, exist_ok=True)
+    emit(run, rank, "start", world_size=world, step=start_step, max_steps=max_steps)
+    step = start_step
+    while step < max_steps:
+        time.sleep(step_s)
+        step += 1
+        if rank == int(fail_rank) and step == int(fail_step):
+            emit(run, rank, "error", message="ValueError: injected failure", traceback="Traceback ...")
+            emit(run, rank, "stop", step=step, reason="error", exit_status=1)
+            return 1
+        emit(run, rank, "step", step=step, loss=1.0 / step, psnr=10.0 + step, samples_per_s=4.0,
+             step_time_s=step_s, lr=1e-3)
+        (run / "heartbeat" / f"rank-{rank}.json").write_text(
+            json.dumps({"step": step, "time": time.time(), "pid": os.getpid(), "host": socket.gethostname()}))
+        if stop["asked"]:
+            emit(run, rank, "checkpoint", step=step, status="complete", path=str(run / f"checkpoints/step-{step}"))
+            emit(run, rank, "stop", step=step, reason="signal", exit_status=0, signal="SIGTERM")
+            return 0
+    emit(run, rank, "stop", step=step, reason="done", exit_status=0)
+    return 0
+
+
+def launcher_main(args: argparse.Namespace) -> int:
+    ranks = []
+    for local in range(args.ranks):
+        rank = args.node * args.ranks + local
+        cmd = [sys.executable, __file__, "rank", "--run", str(args.run), "--rank", str(rank),
+               "--world", str(args.world), "--max-steps", str(args.max_steps), "--step-s", str(args.step_s),
+               "--start-step", str(args.start_step)]
+        ranks.append((rank, local, subprocess.Popen(cmd, start_new_session=True)))
+    signalled = {"sig": None}
+
+    def forward(signum, _frame):
+        signalled["sig"] = signum
+        for _r, _l, p in ranks:
+            try:
+                os.killpg(p.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    while True:
+        codes = [(r, lr, p.poll(), p.pid) for r, lr, p in ranks]
+        bad = [c for c in codes if c[2] not in (None, 0)]
+        if bad:
+            r, lr, code, pid = bad[0]
+            for _r, _l, p in ranks:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            print("=" * 60)
+            print("fake.trainer FAILED")
+            print("-" * 60)
+            print("Root Cause (first observed failure):")
+            print("[0]:")
+            print(f"  host      : {socket.gethostname()}")
+            print(f"  rank      : {r} (local_rank: {lr})")
+            print(f"  exitcode  : {code} (pid: {pid})")
+            print("=" * 60, flush=True)
+            return 1
+        if all(c[2] == 0 for c in codes):
+            return 1 if signalled["sig"] else 0
+        time.sleep(0.05)
+
+
+def fake_commands(ctrl, ranks_per_node: int, max_steps: int, step_s: float, start_step: int = 0):
+    """Make a RunController start this file's launcher instead of `accelerate launch`."""
+    from taehv_console.core.run.backends import NodeCommand
+
+    def commands(attempt: int, resume, weights_only):
+        world = ctrl.cfg.topology.world_size
+        return [NodeCommand(index=i, host="localhost",
+                            argv=(sys.executable, __file__, "launcher", "--run", str(ctrl.run.path), "--node", str(i),
+                                  "--ranks", str(ranks_per_node), "--world", str(world), "--max-steps",
+                                  str(max_steps), "--step-s", str(step_s), "--start-step", str(start_step)),
+                            env=dict(ctrl.state.env), log=str(ctrl.run.node_log(i)),
+                            status=str(ctrl.run.node_status_path(i)), cwd=str(ctrl.run.path))
+                for i in ctrl.state.controlled]
+
+    ctrl.commands = commands
+
+
+def console_main(args: argparse.Namespace) -> int:
+    """A console that launches the run in args.run and follows it (tests kill it mid-run)."""
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+    from taehv_console.core.run.control import RunController
+    from taehv_console.core.run.rundir import RunDir
+
+    with SshPool(SshSettings.from_env()) as pool:
+        ctrl = RunController.open(RunDir(args.run), pool, purpose="test console")
+        fake_commands(ctrl, args.ranks, args.max_steps, args.step_s)
+        ctrl.launch()
+        print("launched", flush=True)
+        ctrl.follow()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=("launcher", "rank", "console"))
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--node", type=int, default=0)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=1000)
+    parser.add_argument("--step-s", type=float, default=0.2)
+    parser.add_argument("--start-step", type=int, default=0)
+    args = parser.parse_args()
+    if args.role == "rank":
+        return rank_main(args.run, args.rank, args.world, args.max_steps, args.step_s, args.start_step)
+    if args.role == "console":
+        return console_main(args)
+    return launcher_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
