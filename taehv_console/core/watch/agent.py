@@ -1,0 +1,444 @@
+"""Per-node agent: prints one JSON object per interval with what changes on the node (per-GPU
+utilisation, memory, temperature, power, the run's processes; CPU, RAM, disk, network), and the
+console-side parser that turns such a line into a NodeSample.
+
+    python -m taehv_console.core.watch.agent [--interval 1] [--run RUN_DIR] [--disk PATH]...
+
+It exits when its stdin closes (the console holds the other end of the pipe or SSH channel), so it
+never outlives the console. No GPU or no NVML gives a CPU-only sample with gpu.ok = false. It never
+imports torch: it runs on every node every second.
+
+The GPU part of a line is the raw NVML reading (`read` of NvmlSampler); all decisions are made on
+the console from it (`gpu_samples`), so they are tested on recorded readings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample
+
+AGENT_VERSION = 1
+MB = 1024 * 1024
+
+# Clock-event reasons that mean the GPU runs slower than it could. GPU idle, application clocks and
+# sync boost are not problems; the software power cap is routine at full load on SXM boards.
+THROTTLE_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+
+
+# ------------------------------------------------------------------------------------------- NVML
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class NvmlSampler:
+    """NVML opened once for the agent's life; `read()` returns plain data (the recorded-sample shape):
+
+    {"ok": bool, "reason": str, "driver_version": str,
+     "devices": [{"index", "name", "uuid", "utilization": {"gpu", "memory"} (%),
+                  "memory": {"used", "total"} (bytes), "temperature" (C), "power_usage_mw",
+                  "power_limit_mw", "clocks_event_reasons" (bitmask),
+                  "processes": [{"pid", "used_memory" (bytes or null)}],
+                  "errors": {field: NVML message}, "error": message when the device failed}]}
+    """
+
+    def __init__(self, nvml: Any = None):
+        self._nvml = nvml
+        self._handles: list[Any] = []
+        self.reason = ""
+        self.driver_version = ""
+        if self._nvml is None:
+            try:
+                import pynvml
+
+                self._nvml = pynvml
+            except ImportError as err:  # a dependency, but a bare node may lack it
+                self.reason = f"nvidia-ml-py is not installed ({err})"
+                return
+        try:
+            self._nvml.nvmlInit()
+        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self.reason = f"NVML unavailable: {str(err) or type(err).__name__}"
+            self._nvml = None
+            return
+        try:
+            self.driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in range(self._nvml.nvmlDeviceGetCount())]  # fmt: skip
+        except Exception as err:
+            self.reason = f"NVML query failed: {str(err) or type(err).__name__}"
+            self.close()
+        if self._nvml is not None and not self._handles:
+            self.reason = "NVML found no GPU"
+
+    @property
+    def ok(self) -> bool:
+        return self._nvml is not None and bool(self._handles)
+
+    def read(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"ok": False, "reason": self.reason, "devices": []}
+        return {"ok": True, "reason": "", "driver_version": self.driver_version,
+                "devices": [self._device(i, h) for i, h in enumerate(self._handles)]}  # fmt: skip
+
+    def _device(self, index: int, h: Any) -> dict[str, Any]:
+        nv = self._nvml
+        dev: dict[str, Any] = {"index": index}
+        errors: dict[str, str] = {}
+
+        def field(name: str, fn: Any) -> None:
+            try:
+                dev[name] = fn()
+            except Exception as err:  # NotSupported on some boards; GpuIsLost when it fell off the bus
+                errors[name] = str(err) or type(err).__name__
+
+        field("name", lambda: _text(nv.nvmlDeviceGetName(h)))
+        field("uuid", lambda: _text(nv.nvmlDeviceGetUUID(h)))
+        field("utilization", lambda: _util(nv.nvmlDeviceGetUtilizationRates(h)))
+        field("memory", lambda: _mem(nv.nvmlDeviceGetMemoryInfo(h)))
+        field("temperature", lambda: int(nv.nvmlDeviceGetTemperature(h, 0)))  # 0 = NVML_TEMPERATURE_GPU
+        field("power_usage_mw", lambda: int(nv.nvmlDeviceGetPowerUsage(h)))
+        field("power_limit_mw", lambda: int(nv.nvmlDeviceGetEnforcedPowerLimit(h)))
+        field("clocks_event_reasons", lambda: int(_clock_reasons(nv, h)))
+        field("processes", lambda: [{"pid": int(p.pid), "used_memory": _proc_mem(p)}
+                                    for p in nv.nvmlDeviceGetComputeRunningProcesses(h)])  # fmt: skip
+        if errors:
+            dev["errors"] = errors
+            lost = [m for m in errors.values() if "lost" in m.lower() or "reset" in m.lower()]
+            if lost or len(errors) >= 8:  # nothing answered: the device itself is gone
+                dev["error"] = lost[0] if lost else next(iter(errors.values()))
+        return dev
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+        self._nvml = None
+        self._handles = []
+
+
+def _util(u: Any) -> dict[str, int]:
+    return {"gpu": int(u.gpu), "memory": int(u.memory)}
+
+
+def _mem(m: Any) -> dict[str, int]:
+    return {"used": int(m.used), "total": int(m.total)}
+
+
+def _clock_reasons(nv: Any, h: Any) -> int:
+    # NVML renamed "throttle reasons" to "clock event reasons" (driver 535); older bindings lack it.
+    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    return fn(h)
+
+
+def _proc_mem(p: Any) -> int | None:
+    used = getattr(p, "usedGpuMemory", None)
+    # NVML reports "not available" (e.g. without permission in a container) as a huge sentinel.
+    return int(used) if isinstance(used, int) and used < (1 << 60) else None
+
+
+# ------------------------------------------------------------------------------- host and processes
+
+
+class RunProcesses:
+    """pid -> rank of this run's processes on this node, from the heartbeat files (host == ours).
+    Re-read every `refresh_s`, or sooner when a known pid is gone (a relaunch writes new pids)."""
+
+    def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 5.0):
+        self.dir = Path(run_dir) / "heartbeat" if run_dir else None
+        self.hostname = hostname
+        self.refresh_s = refresh_s
+        self._pids: dict[int, int] = {}
+        self._read_at = -1e18
+
+    def current(self, now: float, gone: bool = False) -> dict[int, int]:
+        if self.dir is not None and (gone or now - self._read_at >= self.refresh_s):
+            self._read_at = now
+            pids: dict[int, int] = {}
+            try:
+                entries = list(os.scandir(self.dir))
+            except OSError:
+                entries = []
+            for e in entries:
+                if not (e.name.startswith("rank-") and e.name.endswith(".json")):
+                    continue
+                try:
+                    beat = json.loads(Path(e.path).read_text())
+                    rank = int(e.name[5:-5])
+                except (OSError, ValueError):
+                    continue  # being replaced right now; the next read has it
+                if beat.get("host") == self.hostname and isinstance(beat.get("pid"), int):
+                    pids[beat["pid"]] = rank
+            self._pids = pids
+        return self._pids
+
+
+class HostSampler:
+    """psutil readings; CPU percentages are since the previous call, so the first one is primed."""
+
+    def __init__(self, disks: list[str]):
+        import psutil
+
+        self.psutil = psutil
+        self.disks = disks
+        psutil.cpu_percent(None)
+        self._net = psutil.net_io_counters()
+        self._net_t = time.monotonic()
+        self._procs: dict[int, Any] = {}
+
+    def read(self) -> dict[str, Any]:
+        ps = self.psutil
+        mem = ps.virtual_memory()
+        out: dict[str, Any] = {
+            "cpu_pct": ps.cpu_percent(None),
+            "cpu_count": ps.cpu_count() or 0,
+            "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "ram_used_gb": round((mem.total - mem.available) / 2**30, 3),
+            "ram_total_gb": round(mem.total / 2**30, 3),
+            "disks": [],
+        }
+        for path in self.disks:
+            try:
+                du = ps.disk_usage(path)
+            except OSError:
+                continue
+            out["disks"].append({"path": path, "used_gb": round(du.used / 2**30, 3),
+                                 "total_gb": round(du.total / 2**30, 3), "free_gb": round(du.free / 2**30, 3)})  # fmt: skip
+        net, t = ps.net_io_counters(), time.monotonic()
+        dt = max(t - self._net_t, 1e-6)
+        out["net_rx_mbps"] = round((net.bytes_recv - self._net.bytes_recv) * 8 / dt / 1e6, 3)
+        out["net_tx_mbps"] = round((net.bytes_sent - self._net.bytes_sent) * 8 / dt / 1e6, 3)
+        self._net, self._net_t = net, t
+        return out
+
+    def processes(self, pids: Mapping[int, int]) -> tuple[list[dict[str, Any]], dict[int, int], bool]:
+        """(per-process dicts, pid -> rank including children (GPU memory is held by the rank or
+        its workers), whether a known pid is gone)."""
+        ps = self.psutil
+        rows, owners, gone = [], {}, False
+        for pid in list(self._procs):
+            if pid not in pids:
+                del self._procs[pid]
+        for pid, rank in sorted(pids.items()):
+            row: dict[str, Any] = {"pid": pid, "rank": rank, "status": "gone"}
+            try:
+                proc = self._procs.get(pid)
+                if proc is None:
+                    proc = self._procs[pid] = ps.Process(pid)
+                    proc.cpu_percent(None)  # prime; the next sample has a real value
+                    cpu = None
+                else:
+                    cpu = proc.cpu_percent(None)
+                with proc.oneshot():
+                    row["status"] = proc.status()
+                    row["rss_mb"] = round(proc.memory_info().rss / MB, 1)
+                row["cpu_pct"] = cpu
+                owners[pid] = rank
+                for child in proc.children(recursive=True):
+                    owners[child.pid] = rank
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess) as err:
+                self._procs.pop(pid, None)
+                row["status"] = "zombie" if isinstance(err, ps.ZombieProcess) else "gone"
+                gone = True
+            rows.append(row)
+        return rows, owners, gone
+
+
+# ------------------------------------------------------------------------------------------ sample
+
+
+class Agent:
+    def __init__(self, *, run_dir: str | None, disks: list[str], interval: float, hostname: str | None = None,
+                 nvml: Any = None, replay: list[dict] | None = None, use_nvml: bool = True):  # fmt: skip
+        self.hostname = hostname or socket.gethostname()
+        self.interval = interval
+        self.replay = replay
+        self.nvml = None if (replay is not None or not use_nvml) else NvmlSampler(nvml)
+        self.host = HostSampler(disks)
+        self.procs = RunProcesses(run_dir, self.hostname)
+        self.seq = 0
+        self._gone = False
+
+    def sample(self) -> dict[str, Any]:
+        now = time.time()
+        if self.replay is not None:
+            gpu = self.replay[self.seq % len(self.replay)]
+        elif self.nvml is not None:
+            gpu = self.nvml.read()
+        else:
+            gpu = {"ok": False, "reason": "NVML disabled (--no-nvml)", "devices": []}
+        pids = self.procs.current(time.monotonic(), gone=self._gone)
+        rows, owners, self._gone = self.host.processes(pids)
+        line = {"v": AGENT_VERSION, "host": self.hostname, "time": now, "seq": self.seq,
+                "interval_s": self.interval, "agent_pid": os.getpid(), "nvml": gpu,
+                **self.host.read(), "processes": rows, "owners": {str(k): v for k, v in owners.items()}}  # fmt: skip
+        self.seq += 1
+        return line
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def _stdin_closed(fd: int, timeout: float) -> bool:
+    """Wait up to `timeout` for stdin; True once it reached EOF (the console went away)."""
+    try:
+        ready, _, _ = select.select([fd], [], [], max(timeout, 0.0))
+    except (OSError, ValueError):
+        return True
+    if not ready:
+        return False
+    try:
+        return os.read(fd, 65536) == b""
+    except OSError:
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m taehv_console.core.watch.agent",
+                                 description="Print one JSON sample of this node per interval until stdin closes.")  # fmt: skip
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    ap.add_argument("--run", help="run directory: its heartbeats name this node's training processes")
+    ap.add_argument("--disk", action="append", default=[], help="path whose filesystem usage to report")
+    ap.add_argument("--count", type=int, default=0, help="stop after this many samples (0 = until stdin closes)")
+    ap.add_argument("--no-nvml", action="store_true", help="report no GPUs (a CPU-only sample)")
+    ap.add_argument("--replay", help="JSON file of recorded NVML readings to report instead of NVML (demos, benchmarks)")
+    ap.add_argument("--host-name", help="host name to report (synthetic nodes)")
+    args = ap.parse_args(argv)
+    if args.interval <= 0:
+        ap.error("--interval must be positive")
+    replay = None
+    if args.replay:
+        data = json.loads(Path(args.replay).read_text())
+        replay = data if isinstance(data, list) else [data]
+    disks = args.disk or ([args.run] if args.run else [])
+    agent = Agent(run_dir=args.run, disks=disks, interval=args.interval, hostname=args.host_name,
+                  replay=replay, use_nvml=not args.no_nvml)  # fmt: skip
+    # A bounded run (--count) ends by itself: its stdin may be closed from the start (runner.run).
+    stdin_fd = sys.stdin.fileno() if (sys.stdin is not None and not args.count) else -1
+    out = sys.stdout
+    try:
+        if args.count:
+            time.sleep(min(0.25, args.interval))  # a one-shot sample needs a CPU window to mean anything
+        next_due = time.monotonic()
+        while True:
+            try:
+                out.write(json.dumps(agent.sample(), separators=(",", ":")) + "\n")
+                out.flush()
+            except BrokenPipeError:
+                return 0
+            if args.count and agent.seq >= args.count:
+                return 0
+            next_due += args.interval
+            now = time.monotonic()
+            if next_due < now:  # fell behind (suspended, overloaded): do not burst to catch up
+                next_due = now
+            if stdin_fd < 0:
+                time.sleep(next_due - now)
+            elif _stdin_closed(stdin_fd, next_due - now):
+                return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        agent.close()
+
+
+# ------------------------------------------------------------------------------ console-side parse
+
+
+def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = None) -> tuple[GpuSample, ...]:
+    """GpuSample per device of a raw NVML reading; `owners` (pid -> rank) picks the run's processes."""
+    owners = owners or {}
+    out = []
+    for d in reading.get("devices", ()) if reading.get("ok") else ():
+        util = d.get("utilization") or {}
+        mem = d.get("memory") or {}
+        run_mem, run_pids = 0.0, []
+        for p in d.get("processes") or ():
+            if p.get("pid") in owners:
+                run_pids.append(int(p["pid"]))
+                run_mem += (p.get("used_memory") or 0) / MB
+        bits = int(d.get("clocks_event_reasons") or 0)
+        out.append(GpuSample(
+            index=int(d.get("index", len(out))), name=str(d.get("name", "")), uuid=str(d.get("uuid", "")),
+            util_pct=_num(util.get("gpu")), mem_util_pct=_num(util.get("memory")),
+            mem_used_mb=_div(mem.get("used"), MB), mem_total_mb=_div(mem.get("total"), MB),
+            temp_c=_num(d.get("temperature")), power_w=_div(d.get("power_usage_mw"), 1000),
+            power_limit_w=_div(d.get("power_limit_mw"), 1000), run_mem_mb=round(run_mem, 1),
+            run_pids=tuple(run_pids),
+            throttle=tuple(name for bit, name in sorted(THROTTLE_REASONS.items()) if bits & bit),
+            error=str(d.get("error", "")),
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _div(v: Any, by: float) -> float | None:
+    n = _num(v)
+    return None if n is None else round(n / by, 3)
+
+
+def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None = None) -> NodeSample:
+    """A NodeSample from one agent line. Raises ValueError on a line that is not an agent sample."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not an agent sample: {err}") from None
+    if not isinstance(data, Mapping) or "host" not in data or "time" not in data:
+        raise ValueError("not an agent sample: no host/time")
+    owners = {int(k): v for k, v in (data.get("owners") or {}).items()}
+    reading = data.get("nvml") or {"ok": False, "reason": "no NVML reading", "devices": []}
+    gpus = gpu_samples(reading, owners)
+    gpu_mem: dict[int, float] = {}
+    for dev in reading.get("devices", ()) if reading.get("ok") else ():
+        for p in dev.get("processes") or ():
+            rank_pid = p.get("pid")
+            if rank_pid in owners:
+                gpu_mem[owners[rank_pid]] = gpu_mem.get(owners[rank_pid], 0.0) + (p.get("used_memory") or 0) / MB
+    procs = tuple(
+        ProcessSample(pid=int(p["pid"]), rank=p.get("rank"), status=str(p.get("status", "gone")),
+                      cpu_pct=_num(p.get("cpu_pct")), rss_mb=_num(p.get("rss_mb")),
+                      gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1))  # fmt: skip
+        for p in data.get("processes") or ()
+    )
+    return NodeSample(
+        host=str(data["host"]), time=float(data["time"]), seq=int(data.get("seq", 0)),
+        interval_s=float(data.get("interval_s", 1.0)), gpu_ok=bool(reading.get("ok")) and bool(gpus),
+        gpu_reason="" if (reading.get("ok") and gpus) else str(reading.get("reason") or "NVML found no GPU"),
+        gpus=gpus, cpu_pct=_num(data.get("cpu_pct")), cpu_count=int(data.get("cpu_count") or 0),
+        load1=_num(data.get("load1")), ram_used_gb=_num(data.get("ram_used_gb")),
+        ram_total_gb=_num(data.get("ram_total_gb")),
+        disks=tuple(DiskSample(str(d["path"]), float(d["used_gb"]), float(d["total_gb"]), float(d["free_gb"]))
+                    for d in data.get("disks") or ()),
+        net_rx_mbps=_num(data.get("net_rx_mbps")), net_tx_mbps=_num(data.get("net_tx_mbps")),
+        processes=procs, agent_pid=int(data.get("agent_pid") or 0),
+        received=time.time() if received is None else received,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

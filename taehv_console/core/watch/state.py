@@ -1,0 +1,363 @@
+"""What the watch layer hands out: immutable snapshots of a run and its nodes (ClusterState and
+the values inside it). Plain data only: the TUI, the headless front end and `status --json` render
+the same object, and nothing here ever queries a device or a file on attribute access.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RankState(str, enum.Enum):
+    STARTING = "starting"  # launched, no step finished yet
+    HEALTHY = "healthy"
+    STRAGGLER = "straggler"  # progressing, but its own work per step is slow against the fastest rank
+    STALLED = "stalled"  # no heartbeat progress past the threshold (and it is the one holding others up)
+    FAILED = "failed"  # process gone, error event, or an error line naming it
+    STOPPED = "stopped"  # finished or stopped on request (a stop event), not a fault
+
+
+class NodeState(str, enum.Enum):
+    OK = "ok"
+    DEGRADED = "degraded"  # a straggler rank or a GPU problem (lost device, thermal/power slowdown)
+    STALLED = "stalled"
+    FAILED = "failed"
+    LOST = "lost"  # its agent has been silent past the agent timeout
+    UNKNOWN = "unknown"  # nothing heard yet
+
+
+class CheckpointState(str, enum.Enum):
+    COMPLETE = "complete"
+    IN_PROGRESS = "in_progress"
+    INCOMPLETE = "incomplete"
+
+
+# ------------------------------------------------------------------------------------ node samples
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one instant, as the node's agent read it through NVML. None = not reported
+    (NVML answers NotSupported for some fields on some boards)."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_mb: float | None = None
+    mem_total_mb: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    # GPU memory held by this run's processes (the others on the GPU are someone else's).
+    run_mem_mb: float = 0.0
+    run_pids: tuple[int, ...] = ()
+    # Clock slowdowns that cost speed (thermal, power brake, hardware slowdown); idle is not one.
+    throttle: tuple[str, ...] = ()
+    error: str = ""  # NVML failed for this device, e.g. "GPU is lost"
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One of the run's processes on a node (pid from its heartbeat)."""
+
+    pid: int
+    rank: int | None = None
+    # psutil's status names (running, sleeping, disk-sleep, stopped, zombie, ...) or "gone".
+    status: str = "gone"
+    cpu_pct: float | None = None
+    rss_mb: float | None = None
+    gpu_mem_mb: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.status not in ("gone", "zombie", "dead")
+
+
+@dataclass(frozen=True)
+class DiskSample:
+    path: str
+    used_gb: float
+    total_gb: float
+    free_gb: float
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """One line of a node agent: what changes on the node (GPUs, CPU, RAM, disk, network, the
+    run's processes). `time` is the node's clock; `received` is the console's, set on receipt."""
+
+    host: str
+    time: float
+    seq: int = 0
+    interval_s: float = 1.0
+    gpu_ok: bool = False  # False: no GPU or no NVML on this node (a CPU-only sample)
+    gpu_reason: str = ""
+    gpus: tuple[GpuSample, ...] = ()
+    cpu_pct: float | None = None
+    cpu_count: int = 0
+    load1: float | None = None
+    ram_used_gb: float | None = None
+    ram_total_gb: float | None = None
+    disks: tuple[DiskSample, ...] = ()
+    net_rx_mbps: float | None = None
+    net_tx_mbps: float | None = None
+    processes: tuple[ProcessSample, ...] = ()
+    agent_pid: int = 0
+    received: float = 0.0
+
+    def process(self, pid: int) -> ProcessSample | None:
+        for p in self.processes:
+            if p.pid == pid:
+                return p
+        return None
+
+
+# ----------------------------------------------------------------------------------------- health
+
+
+@dataclass(frozen=True)
+class RankHealth:
+    """One training process. `score` follows the resilience tooling: the fastest rank's own work
+    per step divided by this rank's (1.0 = as fast as the fastest, 0.5 = twice as slow)."""
+
+    rank: int
+    node: str
+    state: RankState
+    step: int | None = None
+    heartbeat_age_s: float | None = None
+    step_time_s: float | None = None  # median of recent steps (the same on every rank: collectives)
+    busy_s: float | None = None  # median of recent (step time - time waiting for other ranks)
+    score: float | None = None
+    pid: int | None = None
+    process: str = ""  # the agent's view of the process ("" when no agent reports it)
+    blocked_by: int | None = None  # healthy, but stuck in a collective waiting for this rank
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CollectiveStall:
+    """Every live rank stopped making progress together: a collective is waiting for someone.
+    Reported from heartbeats (and the watchdog's counts when present) before the timeout fires."""
+
+    laggard_rank: int | None
+    laggard_node: str | None
+    step: int | None  # the last step every rank finished
+    stalled_for_s: float
+    timeout_s: float | None = None  # the run's collective timeout, when run.toml states it
+    waiting_ranks: tuple[int, ...] = ()
+    evidence: str = ""
+
+    @property
+    def timeout_in_s(self) -> float | None:
+        return None if self.timeout_s is None else max(0.0, self.timeout_s - self.stalled_for_s)
+
+
+# ------------------------------------------------------------------------------------------ nodes
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    name: str  # as the console reaches it (hostfile name, or the heartbeat's host)
+    state: NodeState
+    detail: str = ""
+    sample: NodeSample | None = None
+    sample_age_s: float | None = None
+    ranks: tuple[int, ...] = ()
+    clock_offset_s: float | None = None  # node clock minus console clock, from agent samples
+    agent: str = ""  # "off", "starting", "running", "restarting: <why>"
+    facts: Any = None  # NodeFacts from the probe, when the caller has them
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    step: int
+    state: CheckpointState
+    bytes: int = 0
+    age_s: float | None = None
+    problems: tuple[str, ...] = ()
+    world_size: int | None = None
+    zero_stage: int | None = None
+    is_latest: bool = False  # what checkpoints/latest names
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    items: tuple[CheckpointInfo, ...] = ()  # newest step first
+    latest: str | None = None
+    newest_complete_step: int | None = None
+    every: int | None = None
+    next_due_step: int | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> tuple[CheckpointInfo, ...]:
+        return tuple(c for c in self.items if c.state is CheckpointState.COMPLETE)
+
+
+# ------------------------------------------------------------------------------- logs and notices
+
+
+@dataclass(frozen=True)
+class LogSignal:
+    """A line (or torchelastic block) in a node log that means something. `fields` holds what the
+    line says in numbers: seq, op, timeout_ms, ran_ms, last_enqueued, last_completed, exitcode, pid."""
+
+    kind: str
+    severity: str  # error | warning | info
+    source: str  # log file, e.g. node-0.log
+    line: int  # 1-based line number in that file
+    text: str
+    rank: int | None = None
+    host: str | None = None
+    fields: tuple[tuple[str, Any], ...] = ()
+    seen: float = 0.0  # console clock when read
+
+    def get(self, name: str, default: Any = None) -> Any:
+        for k, v in self.fields:
+            if k == name:
+                return v
+        return default
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One of the last N notable things (events, health changes, log signals), newest last."""
+
+    time: float
+    severity: str  # info | warning | error
+    source: str  # events | health | log | checkpoint | agent
+    text: str
+    rank: int | None = None
+    node: str | None = None
+
+
+# -------------------------------------------------------------------------------- run and history
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    run_dir: str
+    run_id: str
+    # waiting | starting | running | stalled | done | stopped | failed
+    phase: str = "waiting"
+    console_phase: str | None = None  # what the console's state.json says, when there is one
+    step: int | None = None
+    max_steps: int | None = None
+    world_size: int | None = None
+    preset: str | None = None
+    loss: float | None = None
+    psnr: float | None = None
+    lr: float | None = None
+    clips_per_s: float | None = None
+    step_time_s: float | None = None
+    eta_s: float | None = None
+    val_step: int | None = None
+    val_psnr: float | None = None
+    best_val_psnr: float | None = None
+    started: float | None = None
+    updated: float | None = None  # time of the newest event or heartbeat
+    stop_reason: str | None = None
+    data_skipped: int = 0
+    nonfinite_skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Series:
+    """A bounded history for a sparkline: (x, y) points, x = step for metrics, time for telemetry."""
+
+    name: str
+    points: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        return tuple(p[1] for p in self.points)
+
+    @property
+    def last(self) -> float | None:
+        return self.points[-1][1] if self.points else None
+
+
+@dataclass(frozen=True)
+class Histories:
+    loss: Series = field(default_factory=lambda: Series("loss"))
+    psnr: Series = field(default_factory=lambda: Series("psnr"))
+    lr: Series = field(default_factory=lambda: Series("lr"))
+    val_psnr: Series = field(default_factory=lambda: Series("val_psnr"))
+    clips_per_s: Series = field(default_factory=lambda: Series("clips_per_s"))
+    gpu_util: tuple[Series, ...] = ()  # one per GPU, named "<node>/<index>"
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """How one poller is doing: the UI shows a stale source instead of stale numbers."""
+
+    name: str
+    ok: bool = True
+    last_ok: float | None = None
+    error: str = ""
+    polls: int = 0
+    last_duration_s: float | None = None
+    running_for_s: float | None = None  # set while a poll runs past its timeout
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    time: float
+    seq: int
+    run: RunHeader
+    nodes: tuple[NodeSnapshot, ...] = ()
+    ranks: tuple[RankHealth, ...] = ()
+    collective: CollectiveStall | None = None
+    checkpoints: CheckpointSummary = field(default_factory=CheckpointSummary)
+    history: Histories = field(default_factory=Histories)
+    notices: tuple[Notice, ...] = ()
+    signals: tuple[LogSignal, ...] = ()
+    scalars: tuple[Series, ...] = ()  # TensorBoard scalars when a logdir is watched
+    sources: tuple[SourceStatus, ...] = ()
+
+    def node(self, name: str) -> NodeSnapshot | None:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+    def rank(self, rank: int) -> RankHealth | None:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (`status --json`): enums as their values, tuples as lists, NaN as None."""
+        return _plain(self)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if hasattr(obj, "to_dict") and not isinstance(obj, ClusterState):
+            return obj.to_dict()  # NodeFacts and friends know their own form
+        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, LogSignal):
+            out["fields"] = {k: _plain(v) for k, v in obj.fields}
+        if isinstance(obj, CollectiveStall):
+            out["timeout_in_s"] = obj.timeout_in_s
+        return out
+    if isinstance(obj, (tuple, list)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

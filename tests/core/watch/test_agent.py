@@ -1,0 +1,280 @@
+"""The node agent: NVML readings turned into GPU samples (recorded readings of real boards, since
+this machine has no GPU), the NVML call path against a scripted NVML, and the real agent process:
+CPU-only samples, the run's processes by pid, and exiting when its stdin closes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from taehv_console.core.watch.agent import NvmlSampler, gpu_samples, parse_sample
+from tests.core.watch.conftest import agent_line, nvml_fixture
+
+MB = 1024 * 1024
+
+
+def test_h100_training_reading_gives_per_gpu_numbers_in_console_units():
+    reading = nvml_fixture("h100x8_training.json")
+    owners = {24811 + i: 8 + i for i in range(8)}
+    gpus = gpu_samples(reading, owners)
+    assert [g.index for g in gpus] == list(range(8))
+    g0 = gpus[0]
+    assert g0.name == "NVIDIA H100 80GB HBM3" and g0.util_pct == 99.0 and g0.mem_util_pct == 41.0
+    assert g0.mem_total_mb == pytest.approx(81559.0, abs=1)  # 85520809984 bytes
+    assert g0.power_w == pytest.approx(652.311) and g0.power_limit_w == 700.0 and g0.temp_c == 63.0
+    # GPU 0 also holds a monitoring exporter's memory: only the rank's own memory counts as the run's
+    assert g0.run_pids == (24811,)
+    exporter = 555745280 / MB
+    assert g0.run_mem_mb == pytest.approx(72153497600 / MB - 512 - exporter, abs=0.1)
+    # the software power cap is reported but is routine at full load: no slowdown named for it
+    assert gpus[2].throttle == ("sw_power_cap",) and gpus[0].throttle == ()
+    assert all(not g.error for g in gpus)
+
+
+def test_processes_outside_the_run_are_not_counted_as_the_runs_memory():
+    gpus = gpu_samples(nvml_fixture("h100x8_training.json"), owners={})
+    assert all(g.run_mem_mb == 0 and g.run_pids == () for g in gpus)
+
+
+def test_a_gpu_that_fell_off_the_bus_is_reported_with_nvmls_error():
+    gpus = gpu_samples(nvml_fixture("h100x8_gpu5_lost.json"))
+    assert len(gpus) == 8
+    assert gpus[5].error == "GPU is lost" and gpus[5].util_pct is None and gpus[5].mem_total_mb is None
+    assert [g.index for g in gpus if g.error] == [5]
+
+
+def test_thermal_slowdown_and_unsupported_power_fields():
+    gpus = gpu_samples(nvml_fixture("a100x8_gpu2_thermal.json"))
+    assert gpus[2].throttle == ("sw_thermal", "hw_thermal") and gpus[2].temp_c == 91.0
+    assert gpus[7].power_w is None and gpus[7].power_limit_w is None and not gpus[7].error  # NotSupported != lost
+
+
+def test_container_without_process_visibility_and_idle_gpu():
+    gpus = gpu_samples(nvml_fixture("a800x1_idle_container.json"), owners={777: 0})
+    assert gpus[0].util_pct == 0.0 and gpus[0].throttle == ()  # GPU idle (0x1) is not a slowdown
+    assert gpus[0].run_pids == (777,) and gpus[0].run_mem_mb == 0.0  # memory not visible: 0, no crash
+
+
+def test_no_nvml_reading_gives_no_gpus():
+    assert gpu_samples(nvml_fixture("no_nvml_library.json")) == ()
+
+
+def test_recorded_agent_line_of_a_gpu_node_parses_into_a_node_sample():
+    s = parse_sample(agent_line("agent_line_h100_node2.json"), received=1759516621.6)
+    assert s.host == "gpu-node-2" and s.gpu_ok and len(s.gpus) == 8 and s.seq == 4211
+    assert s.cpu_count == 192 and s.ram_total_gb == pytest.approx(2015.588) and s.net_rx_mbps > 18000
+    assert s.disks[0].path == "/shared/runs/taehv-64gpu" and s.disks[0].free_gb == pytest.approx(41165.9)
+    assert {p.rank for p in s.processes} == set(range(8, 16))
+    # each rank's GPU memory is found through its pid (dataloader workers are in `owners` too)
+    assert s.process(24811).gpu_mem_mb == pytest.approx(s.gpus[0].run_mem_mb, abs=0.2)
+    assert s.process(24814).status == "sleeping" and s.received == 1759516621.6
+
+
+def test_cpu_only_agent_line_carries_the_flag_and_the_reason():
+    s = parse_sample(agent_line("agent_line_cpu_only.json"))
+    assert not s.gpu_ok and s.gpus == () and "NVML" in s.gpu_reason
+    assert s.process(32338).status == "stopped" and s.process(32338).alive
+    assert s.process(1) is None
+
+
+@pytest.mark.parametrize("line", ["", "not json", "[1, 2]", '{"host": "x"}', '{"time": 1}'])
+def test_lines_that_are_not_samples_are_refused(line):
+    with pytest.raises(ValueError):
+        parse_sample(line)
+
+
+class _ScriptedNvml:
+    """The parts of pynvml the agent calls, answering from a recorded reading (GPU 5 lost, power
+    NotSupported on one board), so the call path is exercised without a GPU."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, reading: dict):
+        self.devs = reading["devices"]
+        self.shutdown = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"550.54.15"
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devs)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def _dev(self, h, key):
+        d = self.devs[h]
+        if key in d.get("errors", {}):
+            raise self.NVMLError(d["errors"][key])
+        return d[key]
+
+    def nvmlDeviceGetName(self, h):
+        return self._dev(h, "name").encode()
+
+    def nvmlDeviceGetUUID(self, h):
+        return self._dev(h, "uuid")
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(**self._dev(h, "utilization"))
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        m = self._dev(h, "memory")
+        return SimpleNamespace(used=m["used"], total=m["total"], free=m["total"] - m["used"])
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == 0
+        return self._dev(h, "temperature")
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._dev(h, "power_usage_mw")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._dev(h, "power_limit_mw")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._dev(h, "clocks_event_reasons")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        # NVML's "not available" memory is a huge sentinel (~2^64): the agent must turn it into null
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory"] if p["used_memory"] is not None
+                                else 18446744073709551615) for p in self._dev(h, "processes")]  # fmt: skip
+
+
+@pytest.mark.parametrize("fixture", ["h100x8_training.json", "h100x8_gpu5_lost.json",
+                                     "a100x8_gpu2_thermal.json", "a800x1_idle_container.json"])  # fmt: skip
+def test_nvml_sampler_reads_what_the_recorded_readings_hold(fixture):
+    recorded = nvml_fixture(fixture)
+    nv = _ScriptedNvml(recorded)
+    sampler = NvmlSampler(nv)
+    reading = sampler.read()
+    assert reading["ok"] and reading["driver_version"] == "550.54.15"
+    # what the sampler produces parses to the same GPU samples as the recorded reading
+    owners = {p["pid"]: 0 for d in recorded["devices"] for p in d.get("processes", ())}
+    assert gpu_samples(reading, owners) == gpu_samples(recorded, owners)
+    sampler.close()
+    assert nv.shutdown
+
+
+def test_nvml_missing_gives_a_reason_not_an_exception():
+    class Broken:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    s = NvmlSampler(Broken())
+    assert not s.ok and s.read() == {"ok": False, "reason": "NVML unavailable: NVML Shared Library Not Found",
+                                     "devices": []}  # fmt: skip
+
+
+def _has_gpu() -> bool:
+    return NvmlSampler().ok
+
+
+@pytest.mark.skipif(not _has_gpu(), reason="no NVIDIA GPU/NVML on this machine: live NVML is checked on GPU hosts")
+def test_live_nvml_reading_on_a_gpu_host():
+    sampler = NvmlSampler()
+    reading = sampler.read()
+    sampler.close()
+    gpus = gpu_samples(reading)
+    assert gpus and all(g.mem_total_mb and g.mem_total_mb > 1000 for g in gpus)
+    assert all(g.util_pct is not None and 0 <= g.util_pct <= 100 for g in gpus)
+    assert all(g.temp_c is not None and 0 < g.temp_c < 120 for g in gpus)
+
+
+# ------------------------------------------------------------------------------- the real process
+
+
+def _agent(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "taehv_console.core.watch.agent", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+
+
+def test_agent_prints_cpu_only_samples_here_and_exits_when_stdin_closes(tmp_path):
+    proc = _agent("--interval", "0.2", "--disk", str(tmp_path))
+    try:
+        first = parse_sample(proc.stdout.readline())
+        second = parse_sample(proc.stdout.readline())
+        assert not first.gpu_ok and first.gpu_reason  # no GPU here: a CPU-only sample, flagged
+        assert second.seq == first.seq + 1 and 0.1 < second.time - first.time < 1.0
+        assert second.cpu_count == os.cpu_count() and second.ram_total_gb > 0 and second.cpu_pct is not None
+        assert second.disks[0].path == str(tmp_path) and second.disks[0].total_gb > 0
+        t0 = time.time()
+        proc.stdin.close()  # the console went away
+        assert proc.wait(timeout=5) == 0
+        assert time.time() - t0 < 1.5  # it notices within one interval, not at some later write
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_agent_reports_the_runs_processes_from_heartbeats(tmp_path):
+    run = tmp_path / "run"
+    (run / "heartbeat").mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    other_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        (run / "heartbeat" / "rank-3.json").write_text(json.dumps({"step": 5, "time": time.time(), "pid": child.pid,
+                                                                     "host": host}))  # fmt: skip
+        # a rank on another machine: its pid means nothing here and must not be looked up
+        (run / "heartbeat" / "rank-4.json").write_text(json.dumps({"step": 5, "time": time.time(),
+                                                                     "pid": other_host.pid, "host": "elsewhere"}))  # fmt: skip
+        proc = _agent("--interval", "0.2", "--run", str(run))
+        try:
+            s = parse_sample(proc.stdout.readline())
+            assert [(p.pid, p.rank) for p in s.processes] == [(child.pid, 3)]
+            assert s.processes[0].status in ("running", "sleeping") and s.processes[0].rss_mb > 1
+            os.kill(child.pid, signal.SIGSTOP)
+            deadline = time.time() + 5
+            while time.time() < deadline and s.process(child.pid).status != "stopped":
+                s = parse_sample(proc.stdout.readline())
+            assert s.process(child.pid).status == "stopped"
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            deadline = time.time() + 5
+            while time.time() < deadline and s.process(child.pid).alive:
+                s = parse_sample(proc.stdout.readline())
+            assert s.process(child.pid).status == "gone" and not s.process(child.pid).alive
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+    finally:
+        for p in (child, other_host):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
+    # what snapshot_once runs through runner.run: stdin is closed from the start
+    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 0
+    assert [parse_sample(ln).seq for ln in r.stdout.splitlines()] == [0, 1]
+
+
+def test_agent_replays_recorded_readings_for_synthetic_nodes(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
+                        "node-07", "--replay", str((tmp_path / ".." / "x").resolve())],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode != 0  # a missing replay file is an error, not silently a CPU sample
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(nvml_fixture("h100x8_training.json")))
+    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
+                        "node-07", "--replay", str(path)], capture_output=True, text=True, timeout=30)  # fmt: skip
+    s = parse_sample(r.stdout)
+    assert s.host == "node-07" and s.gpu_ok and len(s.gpus) == 8
