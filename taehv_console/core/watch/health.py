@@ -1,0 +1,240 @@
+"""Health of ranks and nodes, as pure functions of what was observed (heartbeats, events, the
+agents' process view, log signals) and a clock, so every decision is tested on recorded inputs.
+
+Ranks: starting / healthy / straggler / stalled / failed / stopped.
+- stalled: no heartbeat progress for `stall_factor` x the median step time (never under a floor;
+  longer before the first step and at steps that validate or checkpoint).
+- In data parallel training every rank waits in the same collectives, so when one rank hangs all
+  heartbeats stop together. The rank holding the others up (its process stopped or dead, a lower
+  step, or the lowest last-completed count in the watchdog's lines) is the stalled one; the others
+  are healthy and `blocked_by` it. That names the laggard long before the collective timeout.
+- straggler: score = fastest rank's own work per step / this rank's (the resilience tooling's
+  convention: 1.0 fastest, 0.5 twice as slow), own work = step time - time waiting in all-reduces.
+Nodes: ok / degraded / stalled / failed / lost (agent silent past its timeout).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from taehv_console.core.watch.agent import SLOWDOWN_REASONS
+from taehv_console.core.watch.state import (
+    CollectiveStall,
+    LogSignal,
+    NodeSample,
+    NodeState,
+    ProcessSample,
+    RankHealth,
+    RankState,
+)
+
+# Log signals that end a rank when they name it (a peer connection lost is its victim's line: no).
+FATAL_SIGNALS = frozenset({"root_cause", "child_failed", "cuda_oom", "invalid_device_ordinal", "watchdog_timeout"})
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    stall_factor: float = 2.0  # x median step time without heartbeat progress -> stalled
+    stall_floor_s: float = 10.0  # never sooner than this (a step can jitter that much)
+    startup_grace_s: float = 600.0  # before the first step: model build, data, DeepSpeed init
+    pause_grace_s: float = 180.0  # a validation or checkpoint step may pause this long
+    straggler_threshold: float = 0.7  # score under this -> straggler
+    straggler_window: int = 8  # recent steps whose median is compared (one odd step is not a trend)
+    straggler_min_steps: int = 3
+    straggler_min_gap_s: float = 0.05  # and slower by at least this much per step (timer jitter)
+    agent_timeout_s: float = 5.0  # agent silent this long -> node lost
+    process_stale_s: float = 10.0  # an agent's process view older than this is not trusted
+    hot_gpu_c: float = 87.0  # where data-centre GPUs start to slow down
+
+
+@dataclass(frozen=True)
+class RankObservation:
+    """Everything known about one rank at one instant (built by the monitor, immutable here)."""
+
+    rank: int
+    node: str
+    step: int | None = None
+    progress_time: float | None = None  # console clock: when `step` was reached
+    step_times: tuple[float, ...] = ()  # recent steps of the current attempt
+    busy: tuple[float, ...] = ()  # recent (step_time_s - wait_s)
+    pid: int | None = None
+    finished: str | None = None  # stop reason of the current attempt (done | signal | error)
+    error: str | None = None  # error event of the current attempt
+    process: ProcessSample | None = None
+    process_time: float | None = None  # console clock of the agent sample holding `process`
+    pause_allowance_s: float = 0.0  # this step validates or checkpoints: may pause this long
+    signals: tuple[LogSignal, ...] = ()  # error lines naming this rank or its pid
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fatal_signal(o: RankObservation, process_alive: bool | None) -> LogSignal | None:
+    for s in reversed(o.signals):
+        if s.kind not in FATAL_SIGNALS or s.severity != "error":
+            continue
+        pid = s.get("pid")
+        if pid is not None and o.pid is not None:
+            if pid == o.pid:
+                return s
+            continue  # names another process: an earlier attempt of this rank
+        # No pid in the line: believe it unless the rank has visibly lived on since it was read.
+        if process_alive or (o.progress_time is not None and o.progress_time > s.seen):
+            continue
+        return s
+    return None
+
+
+def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: float, *,
+                 watchdog: Mapping[int, int] | None = None,
+                 collective_timeout_s: float | None = None) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:  # fmt: skip
+    """Per-rank health, and the collective stall (with its laggard) when every rank is stuck."""
+    window = policy.straggler_window
+    recent = [t for o in obs for t in o.step_times[-window:]]
+    median_step = _median(recent)
+    stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
+    busy_med = {o.rank: _median(o.busy[-window:]) for o in obs if len(o.busy) >= policy.straggler_min_steps}
+    fastest = min(busy_med.values()) if busy_med else None
+
+    out: dict[int, RankHealth] = {}
+    stale: dict[int, float] = {}  # rank -> seconds without progress, for the stale ones
+    for o in obs:
+        proc = o.process
+        fresh = proc is not None and o.process_time is not None and now - o.process_time <= policy.process_stale_s
+        alive = proc.alive if (fresh and proc is not None) else None
+        age = None if o.progress_time is None else max(0.0, now - o.progress_time)
+        score = None
+        if fastest is not None and busy_med.get(o.rank):
+            score = round(min(1.0, fastest / busy_med[o.rank]), 3)
+        base = RankHealth(rank=o.rank, node=o.node, state=RankState.HEALTHY, step=o.step, heartbeat_age_s=age,
+                          step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank), score=score,
+                          pid=o.pid, process=proc.status if (fresh and proc) else "")  # fmt: skip
+        sig = _fatal_signal(o, alive)
+        if o.finished is not None:
+            failed = o.finished == "error"
+            out[o.rank] = replace(base, state=RankState.FAILED if failed else RankState.STOPPED,
+                                  detail=(o.error or "stopped with an error") if failed else f"stopped: {o.finished}")  # fmt: skip
+        elif o.error:
+            out[o.rank] = replace(base, state=RankState.FAILED, detail=o.error)
+        elif alive is False:
+            out[o.rank] = replace(base, state=RankState.FAILED, detail=f"process {o.pid} is {proc.status}")  # type: ignore[union-attr]
+        elif sig is not None:
+            out[o.rank] = replace(base, state=RankState.FAILED, detail=sig.text)
+        elif o.step is None or age is None:
+            out[o.rank] = replace(base, state=RankState.STARTING, detail="no heartbeat yet")
+        else:
+            if not o.step_times:  # no step finished in this attempt yet
+                limit = policy.startup_grace_s
+            else:
+                limit = max(stall_after or policy.startup_grace_s, o.pause_allowance_s)
+            if age > limit:
+                stale[o.rank] = age
+            out[o.rank] = replace(base, state=RankState.STARTING if not o.step_times else RankState.HEALTHY)
+
+    by_rank = {o.rank: o for o in obs}
+    collective = None
+    active = [r for r, h in out.items() if h.state in (RankState.HEALTHY, RankState.STARTING)]
+    progressing = [r for r in active if r not in stale]
+    if stale and not progressing:
+        collective = _collective(out, stale, by_rank, watchdog or {}, collective_timeout_s)
+    else:
+        for r, age in stale.items():  # one rank silent while the others move on: its own problem
+            out[r] = replace(out[r], state=RankState.STALLED,
+                             detail=f"no heartbeat progress for {age:.0f} s while other ranks progress")  # fmt: skip
+
+    if fastest is not None:
+        for r, h in out.items():
+            if h.state is not RankState.HEALTHY or h.blocked_by is not None or h.score is None:
+                continue
+            if h.score < policy.straggler_threshold and (busy_med[r] - fastest) >= policy.straggler_min_gap_s:
+                out[r] = replace(h, state=RankState.STRAGGLER,
+                                 detail=f"{busy_med[r]:.2f} s of own work per step vs {fastest:.2f} s on the "
+                                        f"fastest rank (score {h.score:.2f})")  # fmt: skip
+    return tuple(out[r] for r in sorted(out)), collective
+
+
+def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Mapping[int, RankObservation],
+                watchdog: Mapping[int, int], timeout_s: float | None) -> CollectiveStall:  # fmt: skip
+    """Every live rank is stuck: find who the others wait for, mark it stalled, the rest blocked."""
+    failed = [r for r, h in out.items() if h.state is RankState.FAILED]
+    stopped = [r for r in stale if out[r].process in ("stopped", "tracing-stop")]
+    steps = {r: out[r].step for r in stale if out[r].step is not None}
+    culprits: list[int] = []
+    evidence = ""
+    if failed:
+        culprits, evidence = failed, f"rank {failed[0]} failed: {out[failed[0]].detail}"
+    elif stopped:
+        culprits, evidence = stopped, f"process {out[stopped[0]].pid} of rank {stopped[0]} is stopped (signal)"
+    elif steps and min(steps.values()) < max(steps.values()):
+        low = min(steps.values())
+        culprits = [r for r, s in steps.items() if s == low]
+        evidence = f"rank {culprits[0]} is at step {low}, the others finished step {max(steps.values())}"
+    else:
+        counts = {r: c for r, c in watchdog.items() if r in out}
+        if counts and min(counts.values()) < max(counts.values()):
+            low = min(counts.values())
+            culprits = [r for r, c in counts.items() if c == low]
+            evidence = f"watchdog: rank {culprits[0]} completed NCCL work {low}, others {max(counts.values())}"
+    stalled_for = min(stale.values())
+    if not culprits:
+        for r, age in stale.items():
+            out[r] = replace(out[r], state=RankState.STALLED,
+                             detail=f"no heartbeat progress for {age:.0f} s on any rank; the laggard is not known")  # fmt: skip
+        return CollectiveStall(None, None, min(steps.values()) if steps else None, stalled_for, timeout_s,
+                               tuple(sorted(stale)), "every rank stopped at once; no rank stands out")  # fmt: skip
+    laggard = culprits[0]
+    for r in stale:
+        if r in culprits:
+            out[r] = replace(out[r], state=RankState.STALLED, detail=evidence)
+        else:
+            out[r] = replace(out[r], blocked_by=laggard,
+                             detail=f"waiting in a collective for rank {laggard} ({stale[r]:.0f} s)")  # fmt: skip
+    waiting = tuple(sorted(r for r in stale if r not in culprits))
+    return CollectiveStall(laggard, out[laggard].node, min(steps.values()) if steps else None, stalled_for,
+                           timeout_s, waiting, evidence)  # fmt: skip
+
+
+def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | None, sample_age_s: float | None,
+                policy: HealthPolicy, *, agent_expected: bool, agent_running_for_s: float | None = None,
+                ) -> tuple[NodeState, str]:  # fmt: skip
+    """A node's state and a one-line reason. Worst first: failed, stalled, lost, degraded."""
+    for state, rank_state in ((NodeState.FAILED, RankState.FAILED), (NodeState.STALLED, RankState.STALLED)):
+        bad = [r for r in ranks if r.state is rank_state]
+        if bad:
+            more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+            return state, f"rank {bad[0].rank} {rank_state.value}: {bad[0].detail}{more}"
+    if agent_expected:
+        if sample is None:
+            if agent_running_for_s is not None and agent_running_for_s > policy.agent_timeout_s:
+                return NodeState.LOST, f"no agent sample in {agent_running_for_s:.0f} s"
+        elif sample_age_s is not None and sample_age_s > policy.agent_timeout_s:
+            return NodeState.LOST, f"agent silent for {sample_age_s:.0f} s"
+    problems = []
+    slow = [r for r in ranks if r.state is RankState.STRAGGLER]
+    if slow:
+        problems.append(f"rank {slow[0].rank} straggler (score {slow[0].score})")
+    if sample is not None:
+        for g in sample.gpus:
+            if g.error:
+                problems.append(f"GPU {g.index}: {g.error}")
+            elif g.temp_c is not None and g.temp_c >= policy.hot_gpu_c:
+                problems.append(f"GPU {g.index} at {g.temp_c:.0f} C")
+            elif SLOWDOWN_REASONS.intersection(g.throttle):
+                problems.append(f"GPU {g.index} slowed down: {', '.join(sorted(SLOWDOWN_REASONS.intersection(g.throttle)))}")
+    if problems:
+        return NodeState.DEGRADED, "; ".join(problems)
+    if sample is None and not ranks:
+        return NodeState.UNKNOWN, "waiting for the agent" if agent_expected else "no ranks seen"
+    return NodeState.OK, ""
+
+
+def watchdog_counts(signals: Sequence[LogSignal]) -> dict[int, int]:
+    """rank -> newest last-completed NCCL work count from the watchdog's lines."""
+    out: dict[int, int] = {}
+    for s in signals:
+        if s.kind == "nccl_progress" and s.rank is not None and s.get("last_completed") is not None:
+            out[s.rank] = int(s.get("last_completed"))
+    return out
