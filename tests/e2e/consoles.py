@@ -1,0 +1,135 @@
+"""Helpers for end-to-end tests: `taehv-console` as the user runs it (a separate process, JSON
+output read line by line), and what the tests check on the nodes afterwards (over SSH, by the
+recorded process groups, as the console itself does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_argv(*args: Any) -> list[str]:
+    return [sys.executable, "-m", "taehv_console.cli", *map(str, args)]
+
+
+def run_cli(*args: Any, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_argv(*args), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                          check=False)
+
+
+class Console:
+    """A `taehv-console ... --json` process in a session of its own (so a test can SIGKILL it like
+    a closed terminal would end it), with its JSON lines collected by a reader thread."""
+
+    def __init__(self, *args: Any, env: dict | None = None, cwd: Path | None = None):
+        self.argv = cli_argv(*args)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     cwd=cwd, start_new_session=True)
+        self.lines: list[dict] = []
+        self._q: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.stderr = ""
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                obj = {"source": "raw", "text": line.rstrip()}
+            obj.setdefault("_seen", time.time())
+            self.lines.append(obj)
+            self._q.put(obj)
+
+    def wait_for(self, predicate, timeout: float, what: str) -> dict:
+        """The first line (already seen or arriving) for which predicate(line) is true."""
+        for obj in list(self.lines):
+            if predicate(obj):
+                return obj
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                obj = self._q.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self._q.empty():
+                    self._reader.join(2)
+                    if self._q.empty():
+                        break
+                continue
+            if predicate(obj):
+                return obj
+        raise AssertionError(f"no line for {what} within {timeout} s (exit {self.proc.poll()}):\n{self.tail()}")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.argv[3:]} did not end within {timeout} s:\n{self.tail()}") from None
+        self._reader.join(5)
+        self.stderr = self.proc.stderr.read()
+        return rc
+
+    def result(self) -> dict:
+        return next(obj for obj in reversed(self.lines) if obj.get("kind") == "result")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """The console dies without a word (a closed terminal, a lost SSH session to the head node)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def tail(self, n: int = 25) -> str:
+        out = [json.dumps({k: v for k, v in obj.items() if k != "_seen"})[:400] for obj in self.lines[-n:]]
+        return "\n".join(out)
+
+
+def is_step(obj: dict, at_least: int = 1) -> bool:
+    return obj.get("source") == "trainer" and obj.get("kind") == "step" and obj.get("rank") == 0 \
+        and obj.get("step", 0) >= at_least
+
+
+def events(run: Path, rank: int, kind: str | None = None) -> list[dict]:
+    path = run / "events" / f"rank-{rank}.jsonl"
+    if not path.exists():
+        return []
+    out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in out if kind is None or e["kind"] == kind]
+
+
+def run_state(run: Path) -> dict:
+    return json.loads((run / "state.json").read_text())
+
+
+def tree_on(runner: Any, pgid: int, start_ticks: int | None = None) -> list[int]:
+    """Live pids of a launcher's tree on the runner's node, asked there (over SSH for a remote node)."""
+    argv = [runner.python, "-m", "taehv_console.core.run.node", "pids", "--pgid", str(pgid)]
+    if start_ticks is not None:
+        argv += ["--start-ticks", str(start_ticks)]
+    res = runner.run(argv, timeout=60)
+    assert res.exit_status == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])["pids"]
+
+
+def pid_alive_on(runner: Any, pid: int) -> bool:
+    """Whether a process is alive (not a zombie) on the runner's node."""
+    code = f"import sys; s = open('/proc/{pid}/stat').read(); sys.exit(0 if s.rsplit(')', 1)[1].split()[0] != 'Z' else 1)"
+    return runner.run([runner.python, "-c", code], timeout=60).exit_status == 0
