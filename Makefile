@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip wheel setuptools
 	$(PIP) install -q "$(TORCH_SPEC)" numpy packaging psutil py-cpuinfo ninja hjson msgpack einops pydantic
 	# DeepSpeed's setup imports torch: build it against the torch installed above.
-	$(PIP) install -q --no-build-isolation "deepspeed>=0.16"
+	$(PIP) install -q --no-build-isolation "deepspeed==0.19.8"
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
 
