@@ -45,6 +45,7 @@ class HealthPolicy:
     straggler_min_steps: int = 3
     straggler_min_gap_s: float = 0.05  # and slower by at least this much per step (timer jitter)
     agent_timeout_s: float = 5.0  # agent silent this long -> node lost
+    agent_start_timeout_s: float = 30.0  # a starting agent's first line (SSH, python start on a busy node)
     process_stale_s: float = 10.0  # an agent's process view older than this is not trusted
     hot_gpu_c: float = 87.0  # where data-centre GPUs start to slow down
 
@@ -199,17 +200,23 @@ def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Ma
 
 def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | None, sample_age_s: float | None,
                 policy: HealthPolicy, *, agent_expected: bool, agent_running_for_s: float | None = None,
-                ) -> tuple[NodeState, str]:  # fmt: skip
-    """A node's state and a one-line reason. Worst first: failed, stalled, lost, degraded."""
+                agent_down: str = "") -> tuple[NodeState, str]:  # fmt: skip
+    """A node's state and a one-line reason. Worst first: failed, stalled, lost, degraded.
+    `agent_running_for_s`: since the first attempt to start its agent; `agent_down`: why the agent
+    is not running right now ("" when it is, or is starting)."""
     for state, rank_state in ((NodeState.FAILED, RankState.FAILED), (NodeState.STALLED, RankState.STALLED)):
         bad = [r for r in ranks if r.state is rank_state]
         if bad:
             more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
             return state, f"rank {bad[0].rank} {rank_state.value}: {bad[0].detail}{more}"
     if agent_expected:
-        if sample is None:
-            if agent_running_for_s is not None and agent_running_for_s > policy.agent_timeout_s:
-                return NodeState.LOST, f"no agent sample in {agent_running_for_s:.0f} s"
+        if sample is None and agent_running_for_s is not None:
+            # A node never heard from: lost once its agent could not start, or when a started one
+            # has not said anything for longer than a start may take.
+            limit = policy.agent_timeout_s if agent_down else policy.agent_start_timeout_s
+            if agent_running_for_s > limit:
+                why = f": {agent_down}" if agent_down else ""
+                return NodeState.LOST, f"no agent sample in {agent_running_for_s:.0f} s{why}"
         elif sample_age_s is not None and sample_age_s > policy.agent_timeout_s:
             return NodeState.LOST, f"agent silent for {sample_age_s:.0f} s"
     problems = []

@@ -30,7 +30,7 @@ def fast_config(**health) -> MonitorConfig:
     """Intervals a test can wait for; health thresholds scaled down the same way."""
     fast = PollerConfig(0.1, 10.0, 2.0)
     policy = HealthPolicy(**{"stall_floor_s": 0.5, "startup_grace_s": 30.0, "pause_grace_s": 5.0,
-                             "agent_timeout_s": 1.5, **health})  # fmt: skip
+                             "agent_timeout_s": 1.5, "agent_start_timeout_s": 15.0, **health})  # fmt: skip
     return MonitorConfig(events=fast, heartbeats=fast, logs=fast, checkpoints=PollerConfig(0.3, 10.0, 2.0),
                          agents=fast, publish_interval_s=0.1, agent_interval_s=0.25, agent_restart_s=2.5,
                          health=policy)  # fmt: skip

@@ -188,8 +188,12 @@ def test_node_lost_when_its_agent_is_silent_past_the_timeout():
     assert assess_node("g2", [], s, 4.9, pol, agent_expected=True)[0] is NodeState.OK
     state, detail = assess_node("g2", [], s, 5.1, pol, agent_expected=True)
     assert state is NodeState.LOST and "silent for 5 s" in detail
-    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=2)[0] is NodeState.UNKNOWN
-    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6)[0] is NodeState.LOST
+    # never heard from: a starting agent gets the start timeout, one that cannot start only the agent timeout
+    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6)[0] is NodeState.UNKNOWN
+    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=31)[0] is NodeState.LOST
+    state, detail = assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6,
+                                agent_down="restarting in 10 s: cannot start: Connection refused")  # fmt: skip
+    assert state is NodeState.LOST and detail.endswith("Connection refused")
 
 
 def test_node_degraded_by_gpu_problems_from_recorded_readings():
