@@ -4,7 +4,7 @@ On CPU it measures peak RSS growth (each case in a fresh process); on a GPU, tor
 allocated memory. Activations grow linearly with pixels × frames, so the figure is measured at
 the given size and scaled to 12×480×720 to answer: does per-GPU batch 8 fit in 80 GB?
 
-    .venv/bin/python benchmarks/activation_memory.py [--size 120x180] [--frames 12] [--device cpu]
+    .venv/bin/python benchmarks/activation_memory.py [--size 120x176] [--frames 12] [--device cpu]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def measure(frames: int, h: int, w: int, ckpt: bool, device: str, batch: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="120x180")
+    ap.add_argument("--size", default="120x176")
     ap.add_argument("--frames", type=int, default=12)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=1)
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--ckpt", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     h, w = map(int, args.size.split("x"))
+    if h % 8 or w % 8:
+        ap.error(f"--size {args.size}: height and width must be multiples of 8 (the encoder downscales 8x)")
     if args.child:
         print(json.dumps(measure(args.frames, h, w, args.ckpt, args.device, args.batch)))
         return
@@ -66,15 +68,17 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[ckpt] = json.loads(out)["bytes_per_clip"]
     scale = (12 * 480 * 720) / (args.frames * h * w)
-    state_gb = 11_315_539 * (2 + 4 + 4 + 8) / 1e9 if args.device == "cuda" else 11_315_539 * 16 / 1e9
-    kind = "GPU allocated" if args.device == "cuda" else "CPU RSS"
+    # an H100 run is bf16: activations take half the bytes of the fp32 CPU measurement
+    to_gpu = 1.0 if args.device == "cuda" else 0.5
+    state_gb = 11_315_539 * (2 + 4 + 4 + 8) / 1e9  # bf16 weights, fp32 grads, fp32 master, Adam m and v
+    kind = "GPU allocated" if args.device == "cuda" else "CPU RSS, fp32"
     print(f"peak {kind} per clip at {args.frames}x{h}x{w} ({args.device}, batch {args.batch}):")
     for ckpt, label in ((False, "without activation checkpointing"), (True, "with activation checkpointing   ")):
         per = results[ckpt]
-        at_full = per * scale / 1e9
+        at_full = per * scale * to_gpu / 1e9
         total = 8 * at_full + state_gb
         fits = "fits" if total < 80 else "does NOT fit"
-        print(f"  {label}: {per / 1e6:9.1f} MB/clip -> {at_full:6.2f} GB/clip at 12x480x720; "
+        print(f"  {label}: {per / 1e6:9.1f} MB/clip measured -> {at_full:6.2f} GB/clip at 12x480x720 bf16; "
               f"batch 8 + weights/grads/Adam = {total:6.1f} GB ({fits} in 80 GB)")  # fmt: skip
     print(f"  checkpointing saves {100 * (1 - results[True] / results[False]):.0f}% of activation memory")
 
