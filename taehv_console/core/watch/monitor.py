@@ -29,13 +29,17 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
@@ -556,7 +560,7 @@ class Monitor:
             for path, data in res.whole.items():
                 try:
                     if path == "run.toml":
-                        self._run_cfg = tomllib.loads(data.decode())
+                        self._run_cfg = _run_config(data.decode())
                     elif path == "state.json":
                         self._console_state = json.loads(data)
                 except (ValueError, UnicodeDecodeError):
@@ -872,6 +876,18 @@ class Monitor:
                 with self._lock:
                     self._notices.append(Notice(time.time(), "error", "monitor", f"subscriber failed: {err!r}"[:300]))
         return False
+
+
+def _run_config(text: str) -> dict[str, Any]:
+    """run.toml with the trainer's defaults filled in (the collective timeout a run did not state is
+    still the one it runs with); the raw table when it does not validate (another version's file)."""
+    raw = tomllib.loads(text)
+    try:
+        from trainer.config import config_from_dict
+
+        return config_from_dict(raw, "run.toml").model_dump(mode="json")
+    except Exception:  # noqa: BLE001 - any validation problem: fall back to what the file says
+        return raw
 
 
 def _get(d: Mapping[str, Any], section: str, key: str) -> Any:
