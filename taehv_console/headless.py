@@ -360,6 +360,10 @@ def _run(args: argparse.Namespace, view: Any) -> ExitCode:
                         return code
             # 2. preflight, config
             cfg, chosen = _config(args, topology, probes, existing, view)
+            if backend == "sbatch":
+                # SLURM picks the nodes after submission: nothing here to check them against
+                view.note("sbatch: preflight skipped (run `taehv-console preflight` inside an allocation)")
+                return _launch_new(args, topology, cfg, backend, env, pool, view, existing)
             report = _preflight(args, topology, probes, cfg, pool, view)
             if not report.ok:
                 _print_findings(view, report, chosen)

@@ -143,7 +143,7 @@ def _print_list(infos: list[dict[str, Any]]) -> None:
 def _print_one(i: dict[str, Any]) -> None:
     from rich.console import Console
 
-    c = Console(highlight=False)
+    c = Console(highlight=False, soft_wrap=True)  # paths stay whole on narrow panes
     c.print(f"[bold]{i['run']}[/] ({i['run_dir']})")
     if i.get("error"):
         c.print(f"[red]{i['error']}[/]")
@@ -154,8 +154,9 @@ def _print_one(i: dict[str, Any]) -> None:
         c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
     p = i.get("progress")
     if p:
-        c.print(f"  step {p['step']}/{p['max_steps']}  loss {p['loss']}  psnr {p['psnr']}  "
-                f"ranks started {p['ranks_started']}/{p['world_size']}")
+        from taehv_console.headless import PlainView
+
+        c.print(f"  {PlainView.progress_text(p)}, ranks started {p['ranks_started']}/{p['world_size']}")
     for n in i.get("nodes", []):
         alive = (i.get("alive") or {}).get(n["index"])
         live = "" if alive is None else (f", alive: {alive}" if alive else ", nothing alive")

@@ -46,6 +46,9 @@ FAILURE_GRACE_S = 8.0
 # first sign of trouble so the cause is among the evidence.
 FAILURE_SETTLE_S = 2.0
 LIVENESS_EVERY_S = 5.0
+# how much earlier than this console's attempt another pod may have started its node and still be
+# part of the same attempt (pods start in any order, their clocks differ a little)
+PEER_START_MARGIN_S = 120.0
 # A launcher whose tree is gone gets this long to have its exit status appear before it counts
 # as vanished (the wrapper writes it the moment the launcher exits, on shared storage).
 STATUS_LAG_S = 5.0
@@ -399,11 +402,19 @@ class RunController:
             return {}
 
     def _statuses(self) -> dict[int, Any]:
+        """Status files of this attempt, per node. A node another console started (a platform's
+        other pods) numbers its attempts on its own: its file counts when it was started after
+        this attempt began (minus a margin for clocks and start order)."""
         a = self.attempt
-        out = {}
+        out: dict[int, Any] = {}
+        if a is None:
+            return out
         for i in range(self.cfg.topology.nodes):
             st = self.run.node_status(i)
-            if st is not None and a is not None and st.attempt == a.number:
+            if st is None:
+                continue
+            mine = i in self.state.controlled or self.state.backend in ("slurm", "sbatch")
+            if (st.attempt == a.number) if mine else (st.started >= a.started - PEER_START_MARGIN_S):
                 out[i] = st
         return out
 
@@ -592,7 +603,9 @@ class RunController:
     def _conclude(self, progress: Any) -> bool:
         """Every launcher is done (or every rank said how it ended): record the verdict."""
         a = self.attempt
-        left = self._kill_leftovers() if self.live_nodes() else {}
+        # the launchers exit on their own right after the ranks' last words: give them the time
+        # a clean exit takes before anything is killed
+        left = {} if self._wait_gone(STATUS_LAG_S) else self._kill_leftovers()
         reasons = progress.stop_reasons()
         if progress.all_stopped() and reasons == {"done"}:
             phase = Phase.DONE

@@ -79,7 +79,10 @@ def alive(pid: int) -> bool:
 
 
 def rank_pid(run: RunDir, rank: int) -> int:
-    return json.loads((run.heartbeats / f"rank-{rank}.json").read_text())["pid"]
+    # ranks beat on their own schedule: rank 0's step says nothing about rank 1's first heartbeat
+    path = run.heartbeats / f"rank-{rank}.json"
+    wait_for(path.exists, 20, f"rank {rank}'s heartbeat")
+    return json.loads(path.read_text())["pid"]
 
 
 def wait_for(predicate, timeout: float, what: str):

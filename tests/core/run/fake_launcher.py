@@ -52,8 +52,11 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
             return 1
         emit(run, rank, "step", step=step, loss=1.0 / step, psnr=10.0 + step, samples_per_s=4.0,
              step_time_s=step_s, lr=1e-3)
-        (run / "heartbeat" / f"rank-{rank}.json").write_text(
-            json.dumps({"step": step, "time": time.time(), "pid": os.getpid(), "host": socket.gethostname()}))
+        beat = run / "heartbeat" / f"rank-{rank}.json"
+        tmp = beat.with_name(f".{beat.name}.tmp")  # replaced whole, as the trainer does: never read half
+        tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
+                                   "host": socket.gethostname()}))
+        os.replace(tmp, beat)
         if stop["asked"]:
             emit(run, rank, "checkpoint", step=step, status="complete", path=str(run / f"checkpoints/step-{step}"))
             emit(run, rank, "stop", step=step, reason="signal", exit_status=0, signal="SIGTERM")
