@@ -35,6 +35,7 @@ class ExitCode(enum.IntEnum):
     PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
     STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
     BUSY = 5  # another console controls the run, or it is already running (attach instead)
+    INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
 
 
 def exit_code_for(phase: Any) -> ExitCode:
@@ -312,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
     view = make_view(args.json)
     try:
         return int(_run(args, view))
+    except KeyboardInterrupt:
+        # before `follow` took over the signals: detection, preflight or the launch itself
+        return _fail(view, ExitCode.INTERRUPTED, "interrupted; a run already launched keeps running "
+                                                 "(see `taehv-console status`, stop it with `taehv-console stop`)")
     finally:
         view.close()
 

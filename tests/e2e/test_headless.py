@@ -67,9 +67,11 @@ def test_a_usage_error_exits_2(tmp_path):
 
 def test_exit_codes_are_the_documented_enum():
     assert [(c.name, c.value) for c in ExitCode] == [
-        ("DONE", 0), ("TRAINING_FAILED", 1), ("USAGE", 2), ("PREFLIGHT_FAILED", 3), ("STOPPED", 4), ("BUSY", 5)]
+        ("DONE", 0), ("TRAINING_FAILED", 1), ("USAGE", 2), ("PREFLIGHT_FAILED", 3), ("STOPPED", 4), ("BUSY", 5),
+        ("INTERRUPTED", 130)]
     r = run_cli("--help")
-    assert "0 done, 1 training_failed, 2 usage, 3 preflight_failed, 4 stopped, 5 busy" in " ".join(r.stdout.split())
+    assert "0 done, 1 training_failed, 2 usage, 3 preflight_failed, 4 stopped, 5 busy, 130 interrupted" \
+        in " ".join(r.stdout.split())
 
 
 def test_sigterm_to_a_platform_pod_stops_the_whole_run_with_a_checkpoint(tmp_path):
