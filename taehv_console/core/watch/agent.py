@@ -75,7 +75,7 @@ class NvmlSampler:
                 return
         try:
             self._nvml.nvmlInit()
-        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self.reason = f"NVML unavailable: {str(err) or type(err).__name__}"
             self._nvml = None
             return
@@ -83,7 +83,7 @@ class NvmlSampler:
             self.driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
             self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i)
                              for i in range(self._nvml.nvmlDeviceGetCount())]  # fmt: skip
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any NVML failure: a CPU-only sample with the reason
             self.reason = f"NVML query failed: {str(err) or type(err).__name__}"
             self.close()
         if self._nvml is not None and not self._handles:
@@ -107,7 +107,7 @@ class NvmlSampler:
         def field(name: str, fn: Any) -> None:
             try:
                 dev[name] = fn()
-            except Exception as err:  # NotSupported on some boards; GpuIsLost when it fell off the bus
+            except Exception as err:  # noqa: BLE001 - NotSupported on some boards; GpuIsLost off the bus
                 errors[name] = str(err) or type(err).__name__
 
         field("name", lambda: _text(nv.nvmlDeviceGetName(h)))
@@ -131,7 +131,7 @@ class NvmlSampler:
         if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - shutting down a library that failed: nothing to do
                 pass
         self._nvml = None
         self._handles = []
@@ -351,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             next_due += args.interval
             now = time.monotonic()
-            if next_due < now:  # fell behind (suspended, overloaded): do not burst to catch up
-                next_due = now
+            next_due = max(next_due, now)  # fell behind (suspended, overloaded): do not burst to catch up
             if stdin_fd < 0:
                 time.sleep(next_due - now)
             elif _stdin_closed(stdin_fd, next_due - now):
@@ -366,11 +365,18 @@ def main(argv: list[str] | None = None) -> int:
 # ------------------------------------------------------------------------------ console-side parse
 
 
+_THROTTLE_ITEMS = tuple(sorted(THROTTLE_REASONS.items()))
+_NUM = (int, float)
+
+
 def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = None) -> tuple[GpuSample, ...]:
-    """GpuSample per device of a raw NVML reading; `owners` (pid -> rank) picks the run's processes."""
+    """GpuSample per device of a raw NVML reading; `owners` (pid -> rank) picks the run's processes.
+    On the console's hot path (64 nodes x 8 GPUs a second): plain type checks, no helpers per field."""
     owners = owners or {}
     out = []
-    for d in reading.get("devices", ()) if reading.get("ok") else ():
+    if not reading.get("ok"):
+        return ()
+    for d in reading.get("devices", ()):
         util = d.get("utilization") or {}
         mem = d.get("memory") or {}
         run_mem, run_pids = 0.0, []
@@ -378,27 +384,25 @@ def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = N
             if p.get("pid") in owners:
                 run_pids.append(int(p["pid"]))
                 run_mem += (p.get("used_memory") or 0) / MB
-        bits = int(d.get("clocks_event_reasons") or 0)
+        bits = d.get("clocks_event_reasons") or 0
+        gu, mu, used, total = util.get("gpu"), util.get("memory"), mem.get("used"), mem.get("total")
+        temp, pw, pl = d.get("temperature"), d.get("power_usage_mw"), d.get("power_limit_mw")
         out.append(GpuSample(
             index=int(d.get("index", len(out))), name=str(d.get("name", "")), uuid=str(d.get("uuid", "")),
-            util_pct=_num(util.get("gpu")), mem_util_pct=_num(util.get("memory")),
-            mem_used_mb=_div(mem.get("used"), MB), mem_total_mb=_div(mem.get("total"), MB),
-            temp_c=_num(d.get("temperature")), power_w=_div(d.get("power_usage_mw"), 1000),
-            power_limit_w=_div(d.get("power_limit_mw"), 1000), run_mem_mb=round(run_mem, 1),
+            util_pct=float(gu) if type(gu) in _NUM else None, mem_util_pct=float(mu) if type(mu) in _NUM else None,
+            mem_used_mb=used / MB if type(used) in _NUM else None,
+            mem_total_mb=total / MB if type(total) in _NUM else None,
+            temp_c=float(temp) if type(temp) in _NUM else None, power_w=pw / 1000 if type(pw) in _NUM else None,
+            power_limit_w=pl / 1000 if type(pl) in _NUM else None, run_mem_mb=round(run_mem, 1),
             run_pids=tuple(run_pids),
-            throttle=tuple(name for bit, name in sorted(THROTTLE_REASONS.items()) if bits & bit),
+            throttle=tuple(name for bit, name in _THROTTLE_ITEMS if bits & bit) if bits else (),
             error=str(d.get("error", "")),
         ))  # fmt: skip
     return tuple(out)
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _div(v: Any, by: float) -> float | None:
-    n = _num(v)
-    return None if n is None else round(n / by, 3)
+    return float(v) if type(v) in _NUM else None
 
 
 def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None = None) -> NodeSample:
@@ -422,7 +426,7 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
     procs = tuple(
         ProcessSample(pid=int(p["pid"]), rank=p.get("rank"), status=str(p.get("status", "gone")),
                       cpu_pct=_num(p.get("cpu_pct")), rss_mb=_num(p.get("rss_mb")),
-                      gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1))  # fmt: skip
+                      gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1))
         for p in data.get("processes") or ()
     )
     return NodeSample(

@@ -44,7 +44,13 @@ else:  # pragma: no cover
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.events import EventFold, rank_of
-from taehv_console.core.watch.health import HealthPolicy, RankObservation, assess_node, assess_ranks, watchdog_counts
+from taehv_console.core.watch.health import (
+    HealthPolicy,
+    RankObservation,
+    assess_node,
+    assess_ranks,
+    watchdog_counts,
+)
 from taehv_console.core.watch.logscan import LogScanner
 from taehv_console.core.watch.state import (
     CheckpointSummary,
@@ -53,7 +59,6 @@ from taehv_console.core.watch.state import (
     LogSignal,
     NodeSample,
     NodeSnapshot,
-    NodeState,
     Notice,
     RankHealth,
     RankState,
@@ -233,9 +238,14 @@ class _Scheduler:
         self._thread = threading.Thread(target=self._loop, name="taehv-watch-scheduler", daemon=True)
 
     def add(self, poller: _Poller, delay: float = 0.0) -> None:
+        due = time.monotonic() + delay
         with self._cv:
-            heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), poller))
-            self._cv.notify()
+            # Wake the loop only when this poll is due before the one it is already waiting for:
+            # with 64 agents a second, a wake-up per completed poll is a measurable share of the cost.
+            wake = not self._heap or due < self._heap[0][0]
+            heapq.heappush(self._heap, (due, next(self._seq), poller))
+            if wake:
+                self._cv.notify()
 
     def start(self) -> None:
         self._thread.start()
@@ -275,7 +285,7 @@ class _Scheduler:
             p.backoff = 0.0
             p.last_ok = time.time()
             delay = 0.0 if more else p.cfg.interval_s
-        except Exception as err:  # a poll failure is reported on its source and retried later
+        except Exception as err:  # noqa: BLE001 - a poll failure is reported on its source and retried
             p.error = f"{type(err).__name__}: {err}"[:400]
             p.backoff = min(max(p.backoff * 2, p.cfg.interval_s), p.cfg.backoff_max_s)
             delay = p.backoff
@@ -346,6 +356,7 @@ class _AgentState:
         self.status = "starting"
         self.offsets: deque[float] = deque(maxlen=10)
         self.gpu_hist: dict[int, deque[tuple[float, float]]] = {}
+        self.gpu_series: dict[int, Series] = {}  # cached snapshot form, dropped when a point arrives
         self.gpu_history_len = gpu_history_len
         self.bad_lines = 0
         self.lock = threading.Lock()
@@ -462,10 +473,10 @@ class Monitor:
             self._pool.close()
         self._started = False
 
-    def __enter__(self) -> Monitor:
+    def __enter__(self) -> Monitor:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def subscribe(self, callback: Callable[[ClusterState], None]) -> Callable[[], None]:
@@ -497,7 +508,7 @@ class Monitor:
                 try:
                     if not p.poll():
                         break
-                except Exception as err:  # reported on the source, as the scheduler would
+                except Exception as err:  # noqa: BLE001 - reported on the source, as the scheduler would
                     p.error = f"{type(err).__name__}: {err}"[:400]
                     break
                 p.polls += 1
@@ -543,12 +554,14 @@ class Monitor:
         with self._lock:
             for s in samples:
                 a.offsets.append(s.time - now)
+                t = s.time - a.offset  # on the console's clock, like every other time in a snapshot
                 for g in s.gpus:
                     if g.util_pct is not None:
                         h = a.gpu_hist.get(g.index)
                         if h is None:
                             h = a.gpu_hist[g.index] = deque(maxlen=a.gpu_history_len)
-                        h.append((s.time - a.offset, g.util_pct))
+                        h.append((t, g.util_pct))
+                        a.gpu_series.pop(g.index, None)
             a.sample = samples[-1]
             a.last_line = now
             a.status = "running"
@@ -828,7 +841,10 @@ class Monitor:
         gpu = []
         for name, a in self._agents.items():
             for idx in sorted(a.gpu_hist):
-                gpu.append(Series(f"{name}/{idx}", tuple(a.gpu_hist[idx])))
+                series = a.gpu_series.get(idx)
+                if series is None:
+                    series = a.gpu_series[idx] = Series(f"{name}/{idx}", tuple(a.gpu_hist[idx]))
+                gpu.append(series)
         if fold.loss or self._tb is None:
             return Histories(loss=Series("loss", tuple(fold.loss)), psnr=Series("psnr", tuple(fold.psnr)),
                              lr=Series("lr", tuple(fold.lr)), val_psnr=Series("val_psnr", tuple(fold.val)),
@@ -872,7 +888,7 @@ class Monitor:
         for cb in subs:
             try:
                 cb(state)
-            except Exception as err:  # one broken subscriber must not stop the others or the monitor
+            except Exception as err:  # noqa: BLE001 - one broken subscriber must not stop the others
                 with self._lock:
                     self._notices.append(Notice(time.time(), "error", "monitor", f"subscriber failed: {err!r}"[:300]))
         return False
@@ -951,7 +967,7 @@ class _AgentPoller(_Poller):
                     a.first_open = now  # from the first attempt: a node never reached is lost too
                 try:
                     a.stream = mon._open_agent(self.host)
-                except Exception as err:
+                except Exception as err:  # recorded on the node, then re-raised for its source
                     self._schedule_restart(a, now, f"cannot start: {err}")
                     raise
                 a.opened_at = now
@@ -1026,7 +1042,7 @@ def snapshot_once(run_dir: str | Path, *, hosts: Sequence[str] | None = None, po
                     mon._apply_agent_lines(a, res.stdout.splitlines(), time.time())
                     if a.sample is None:
                         a.status = f"no sample (exit {res.exit_status}): {res.stderr.strip()[-200:]}"
-                except Exception as err:  # this node's sample is missing; the others still count
+                except Exception as err:  # noqa: BLE001 - this node's sample is missing; others still count
                     a.status = f"no sample: {err}"
             mon.agents_on = True
         return mon.poll_once()
