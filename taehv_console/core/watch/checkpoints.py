@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer import checkpoint as ckpt
 from taehv_console.core.watch.state import CheckpointInfo, CheckpointState, CheckpointSummary
+from trainer import checkpoint as ckpt
 
 
 @dataclass(frozen=True)

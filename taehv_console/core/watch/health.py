@@ -187,12 +187,12 @@ def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Ma
         return CollectiveStall(None, None, min(steps.values()) if steps else None, stalled_for, timeout_s,
                                tuple(sorted(stale)), "every rank stopped at once; no rank stands out")  # fmt: skip
     laggard = culprits[0]
-    for r in stale:
+    for r, age in stale.items():
         if r in culprits:
             out[r] = replace(out[r], state=RankState.STALLED, detail=evidence)
         else:
             out[r] = replace(out[r], blocked_by=laggard,
-                             detail=f"waiting in a collective for rank {laggard} ({stale[r]:.0f} s)")  # fmt: skip
+                             detail=f"waiting in a collective for rank {laggard} ({age:.0f} s)")  # fmt: skip
     waiting = tuple(sorted(r for r in stale if r not in culprits))
     return CollectiveStall(laggard, out[laggard].node, min(steps.values()) if steps else None, stalled_for,
                            timeout_s, waiting, evidence)  # fmt: skip

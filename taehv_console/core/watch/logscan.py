@@ -25,7 +25,7 @@ _WATCHDOG = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
     r"[^)]*?Timeout\(ms\)=(?P<timeout>\d+)\) ran for (?P<ran>\d+) milliseconds"
 )
-_PROGRESS = re.compile(r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)", re.I)
+_PROGRESS = re.compile(r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)", re.IGNORECASE)
 _DUMP_FROM = re.compile(r"collective timeout from\s+rank (\d+)")
 _NCCL_WARN = re.compile(
     r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?NCCL WARN (?P<msg>.*)"
@@ -33,7 +33,7 @@ _NCCL_WARN = re.compile(
 _CHILD_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)")
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
                   r"|Cuda failure 'out of memory'")  # fmt: skip
-_ORDINAL = re.compile(r"invalid device ordinal", re.I)
+_ORDINAL = re.compile(r"invalid device ordinal", re.IGNORECASE)
 # gloo (and NCCL's socket transport) when a peer process died: the rank printing it is a victim,
 # the dead peer is the cause (the root-cause block names it).
 _PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer ?(?P<peer>\S*)")

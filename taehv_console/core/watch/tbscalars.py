@@ -57,7 +57,7 @@ class TensorBoardScalars:
                         continue
                     try:
                         arr = tensor_util.make_ndarray(value.tensor)
-                    except Exception:  # a dtype this reader does not know: not a scalar of ours
+                    except Exception:  # noqa: BLE001, S112 - a dtype this reader does not know: not ours
                         continue
                     if arr.size != 1 or arr.dtype.kind not in "fiu":
                         continue  # images, histograms, text

@@ -56,8 +56,8 @@ class FakeRun:
         self.dir = run_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "run.toml").write_text(toml or (
-            "[run]\npreset = \"test\"\n[optim]\nmax_steps = %d\n[schedule]\nval_every = 1000\n"
-            "checkpoint_every = 1000\n[topology]\nnodes = 1\ngpus_per_node = %d\n" % (max_steps, world)))  # fmt: skip
+            f"[run]\npreset = \"test\"\n[optim]\nmax_steps = {max_steps}\n[schedule]\nval_every = 1000\n"
+            f"checkpoint_every = 1000\n[topology]\nnodes = 1\ngpus_per_node = {world}\n"))  # fmt: skip
         self.writers = [EventWriter(self.dir, r) for r in range(world)]
         self.world = world
         self.max_steps = max_steps

@@ -262,7 +262,7 @@ def test_agent_reports_the_runs_processes_from_heartbeats(tmp_path):
 def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
     # what snapshot_once runs through runner.run: stdin is closed from the start
     r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)  # fmt: skip
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert r.returncode == 0
     assert [parse_sample(ln).seq for ln in r.stdout.splitlines()] == [0, 1]
 
@@ -270,11 +270,11 @@ def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
 def test_agent_replays_recorded_readings_for_synthetic_nodes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
                         "node-07", "--replay", str((tmp_path / ".." / "x").resolve())],
-                       capture_output=True, text=True, timeout=30)  # fmt: skip
+                       capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert r.returncode != 0  # a missing replay file is an error, not silently a CPU sample
     path = tmp_path / "rec.json"
     path.write_text(json.dumps(nvml_fixture("h100x8_training.json")))
     r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
-                        "node-07", "--replay", str(path)], capture_output=True, text=True, timeout=30)  # fmt: skip
+                        "node-07", "--replay", str(path)], capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
     s = parse_sample(r.stdout)
     assert s.host == "node-07" and s.gpu_ok and len(s.gpus) == 8

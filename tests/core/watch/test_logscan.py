@@ -90,8 +90,8 @@ def test_noise_of_healthy_runs_raises_nothing(name):
 @pytest.mark.parametrize("line", [
     "gpu-node-1:24811:24811 [0] NCCL INFO NCCL_DEBUG set by environment to WARN",
     "gpu-node-1:24811:25131 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.",
-    "[rank0]:[W1003 17:59:58.612330918 ProcessGroupNCCL.cpp:4115] Warning: Environment variable "
-    "NCCL_ASYNC_ERROR_HANDLING is deprecated; use TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function operator())",
+    ("[rank0]:[W1003 17:59:58.612330918 ProcessGroupNCCL.cpp:4115] Warning: Environment variable "
+     "NCCL_ASYNC_ERROR_HANDLING is deprecated; use TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function operator())"),
     "distributed.collective_timeout_s = 7200",
     "[taehv-train] rank 5: skipped /data/videos/out_of_memory_test.mp4: corrupt video",
 ])  # fmt: skip
