@@ -162,17 +162,23 @@ def _proc_mem(p: Any) -> int | None:
 
 class RunProcesses:
     """pid -> rank of this run's processes on this node, from the heartbeat files (host == ours).
-    Re-read every `refresh_s`, or sooner when a known pid is gone (a relaunch writes new pids)."""
 
-    def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 5.0):
+    Every agent reads every heartbeat (the file names do not say the host), on shared storage:
+    64 nodes x 512 files each second would be a load of its own. So the files are re-read every
+    `refresh_s` while the pids are known, every `search_s` while none is, and at once when a known
+    pid is gone (a relaunch writes new pids)."""
+
+    def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 10.0, search_s: float = 2.0):
         self.dir = Path(run_dir) / "heartbeat" if run_dir else None
         self.hostname = hostname
         self.refresh_s = refresh_s
+        self.search_s = search_s
         self._pids: dict[int, int] = {}
         self._read_at = -1e18
 
     def current(self, now: float, gone: bool = False) -> dict[int, int]:
-        if self.dir is not None and (gone or now - self._read_at >= self.refresh_s):
+        every = self.refresh_s if self._pids else self.search_s
+        if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
             pids: dict[int, int] = {}
             try:

@@ -400,6 +400,7 @@ class Monitor:
         self._checkpoints = CheckpointSummary()
         self._ckpt = CheckpointWatcher(self.run_dir / "checkpoints")
         self._run_cfg: dict[str, Any] = {}
+        self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._console_state: dict[str, Any] = {}
         self._tb = None
         if tensorboard is not None:
@@ -433,12 +434,12 @@ class Monitor:
         c, d = self.cfg, self.run_dir
         return [
             _FilesPoller(f"events{suffix}", c.events, Tailer(d, src, append=["events/rank-*.jsonl"],
-                         whole=["state.json", "run.toml"], max_bytes=nbytes), self._apply_events),
+                         whole=["state.json", "run.toml"], max_bytes=nbytes), self._apply_events, suffix),
             _FilesPoller(f"heartbeats{suffix}", c.heartbeats, Tailer(d, src, whole=["heartbeat/rank-*.json"],
-                         max_bytes=nbytes), self._apply_heartbeats),
+                         max_bytes=nbytes), self._apply_heartbeats, suffix),
             # always applied: a root-cause block at the end of a quiet log is flushed
             _FilesPoller(f"logs{suffix}", c.logs, Tailer(d, src, append=["logs/*.log"], max_bytes=nbytes),
-                         self._apply_logs, always=True),
+                         self._apply_logs, suffix, always=True),
         ]  # fmt: skip
 
     def _use_remote_files(self) -> None:
@@ -568,7 +569,13 @@ class Monitor:
             a.backoff = a.restart_s
             self._version += 1
 
-    def _apply_events(self, res: Any, now: float) -> None:
+    def _mine(self, path: str, reader: str) -> bool:
+        """Whether lines of `path` read through `reader` count. With remote files on shared storage
+        every node sees every file: the first node to deliver a file owns it, so nothing is counted
+        twice; on per-node storage the paths are disjoint and each node owns its own."""
+        return self._owner.setdefault(path, reader) == reader
+
+    def _apply_events(self, res: Any, now: float, reader: str = "") -> None:
         with self._lock:
             for path, data in res.whole.items():
                 try:
@@ -580,11 +587,11 @@ class Monitor:
                     pass  # being rewritten; the next change reads it again
             for path, lines in res.lines.items():
                 r = rank_of(path)
-                if r is not None:
+                if r is not None and self._mine(path, reader):
                     self._fold.feed(r, lines)
             self._version += 1
 
-    def _apply_heartbeats(self, res: Any, now: float) -> None:
+    def _apply_heartbeats(self, res: Any, now: float, reader: str = "") -> None:
         with self._lock:
             for path, data in res.whole.items():
                 m = re.search(r"rank-(\d+)\.json$", path)
@@ -602,15 +609,18 @@ class Monitor:
                 if t.update(hb, offset, now):
                     self._version += 1
 
-    def _apply_logs(self, res: Any, now: float) -> None:
+    def _apply_logs(self, res: Any, now: float, reader: str = "") -> None:
         found: list[LogSignal] = []
         with self._lock:
             for path in res.reset:
-                self._scanner.reset(path)
+                if self._mine(path, reader):
+                    self._scanner.reset(path)
             for path, lines in res.lines.items():
-                found += self._scanner.feed(path, [ln.decode(errors="replace") for ln in lines], now)
+                if self._mine(path, reader):
+                    found += self._scanner.feed(path, [ln.decode(errors="replace") for ln in lines], now)
             for path in self._log_paths_quiet(res):
-                found += self._scanner.flush(path, now)
+                if self._mine(path, reader):
+                    found += self._scanner.flush(path, now)
             pid_rank = {t.pid: r for r, t in self._ranks.items() if t.pid is not None}
             for s in found:
                 if s.rank is None and s.get("pid") in pid_rank:
@@ -924,17 +934,18 @@ class _CallPoller(_Poller):
 
 
 class _FilesPoller(_Poller):
-    def __init__(self, name: str, cfg: PollerConfig, tailer: Tailer, apply: Callable[[Any, float], None],
-                 always: bool = False):  # fmt: skip
+    def __init__(self, name: str, cfg: PollerConfig, tailer: Tailer, apply: Callable[[Any, float, str], None],
+                 reader: str, always: bool = False):  # fmt: skip
         super().__init__(name, cfg)
         self.tailer = tailer
         self._apply = apply
+        self._reader = reader
         self._always = always
 
     def poll(self) -> bool:
         res = self.tailer.poll()
         if self._always or res.lines or res.whole or res.reset:
-            self._apply(res, time.time())
+            self._apply(res, time.time(), self._reader)
         return res.more
 
 

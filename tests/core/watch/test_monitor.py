@@ -231,7 +231,12 @@ def test_nodes_over_ssh_with_remote_agents_and_remote_files(sshd, tmp_path):
                 assert {src.name for src in s.sources} >= {f"agent@{hosts[0]}", f"events@{hosts[1]}"}
                 assert all(n.clock_offset_s is not None and abs(n.clock_offset_s) < 1 for n in s.nodes)
                 run.do_step()
-                wait_state(mon, lambda s: s.run.step == 2, 10, "step 2 over SSH")
+                s = wait_state(mon, lambda s: s.run.step == 2, 10, "step 2 over SSH")
+                # both nodes see the shared run directory: every line still counts once
+                time.sleep(0.5)
+                s = mon.snapshot()
+                assert [x for x, _ in s.history.loss.points] == [1.0, 2.0]
+                assert sum(1 for n in s.notices if n.text.startswith("started")) == 1
                 agent_pids = [n.sample.agent_pid for n in mon.snapshot().nodes]
             # the channel closed: the remote agents exit by themselves
             deadline = time.time() + 10
