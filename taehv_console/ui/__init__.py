@@ -1,0 +1,1 @@
+"""The Textual console: screens draw core's immutable snapshots; thread workers call core."""
