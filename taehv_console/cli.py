@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_launch_options(parser)
     add_ssh_options(parser)
+    parser.add_argument("--theme", metavar="NAME",
+                        help="console colour theme: dark (default), light, high-contrast, or a file's name in "
+                             "~/.config/taehv-console/themes/; NO_COLOR is respected")
     parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
@@ -63,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             from taehv_console import headless
 
             return headless.run(args)
-        # The TUI takes this branch once it exists; until then the command list is the answer.
-        parser.print_help()
-        return 2
+        # the console (Textual) is imported on this path only: --help and subcommands stay light
+        from taehv_console.ui.app import run_console
+
+        return run_console(args)
     return int(run(args) or 0)
 
 

@@ -1,0 +1,154 @@
+"""Numbers and states as short text for narrow panes: durations, sizes, bars, health badges.
+Pure functions of values; colours come from theme variables ($health-*), never literals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.content import Content
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+# symbol + word: a state stays readable without colour (NO_COLOR, high contrast, colour blindness)
+HEALTH_BADGES = {
+    "ok": ("●", "ok"),
+    "healthy": ("●", "healthy"),
+    "starting": ("○", "starting"),
+    "degraded": ("◐", "degraded"),
+    "straggler": ("◐", "straggler"),
+    "stalled": ("‖", "stalled"),
+    "failed": ("✗", "failed"),
+    "lost": ("?", "lost"),
+    "stopped": ("■", "stopped"),
+    "unknown": ("·", "unknown"),
+    "running": ("▶", "running"),
+    "done": ("✓", "done"),
+    "waiting": ("…", "waiting"),
+    "stopping": ("■", "stopping"),
+    "launching": ("○", "launching"),
+    "created": ("○", "created"),
+    "complete": ("✓", "complete"),
+    "incomplete": ("✗", "incomplete"),
+    "in_progress": ("…", "writing"),
+    "error": ("✗", "error"),
+    "warning": ("!", "warning"),
+    "info": ("·", "info"),
+}
+# rank and run states -> the theme's health colour variable
+HEALTH_VARIABLE = {
+    "ok": "ok", "healthy": "ok", "running": "ok", "done": "ok", "complete": "ok",
+    "starting": "unknown", "waiting": "unknown", "unknown": "unknown", "stopped": "unknown",
+    "created": "unknown", "launching": "unknown",
+    "degraded": "degraded", "straggler": "degraded", "stopping": "degraded", "in_progress": "degraded",
+    "warning": "degraded",
+    "stalled": "stalled",
+    "failed": "failed", "error": "failed", "incomplete": "failed",
+    "lost": "lost",
+    "info": "unknown",
+}
+
+
+def health_style(state: str) -> str:
+    return f"$health-{HEALTH_VARIABLE.get(state, 'unknown')}"
+
+
+def badge(state: str) -> Content:
+    symbol, word = HEALTH_BADGES.get(state, ("·", state))
+    return Content.styled(f"{symbol} {word}", f"bold {health_style(state)}")
+
+
+def duration(seconds: float | None) -> str:
+    """3s, 4m05s, 2h07m, 3d04h: at most two units, never more than 6 characters."""
+    if seconds is None:
+        return "-"
+    s = round(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}s" if seconds < 10 else duration(seconds)
+
+
+def size(nbytes: float | None) -> str:
+    if nbytes is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(nbytes) < 1000 or unit == "TB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    return "-"
+
+
+def num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def column_bar(values: Sequence[float | None], scale: float = 100.0) -> str:
+    """One character per value, its height the value: eight GPUs' utilisation in eight cells."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append("·")
+            continue
+        frac = min(1.0, max(0.0, v / scale))
+        out.append(BLOCKS[min(8, max(1 if v > 0 else 0, round(frac * 8)))])
+    return "".join(out)
+
+
+def progress_bar(value: float | None, total: float | None, width: int = 12) -> Content:
+    """A filled bar on a dim track."""
+    filled = hbar(value, total, width).rstrip()
+    return Content.assemble(Content.styled(filled, "$accent"), Content.styled("─" * (width - len(filled)), "dim"))
+
+
+def hbar(value: float | None, total: float | None, width: int = 10) -> str:
+    """A horizontal bar of `width` cells, eighths of a cell resolved."""
+    if value is None or not total:
+        return "·" * width
+    frac = min(1.0, max(0.0, value / total))
+    eighths = round(frac * width * 8)
+    full, rest = divmod(eighths, 8)
+    partial = "▏▎▍▌▋▊▉"[rest - 1] if rest else ""
+    return ("█" * full + partial).ljust(width, " ")[:width]
+
+
+def rank_span(ranks: Sequence[int]) -> str:
+    """r0-7, r3, r0,2,5: the ranks a node holds, short."""
+    if not ranks:
+        return "r-"
+    rs = sorted(ranks)
+    if rs == list(range(rs[0], rs[-1] + 1)):
+        return f"r{rs[0]}" if len(rs) == 1 else f"r{rs[0]}-{rs[-1]}"
+    text = "r" + ",".join(map(str, rs))
+    return text if len(text) <= 10 else f"r{rs[0]}…{rs[-1]}"
+
+
+def table_cell(value: object) -> object:
+    """A DataTable cell: plain strings stay plain (DataTable would read '[rank41]' as markup) and
+    Content becomes rich Text with the theme's colours resolved (Text is measured for width)."""
+    from rich.text import Text
+
+    if isinstance(value, str):
+        return Text(value, no_wrap=True)
+    if isinstance(value, Content):
+        return Text.assemble(*((seg.text, seg.style) for seg in value.render_segments()), no_wrap=True)
+    return value
+
+
+def table_row(values: Sequence[object]) -> list[object]:
+    return [table_cell(v) for v in values]

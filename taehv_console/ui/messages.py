@@ -1,0 +1,138 @@
+"""Typed messages from thread workers to the UI: each is named for what happened and carries
+immutable values from core (never a live object a widget could query)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+
+class ClusterUpdated(Message):
+    """The monitor published a new ClusterState. A newer one replaces a pending one, so a slow
+    screen skips stale snapshots instead of queueing them."""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__()
+        self.state = state
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ClusterUpdated)
+
+
+class RunProgressed(Message):
+    """The controller's follow loop reported: phase, attempt, console notes (stop sent ...)."""
+
+    def __init__(self, snapshot: Any) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class RunAttached(Message):
+    """This console now controls a run (launched, resumed or attached): the dashboard follows it.
+    `session` is the app's handle on it (ui.session.RunSession); widgets never receive it."""
+
+    def __init__(self, session: Any, how: str, lines: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.session = session
+        self.run_id = session.run.run_id
+        self.run_path = str(session.run.path)
+        self.how = how  # launched | resumed | attached | ended (attached to a run that had ended)
+        self.lines = lines
+
+
+class RunEnded(Message):
+    """The run reached an end (done, stopped, failed); `outcome` is core's Outcome."""
+
+    def __init__(self, outcome: Any) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
+class ControlFailed(Message):
+    """A control action (launch, stop, resume, attach) was refused or failed; `message` says why
+    and what to do."""
+
+    def __init__(self, action: str, message: str) -> None:
+        super().__init__()
+        self.action = action
+        self.message = message
+
+
+class NoteAdded(Message):
+    """A line of progress from a worker (preflight steps, clip generation ...)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class TopologyDetected(Message):
+    def __init__(self, topology: Any, hosts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.topology = topology
+        self.hosts = hosts
+
+
+class NodeProbed(Message):
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
+
+
+class DetectionFinished(Message):
+    def __init__(self, topology: Any, probes: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.topology = topology
+        self.probes = probes
+
+
+class DetectionFailed(Message):
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+
+class HostTrusted(Message):
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__()
+        self.host = host
+        self.message = message
+
+
+class PreflightFinished(Message):
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result  # flow.PreflightResult
+
+
+class PresetChoicesReady(Message):
+    def __init__(self, choices: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.choices = choices
+
+
+class ReviewReady(Message):
+    def __init__(self, review: Any) -> None:
+        super().__init__()
+        self.review = review  # flow.Review
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    node: int
+    lines: tuple[str, ...]
+    reset: bool = False  # the file was replaced or truncated: start over
+
+
+class LogRead(Message):
+    def __init__(self, chunk: LogChunk) -> None:
+        super().__init__()
+        self.chunk = chunk
+
+
+class RunsListed(Message):
+    def __init__(self, runs: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.runs = runs  # flow.RunEntry

@@ -1,0 +1,1 @@
+"""Screens: the wizard steps, the dashboard, node drill-down, help and dialogs."""

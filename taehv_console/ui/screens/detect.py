@@ -1,0 +1,273 @@
+"""Wizard step 1, Detect: where the node list comes from (this machine, a platform's env, or a
+hostfile), then every node's facts filling in as its probe answers. Unknown SSH host keys are
+offered for trust here (fingerprint shown, added on confirmation)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Label, ProgressBar, Static
+
+from taehv_console.ui import formatting as f
+from taehv_console.ui.messages import (
+    DetectionFailed,
+    DetectionFinished,
+    HostTrusted,
+    NodeProbed,
+    TopologyDetected,
+)
+from taehv_console.ui.widgets.steps import WizardSteps
+
+COLUMNS = ("node", "slots", "GPUs", "driver/CUDA", "CPU/RAM", "torch · ds · acc", "probe")
+
+
+def gpu_summary(facts: Any) -> str:
+    from taehv_console.commands.detect import gpu_summary as summary
+
+    return summary(facts) if facts.visible_gpu_count else f"0 ({facts.gpu_reason or 'none visible'})"[:40]
+
+
+def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
+    slot_text = str(slots) if slots else "-"
+    if result is None:
+        return ("", slot_text, Content.styled("probing …", "dim"), "", "", "", "")
+    if not result.ok:
+        label = "host key unknown" if "taehv-console trust" in (result.fix or "") else "unreachable"
+        return (result.host, slot_text, f.badge("failed") + Content(f" {label}"), "", "", "",
+                f"{result.seconds:.2f}s")
+    facts = result.facts
+    versions = " · ".join(v or "none" for v in (facts.torch_version, facts.deepspeed_version, facts.accelerate_version))
+    return (result.host, slot_text, gpu_summary(facts),
+            f"{facts.driver_version or '-'}/{facts.cuda_driver_version or '-'}",
+            f"{facts.cpu_count}/{facts.ram_gb:.0f}G", versions, f"{result.seconds:.2f}s")
+
+
+def topology_text(topology: Any) -> Content:
+    parts = [Content.styled("topology ", "dim"), Content.styled(topology.source.value, "bold"), f" — {topology.detail}",
+             "\n", Content.styled("nodes ", "dim"), str(topology.node_count),
+             Content.styled("  master ", "dim"), f"{topology.master_addr}:{topology.master_port}"]
+    if topology.processes_per_node:
+        parts += [Content.styled("  processes/node ", "dim"), str(topology.processes_per_node)]
+    for note in topology.notes:
+        parts += ["\n", Content.styled("note ", "$warning"), note]
+    return Content.assemble(*parts)
+
+
+def problems_text(probes: tuple[Any, ...]) -> Content:
+    lines = []
+    for p in probes:
+        if p is None or p.ok:
+            continue
+        lines.append(Content.assemble(f.badge("failed"), " ", Content.styled(p.host, "bold"), f": {p.error}"))
+        if p.fix:
+            fix = p.fix
+            if "taehv-console trust " in fix and "--replace" not in fix:
+                fix = "select the row and press T to see its fingerprint and trust it"
+            lines.append(Content.assemble(Content.styled("    fix: ", "dim"), fix))
+    return Content("\n").join(lines)
+
+
+class DetectScreen(Screen):
+    CSS_PATH = "wizard.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "next_step", "Continue", id="next-step", tooltip="Preflight checks on these nodes"),
+        Binding("r", "detect", "Detect again", id="redetect", tooltip="Probe every node again"),
+        Binding("T", "trust_host", "Trust host key", id="trust-host",
+                tooltip="Show the selected node's SSH host key fingerprint and trust it"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._results: dict[str, Any] = {}
+        self._hosts: tuple[str, ...] = ()
+        self._slots: dict[str, int | None] = {}
+
+    def compose(self) -> ComposeResult:
+        yield WizardSteps(0, classes="steps")
+        with Horizontal(classes="field-row"):
+            yield Label("hostfile", classes="field-label")
+            yield Input(placeholder="empty: this machine (or the platform's env); else a DeepSpeed hostfile",
+                        id="hostfile")
+        yield Static("", id="topology")
+        yield ProgressBar(total=1, show_eta=False, id="probe-progress")
+        yield DataTable(id="nodes", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="problems")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#nodes", DataTable)
+        table.add_columns(*COLUMNS)
+        self.query_one("#hostfile", Input).value = getattr(self.app.args, "hosts", None) or ""
+        wizard = self.app.wizard
+        if wizard.topology is not None:
+            self._show_topology(wizard.topology, tuple(p.host for p in wizard.probes))
+            for p in wizard.probes:
+                self._show_probe(p)
+            self._finish(wizard.topology, wizard.probes)
+        else:
+            self.action_detect()
+        table.focus()
+
+    # ---------------------------------------------------------------- detection
+    def action_detect(self) -> None:
+        self.app.wizard.topology = None
+        self.app.wizard.probes = ()
+        self._results.clear()
+        self.query_one("#nodes", DataTable).clear()
+        self.query_one("#problems", Static).update("")
+        self.query_one("#topology", Static).update(Content.styled("detecting …", "dim"))
+        self.query_one("#probe-progress", ProgressBar).update(total=None, progress=0)
+        self._detect(self.query_one("#hostfile", Input).value.strip() or None)
+
+    @work(thread=True, exclusive=True, group="detect", exit_on_error=False)
+    def _detect(self, hostfile: str | None) -> None:
+        from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
+        from taehv_console.core.cluster.platform import TopologyError
+        from taehv_console.ui import flow
+
+        args = flow.args_with(self.app.args, hosts=hostfile)
+        try:
+            if hostfile:
+                topology = flow.detect_hostfile(args)
+                self.post_message(TopologyDetected(topology, tuple(topology.hosts)))
+                probes = flow.probe_each(tuple(topology.hosts), self.app.pool, flow.probe_paths(args),
+                                         lambda r: self.post_message(NodeProbed(r)))
+            else:
+                topology, probes = flow.detect_local(args)
+        except (TopologyError, InvalidHostError, HostfileError, OSError) as err:
+            self.post_message(DetectionFailed(str(err)))
+            return
+        self.post_message(DetectionFinished(topology, probes))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "hostfile":
+            self.app.args.hosts = event.value.strip() or None
+            self.action_detect()
+            self.query_one("#nodes", DataTable).focus()
+
+    def on_topology_detected(self, message: TopologyDetected) -> None:
+        self._show_topology(message.topology, message.hosts)
+
+    def _show_topology(self, topology: Any, hosts: tuple[str, ...]) -> None:
+        self._hosts = hosts
+        self._slots = {n.host: n.slots for n in topology.nodes}
+        self.query_one("#topology", Static).update(topology_text(topology))
+        table = self.query_one("#nodes", DataTable)
+        table.clear()
+        for h in hosts:
+            row = node_row(None, self._slots.get(h))
+            table.add_row(*f.table_row((h, *row[1:])), key=h)
+        self.query_one("#probe-progress", ProgressBar).update(total=max(1, len(hosts)), progress=0)
+
+    def on_node_probed(self, message: NodeProbed) -> None:
+        self._show_probe(message.result)
+
+    def _show_probe(self, result: Any) -> None:
+        self._results[result.host] = result
+        table = self.query_one("#nodes", DataTable)
+        row = node_row(result, self._slots.get(result.host))
+        if result.host in table.rows:
+            for col, value in zip(table.columns, row, strict=False):
+                table.update_cell(result.host, col, f.table_cell(value))
+        else:
+            table.add_row(*f.table_row(row), key=result.host)
+        self.query_one("#probe-progress", ProgressBar).update(total=max(1, len(self._hosts) or 1),
+                                                              progress=len(self._results))
+        self.query_one("#problems", Static).update(problems_text(tuple(self._results.values())))
+
+    def on_detection_finished(self, message: DetectionFinished) -> None:
+        if not self._hosts:
+            self._show_topology(message.topology, tuple(p.host for p in message.probes))
+        for p in message.probes:
+            self._show_probe(p)
+        self._finish(message.topology, message.probes)
+
+    def _finish(self, topology: Any, probes: tuple[Any, ...]) -> None:
+        self.app.wizard.topology = topology
+        self.app.wizard.probes = tuple(probes)
+        ok = sum(1 for p in probes if p.ok)
+        self.query_one("#probe-progress", ProgressBar).update(total=max(1, len(probes)), progress=len(probes))
+        self.query_one("#nodes", DataTable).border_subtitle = f"{ok} of {len(probes)} node(s) answered"
+
+    def on_detection_failed(self, message: DetectionFailed) -> None:
+        self.query_one("#topology", Static).update(Content.assemble(f.badge("failed"), " ", message.message))
+        self.query_one("#probe-progress", ProgressBar).update(total=1, progress=0)
+
+    # ---------------------------------------------------------------- trust
+    def action_trust_host(self) -> None:
+        from taehv_console.ui.flow import needs_trust
+
+        table = self.query_one("#nodes", DataTable)
+        if not table.row_count:
+            return
+        host = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        result = self._results.get(host)
+        if result is None or not needs_trust(result):
+            self.notify(f"{host}: its host key is not the problem" if result is not None and not result.ok
+                        else f"{host}: nothing to trust", severity="warning")
+            return
+        self._fingerprint(host)
+
+    @work(thread=True, exclusive=True, group="trust", exit_on_error=False)
+    def _fingerprint(self, host: str) -> None:
+        from taehv_console.commands.detect import ssh_settings
+        from taehv_console.core.cluster.ssh import SshError
+        from taehv_console.ui.flow import trust_host
+
+        settings = ssh_settings(self.app.args)
+        try:
+            line, where = trust_host(host, settings)
+        except SshError as err:
+            self.post_message(HostTrusted(host, f"cannot read {host}'s key: {err}"))
+            return
+        self.app.call_from_thread(self._ask_trust, host, line, where)
+
+    def _ask_trust(self, host: str, line: str, where: str) -> None:
+        from taehv_console.ui.screens.dialogs import ConfirmScreen
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._add_trust(host)
+
+        body = (f"{line}\n\nCompare it with the node's own key (on the node: ssh-keygen -lf "
+                f"/etc/ssh/ssh_host_ed25519_key.pub). Trusting adds it to {where}.")
+        self.app.push_screen(ConfirmScreen(f"Trust {host}?", body, yes="Trust"), answered)
+
+    @work(thread=True, exclusive=True, group="trust", exit_on_error=False)
+    def _add_trust(self, host: str) -> None:
+        from taehv_console.commands.detect import ssh_settings
+        from taehv_console.core.cluster.ssh import SshError
+        from taehv_console.ui import flow
+
+        try:
+            text = flow.add_trusted_host(host, ssh_settings(self.app.args))
+        except SshError as err:
+            text = f"{host}: {err}"
+        self.post_message(HostTrusted(host, text))
+        args = self.app.args
+        flow.probe_each((host,), self.app.pool, flow.probe_paths(args), lambda r: self.post_message(NodeProbed(r)))
+
+    def on_host_trusted(self, message: HostTrusted) -> None:
+        self.notify(message.message, title="host key")
+
+    # ---------------------------------------------------------------- navigation
+    def action_next_step(self) -> None:
+        wizard = self.app.wizard
+        if wizard.topology is None:
+            self.notify("detection has not finished", severity="warning")
+            return
+        probes = tuple(self._results.get(p.host, p) for p in wizard.probes)
+        wizard.probes = probes
+        if not any(p.ok for p in probes):
+            self.notify("no node answered: fix the problems listed, then detect again (r)", severity="error")
+            return
+        from taehv_console.ui.screens.preflight import PreflightScreen
+
+        wizard.preflight = None
+        self.app.push_screen(PreflightScreen())

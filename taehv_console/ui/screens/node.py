@@ -1,0 +1,291 @@
+"""Node drill-down: the node's GPUs (one row each), its ranks (step time, heartbeat age, straggler
+score), its launcher log with follow and search, and larger loss / PSNR / utilisation charts
+(textual-plotext). The log is read by a thread worker by byte offset; the rest comes from the
+newest ClusterState."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, Horizontal, Vertical
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Log, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
+from textual_plotext import PlotextPlot
+
+from taehv_console.ui import formatting as f
+from taehv_console.ui.messages import LogChunk, LogRead
+
+GPU_COLUMNS = ("gpu", "util", "memory", "run mem", "temp", "power", "state")
+RANK_COLUMNS = ("rank", "state", "step", "step time", "busy", "score", "heartbeat", "pid", "detail")
+LOG_LINES = 5000
+
+
+def node_header(node: Any, state: Any) -> Content:
+    parts: list[Any] = [Content.styled(node.name, "bold"), "  ", f.badge(node.state.value)]
+    if node.detail:
+        parts += ["  ", Content.styled(node.detail, f.health_style(node.state.value))]
+    s = node.sample
+    line2: list[Any] = [Content.styled("ranks ", "dim"), f.rank_span(node.ranks)]
+    if s is not None:
+        line2 += [Content.styled("  cpu ", "dim"), f.pct(s.cpu_pct),
+                  Content.styled(f" of {s.cpu_count}" if s.cpu_count else "", "dim")]
+        if s.ram_total_gb:
+            line2 += [Content.styled("  ram ", "dim"), f"{s.ram_used_gb or 0:.1f}/{s.ram_total_gb:.0f} GB"]
+        if s.net_rx_mbps is not None:
+            line2 += [Content.styled("  net ", "dim"), f"↓{s.net_rx_mbps:.0f} ↑{s.net_tx_mbps or 0:.0f} Mb/s"]
+        for d in s.disks[:1]:
+            line2 += [Content.styled("  disk ", "dim"), f"{d.free_gb:.0f} GB free"]
+    line2 += [Content.styled("  agent ", "dim"), node.agent or "-",
+              Content.styled("  sample ", "dim"), f.age(node.sample_age_s)]
+    if node.clock_offset_s is not None:
+        line2 += [Content.styled("  clock ", "dim"), f"{node.clock_offset_s:+.2f}s"]
+    return Content("\n").join([Content.assemble(*parts), Content.assemble(*line2)])
+
+
+def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
+    s = node.sample
+    if s is None:
+        return [("-", "no agent sample yet", "", "", "", "", "")]
+    if not s.gpu_ok:
+        return [("-", f"no GPU ({s.gpu_reason or 'none reported'})"[:36], "", "", "", "", "")]
+    rows = []
+    for g in s.gpus:
+        mem = (f"{g.mem_used_mb / 1024:.1f}/{g.mem_total_mb / 1024:.0f}G"
+               if g.mem_used_mb is not None and g.mem_total_mb else "-")
+        power = f"{g.power_w:.0f}/{g.power_limit_w:.0f}W" if g.power_w is not None and g.power_limit_w else (
+            f"{g.power_w:.0f}W" if g.power_w is not None else "-")
+        if g.error:
+            st = f.badge("failed") + Content(f" {g.error}")
+        elif g.throttle:
+            st = f.badge("degraded") + Content(" " + ",".join(g.throttle))
+        else:
+            st = f.badge("ok")
+        rows.append((f"{g.index} {g.name}"[:22], f"{f.column_bar([g.util_pct])} {f.pct(g.util_pct)}", mem,
+                     f"{g.run_mem_mb / 1024:.1f}G", f"{g.temp_c:.0f}°C" if g.temp_c is not None else "-", power, st))
+    return rows
+
+
+def rank_rows(ranks: list[Any]) -> list[tuple[Any, ...]]:
+    rows = []
+    for r in ranks:
+        detail = r.detail or (f"waiting for rank {r.blocked_by}" if r.blocked_by is not None else "")
+        rows.append((str(r.rank), f.badge(r.state.value), "-" if r.step is None else str(r.step),
+                     f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
+                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-",
+                     f"{r.score:.2f}" if r.score is not None else "-", f.age(r.heartbeat_age_s),
+                     str(r.pid or "-"), detail[:50]))
+    return rows
+
+
+class MetricPlot(PlotextPlot):
+    """A line chart of one or more (x, y) series; redrawn only when its data changes."""
+
+    def __init__(self, title: str, xlabel: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.title = title
+        self.xlabel = xlabel
+        self._data: tuple[Any, ...] | None = None
+
+    def show(self, series: list[tuple[str, list[float], list[float]]]) -> None:
+        key = tuple((name, tuple(xs[-1:]), len(xs)) for name, xs, _ in series)
+        if key == self._data:
+            return
+        self._data = key
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        for name, xs, ys in series:
+            if xs:
+                plt.plot(xs, ys, label=name if len(series) > 1 else None, marker="braille")
+        self.refresh()
+
+
+class NodeScreen(Screen):
+    CSS_PATH = "node.tcss"
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back", id="back", tooltip="Back to the dashboard"),
+        Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log"),
+        Binding("c", "show_tab('charts')", "Charts", id="show-charts", tooltip="Loss, PSNR, GPU utilisation"),
+        Binding("f", "toggle_follow", "Follow", id="follow-log", tooltip="Keep the log scrolled to its end"),
+        Binding("slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"),
+        Binding("n", "next_match", "Next match", id="next-match", tooltip="Next line matching the search"),
+    ]
+
+    def __init__(self, node_name: str) -> None:
+        super().__init__()
+        self.node_name = node_name
+        self._lines: list[str] = []
+        self._search = ""
+        self._match_at = -1
+        self._follow = True
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="node-header")
+        with Horizontal(id="tables"):
+            yield DataTable(id="gpus", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
+        with TabbedContent(initial="log", id="node-tabs"):
+            with TabPane("log", id="log"), Vertical():
+                yield Input(placeholder="search the log (enter: find, n: next, escape: back)", id="log-search")
+                yield Static("", id="log-status")
+                yield Log(id="node-log", max_lines=LOG_LINES, auto_scroll=True)
+            with TabPane("charts", id="charts"), Grid(id="chart-grid"):
+                yield MetricPlot("loss", "step", id="loss-plot")
+                yield MetricPlot("PSNR (dB)", "step", id="psnr-plot")
+                yield MetricPlot("GPU utilisation (%)", "seconds ago", id="util-plot")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#gpus", DataTable).add_columns(*GPU_COLUMNS)
+        self.query_one("#ranks", DataTable).add_columns(*RANK_COLUMNS)
+        self.query_one("#gpus").border_title = "GPUs"
+        self.query_one("#ranks").border_title = "ranks"
+        self.query_one("#log-search").display = False
+        self.watch(self.app, "cluster_state", self._show_state)
+        self._update_log_status()
+        session = self.app.session
+        index = session.node_index(self.node_name) if session is not None else None
+        if index is not None:
+            self._read_log(str(session.run.path), index)
+        else:
+            self.query_one("#log-status", Static).update(Content.styled(
+                "no log: this console does not control a run on this node", "dim"))
+
+    def _show_state(self, state: Any) -> None:
+        if state is None or not self.is_current:
+            return
+        node = state.node(self.node_name)
+        if node is None:
+            self.query_one("#node-header", Static).update(f"{self.node_name}: not in the run's node list")
+            return
+        self.query_one("#node-header", Static).update(node_header(node, state))
+        self._fill(self.query_one("#gpus", DataTable), gpu_rows(node))
+        ranks = [r for r in state.ranks if r.node == node.name]
+        self._fill(self.query_one("#ranks", DataTable), rank_rows(ranks))
+        if self.query_one(TabbedContent).active == "charts":
+            self._plot(state)
+
+    @staticmethod
+    def _fill(table: DataTable, rows: list[tuple[Any, ...]]) -> None:
+        table.clear()
+        for row in rows:
+            table.add_row(*f.table_row(row))
+
+    def _plot(self, state: Any) -> None:
+        h = state.history
+        for plot_id, series in (("#loss-plot", h.loss), ("#psnr-plot", h.psnr)):
+            xs, ys = [p[0] for p in series.points], [p[1] for p in series.points]
+            self.query_one(plot_id, MetricPlot).show([(series.name, xs, ys)])
+        util = []
+        for s in h.gpu_util:
+            node, _, idx = s.name.rpartition("/")
+            if node == self.node_name:
+                util.append((f"gpu{idx}", [p[0] - state.time for p in s.points], [p[1] for p in s.points]))
+        plot = self.query_one("#util-plot", MetricPlot)
+        plot.title = "GPU utilisation (%)" if util else "GPU utilisation: no GPU on this node"
+        plot.show(util)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "charts" and self.app.cluster_state is not None:
+            self._plot(self.app.cluster_state)
+
+    def on_screen_resume(self) -> None:
+        self._show_state(self.app.cluster_state)
+
+    # ---------------------------------------------------------------- log
+    @work(thread=True, exclusive=True, group="node-log", exit_on_error=False)
+    def _read_log(self, run_path: str, index: int) -> None:
+        from taehv_console.core.watch.tail import Tailer
+
+        worker = get_current_worker()
+        path = f"logs/node-{index}.log"
+        tailer = Tailer(run_path, append=[path], max_bytes=1 << 20)
+        while not worker.is_cancelled:
+            res = tailer.poll()
+            lines = tuple(b.decode(errors="replace") for b in res.lines.get(path, ()))
+            if lines or path in res.reset:
+                self.post_message(LogRead(LogChunk(index, lines[-LOG_LINES:], reset=path in res.reset)))
+            if not res.more:
+                for _ in range(10):  # 1 s between reads, leaving promptly when the screen closes
+                    if worker.is_cancelled:
+                        return
+                    time.sleep(0.1)
+
+    def on_log_read(self, message: LogRead) -> None:
+        log = self.query_one("#node-log", Log)
+        chunk = message.chunk
+        if chunk.reset:
+            log.clear()
+            self._lines.clear()
+        self._lines.extend(chunk.lines)
+        del self._lines[:-LOG_LINES]
+        log.write_lines(chunk.lines, scroll_end=self._follow)
+        self._update_log_status()
+
+    def action_toggle_follow(self) -> None:
+        self._follow = not self._follow
+        log = self.query_one("#node-log", Log)
+        log.auto_scroll = self._follow
+        if self._follow:
+            log.scroll_end(animate=False)
+        self._update_log_status()
+
+    def _update_log_status(self) -> None:
+        parts = [f"{len(self._lines)} line(s)", "following (f)" if self._follow else "paused (f follows)"]
+        if self._search:
+            hits = sum(1 for line in self._lines if self._search.lower() in line.lower())
+            parts.append(f"“{self._search}”: {hits} match(es), n: next")
+        self.query_one("#log-status", Static).update(Content.styled("  ·  ".join(parts), "dim"))
+
+    def action_search_log(self) -> None:
+        self.query_one(TabbedContent).active = "log"
+        box = self.query_one("#log-search", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "log-search":
+            self._search = event.value.strip()
+            self._match_at = len(self._lines)
+            event.input.display = False
+            self.query_one("#node-log", Log).focus()
+            self.action_next_match()
+
+    def action_next_match(self) -> None:
+        """The previous matching line above the last one shown (newest first), scrolled into view."""
+        if not self._search or not self._lines:
+            return
+        needle = self._search.lower()
+        start = self._match_at if 0 <= self._match_at <= len(self._lines) else len(self._lines)
+        order = list(range(start - 1, -1, -1)) + list(range(len(self._lines) - 1, start - 1, -1))
+        for i in order:
+            if needle in self._lines[i].lower():
+                self._match_at = i
+                log = self.query_one("#node-log", Log)
+                if self._follow:
+                    self.action_toggle_follow()
+                log.scroll_to(y=max(0, i - 2), animate=False)
+                self.query_one("#log-status", Static).update(Content.assemble(
+                    Content.styled(f"line {i + 1}: ", "dim"), Content.styled(self._lines[i][:200], "$accent")))
+                return
+        self.notify(f"“{self._search}” is not in the log", severity="warning")
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_back(self) -> None:
+        box = self.query_one("#log-search", Input)
+        if box.display:
+            box.display = False
+            self.query_one("#node-log", Log).focus()
+            return
+        self.app.pop_screen()

@@ -1,0 +1,132 @@
+"""Wizard step 2, Preflight: core's checks on the detected nodes for the chosen config, findings
+grouped by severity with the fix for each. Errors block continuing; `r` runs the checks again."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from taehv_console.ui import formatting as f
+from taehv_console.ui.messages import NoteAdded, PreflightFinished
+from taehv_console.ui.widgets.steps import WizardSteps
+
+SEVERITY_TITLES = (("error", "Errors: a launch is refused until they are fixed"),
+                   ("warning", "Warnings: the run may start, but read them"),
+                   ("info", "Information"))
+
+
+def findings_content(findings: tuple[Any, ...]) -> Content:
+    blocks: list[Content] = []
+    for severity, title in SEVERITY_TITLES:
+        group = [x for x in findings if x.severity.value == severity]
+        if not group:
+            continue
+        lines = [Content.assemble(f.badge(severity), Content.styled(f" {len(group)} — {title}", "bold"))]
+        for x in group:
+            where = Content.styled(f"{x.node} ", "bold") if x.node else Content("")
+            message = x.message.removeprefix(f"{x.node}: ") if x.node else x.message
+            lines.append(Content.assemble("  ", where, Content.styled(f"({x.id}) ", "dim"), message))
+            if x.fix:
+                lines.append(Content.assemble(Content.styled("      fix: ", "$accent"), x.fix))
+        blocks.append(Content("\n").join(lines))
+    if not blocks:
+        return Content.assemble(f.badge("ok"), " nothing to report")
+    return Content("\n\n").join(blocks)
+
+
+class PreflightScreen(Screen):
+    CSS_PATH = "wizard.tcss"
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "next_step", "Continue", id="next-step", tooltip="Choose the preset"),
+        Binding("r", "rerun", "Run again", id="rerun-preflight", tooltip="Run every check again"),
+        Binding("escape", "back", "Back", id="back", tooltip="Previous step"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield WizardSteps(1, classes="steps")
+        yield Static("", id="config")
+        yield Static("", id="notes")
+        with VerticalScroll(id="findings"):
+            yield Static("", id="findings-text")
+        yield Static("", id="verdict")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#findings").border_title = "findings"
+        result = self.app.wizard.preflight
+        if result is not None:
+            self._show(result)
+        else:
+            self.action_rerun()
+
+    def action_rerun(self) -> None:
+        self.app.wizard.preflight = None
+        self._notes: list[str] = []
+        self.query_one("#notes", Static).update("")
+        self.query_one("#findings-text", Static).update(Content.styled("checking …", "dim"))
+        self.query_one("#verdict", Static).update("")
+        self._run()
+
+    @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
+    def _run(self) -> None:
+        from taehv_console.ui import flow
+
+        w = self.app.wizard
+        config = (w.config, w.chosen) if w.config is not None else None
+        result = flow.preflight(self.app.args, w.topology, w.probes, self.app.pool,
+                                lambda text: self.post_message(NoteAdded(text)), config=config)
+        self.post_message(PreflightFinished(result))
+
+    def on_note_added(self, message: NoteAdded) -> None:
+        self._notes = (getattr(self, "_notes", []) + [message.text])[-3:]
+        self.query_one("#notes", Static).update("\n".join(f"… {n}" for n in self._notes))
+
+    def on_preflight_finished(self, message: PreflightFinished) -> None:
+        self.app.wizard.preflight = message.result
+        if self.app.wizard.config is None:
+            self.app.wizard.config = message.result.config
+            self.app.wizard.chosen = message.result.chosen
+        self._show(message.result)
+
+    def _show(self, result: Any) -> None:
+        report = result.report
+        self.query_one("#config", Static).update(Content.assemble(
+            Content.styled("config ", "dim"), result.chosen, "\n", Content.styled("master port ", "dim"),
+            str(result.master_port or "-"), Content.styled("  backend ", "dim"), result.backend or "none"))
+        self.query_one("#notes", Static).update("")
+        self.query_one("#findings-text", Static).update(findings_content(report.findings))
+        verdict = self.query_one("#verdict", Static)
+        n_err = len(report.errors)
+        n_warn = sum(1 for x in report.findings if x.severity.value == "warning")
+        ok = sum(1 for p in report.probes if p.ok)
+        if n_err:
+            verdict.update(f"{n_err} error(s), {n_warn} warning(s) on {ok} of {len(report.probes)} node(s): "
+                           "fix them, then run the checks again (r)")
+        else:
+            verdict.update(f"ready: {n_warn} warning(s) on {ok} of {len(report.probes)} node(s); continue (n)")
+        verdict.set_class(bool(n_err), "-blocked")
+        verdict.set_class(not n_err, "-ready")
+
+    def action_next_step(self) -> None:
+        result = self.app.wizard.preflight
+        if result is None:
+            self.notify("the checks are still running", severity="warning")
+            return
+        if not result.report.ok:
+            self.notify(f"{len(result.report.errors)} error(s) block the launch: fix them and run again (r)",
+                        severity="error")
+            return
+        from taehv_console.ui.screens.preset import PresetScreen
+
+        self.app.push_screen(PresetScreen())
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

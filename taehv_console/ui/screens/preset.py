@@ -1,0 +1,213 @@
+"""Wizard step 3, Preset: the config derived for the detected cluster and every shipped and user
+preset, each with effective batch, LR, ZeRO stage and the memory estimate against the device;
+then the overrides form, each field checked by core's validation as it is typed."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Label, Static
+
+from taehv_console.ui import formatting as f
+from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
+from taehv_console.ui.widgets.steps import WizardSteps
+
+COLUMNS = ("preset", "topology", "eff. batch", "LR", "ZeRO", "memory / device", "fits")
+MORE = "more"
+
+
+def choice_row(c: Any) -> tuple[Any, ...]:
+    if c.error:
+        return (c.title, Content.styled(c.error[:60], "$error"), "", "", "", "", "")
+    name = Content.assemble(c.title, Content.styled("  ✓ this cluster", "$success") if c.matches and c.name != "auto"
+                            else "")
+    mem = f"{c.memory_gb:.1f} / {c.device_gb:g} GB" if c.memory_gb is not None else "-"
+    fits = f.badge("ok") if c.fits else f.badge("failed")
+    return (name, c.topology, str(c.effective_batch), f"{c.lr:g}", str(c.zero_stage), mem, fits)
+
+
+def choice_info(c: Any) -> Content:
+    lines = [Content.assemble(Content.styled(c.title, "bold"), f"  {c.description}" if c.description else "")]
+    for key, why in c.reasons[:8]:
+        lines.append(Content.assemble(Content.styled(f"  {key}: ", "dim"), why))
+    return Content("\n").join(lines)
+
+
+class PresetScreen(Screen):
+    CSS_PATH = "wizard.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "next_step", "Continue", id="next-step", tooltip="Review the plan and the commands"),
+        Binding("escape", "back", "Back", id="back", tooltip="Previous step"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._choices: dict[str, Any] = {}
+        self._selected: Any = None
+        self._errors: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        from taehv_console.ui.flow import FORM_FIELDS
+
+        yield WizardSteps(2, classes="steps")
+        yield DataTable(id="choices", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="choice-info")
+        with VerticalScroll(id="preset-form"):
+            for key, label in FORM_FIELDS:
+                with Horizontal(classes="form-field"):
+                    yield Label(label)
+                    yield Input(id=f"field-{key.replace('.', '-')}", name=key, compact=True)
+                yield Static("", id=f"error-{key.replace('.', '-')}", classes="form-error -hidden")
+            with Horizontal(classes="form-field"):
+                yield Label("more overrides")
+                yield Input(placeholder="section.key=value ... e.g. schedule.val_every=500", id="field-more", name=MORE,
+                            compact=True)
+            yield Static("", id="error-more", classes="form-error -hidden")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#choices", DataTable).add_columns(*COLUMNS)
+        self.query_one("#choices").border_title = "presets"
+        self.query_one("#preset-form").border_title = "overrides (checked as you type)"
+        self._load()
+
+    @work(thread=True, exclusive=True, group="presets", exit_on_error=False)
+    def _load(self) -> None:
+        from taehv_console.ui.flow import preset_choices
+
+        w = self.app.wizard
+        self.post_message(PresetChoicesReady(preset_choices(self.app.args, w.topology, w.probes)))
+
+    def on_preset_choices_ready(self, message: PresetChoicesReady) -> None:
+        table = self.query_one("#choices", DataTable)
+        table.clear()
+        self._choices = {}
+        for c in message.choices:
+            if c.name in self._choices:
+                continue
+            self._choices[c.name] = c
+            table.add_row(*f.table_row(choice_row(c)), key=c.name)
+        wanted = self.app.wizard.preset or getattr(self.app.args, "preset", "auto") or "auto"
+        names = list(self._choices)
+        table.move_cursor(row=names.index(wanted) if wanted in names else 0)
+        table.focus()
+        self._select(names[table.cursor_row] if names else None, initial=True)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "choices" and event.row_key is not None:
+            self._select(event.row_key.value)
+
+    def _select(self, name: str | None, initial: bool = False) -> None:
+        from taehv_console.ui.flow import FORM_FIELDS, check_overrides, field_text
+
+        choice = self._choices.get(name) if name else None
+        if choice is None or choice is self._selected:
+            return
+        self._selected = choice
+        self.query_one("#choice-info", Static).update(choice_info(choice))
+        if choice.config is None:
+            return
+        w = self.app.wizard
+        overrides = w.overrides if (initial and w.overrides) else list(getattr(self.app.args, "overrides", []) or [])
+        shown, _ = check_overrides(choice.config, overrides)
+        shown = shown or choice.config
+        form_keys = {k for k, _ in FORM_FIELDS}
+        for key, _label in FORM_FIELDS:
+            self.query_one(f"#field-{key.replace('.', '-')}", Input).value = field_text(shown, key)
+        more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys]
+        self.query_one("#field-more", Input).value = " ".join(more)
+        self._validate_all()
+
+    # ---------------------------------------------------------------- form
+    def _fields(self) -> tuple[dict[str, str], str]:
+        from taehv_console.ui.flow import FORM_FIELDS
+
+        values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in FORM_FIELDS}
+        return values, self.query_one("#field-more", Input).value
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.name:
+            self._validate(event.input.name)
+
+    def _validate_all(self) -> None:
+        from taehv_console.ui.flow import FORM_FIELDS
+
+        for key, _ in FORM_FIELDS:
+            self._validate(key)
+        self._validate(MORE)
+
+    def _validate(self, key: str) -> None:
+        """Core's own validation, one field at a time, so each message sits under its field."""
+        import shlex
+
+        from taehv_console.ui.flow import check_overrides, field_text, override_text
+
+        base = self._selected.config if self._selected is not None else None
+        if base is None:
+            return
+        values, more = self._fields()
+        if key == MORE:
+            try:
+                overrides = [x for x in shlex.split(more) if x]
+                _, err = check_overrides(base, overrides)
+            except ValueError as e:  # unbalanced quotes
+                err = f"cannot split the line: {e}"
+        else:
+            text = values[key]
+            _, err = ("", "") if text.strip() == field_text(base, key) else check_overrides(
+                base, [override_text(key, text)])
+        self._errors[key] = err
+        dom = key.replace(".", "-")
+        box = self.query_one(f"#error-{dom}", Static)
+        box.update(err)
+        box.set_class(not err, "-hidden")
+        self.query_one(f"#field-{dom}", Input).set_class(bool(err), "-invalid")
+
+    # ---------------------------------------------------------------- navigation
+    def action_next_step(self) -> None:
+        from taehv_console.ui.flow import form_overrides
+
+        if self._selected is None or self._selected.config is None:
+            self.notify("choose a preset that loads", severity="warning")
+            return
+        bad = {k: v for k, v in self._errors.items() if v}
+        if bad:
+            self.notify("fix the overrides marked in red first", severity="error")
+            return
+        values, more = self._fields()
+        overrides = form_overrides(self._selected.config, values, more)
+        self._build(self._selected.name, overrides)
+
+    @work(thread=True, exclusive=True, group="review", exit_on_error=False)
+    def _build(self, preset: str, overrides: list[str]) -> None:
+        from taehv_console.ui import flow
+        from trainer.config import ConfigError
+
+        w = self.app.wizard
+        note = lambda text: self.post_message(NoteAdded(text))
+        try:
+            cfg, chosen = flow.config_for(self.app.args, w.topology, w.probes, note, preset=preset, overrides=overrides)
+            review = flow.review(self.app.args, w.topology, w.probes, w.preflight, cfg, chosen, self.app.pool, note)
+        except ConfigError as err:
+            self.post_message(NoteAdded(f"error: {err}"))
+            return
+        w.preset, w.overrides, w.config, w.chosen = preset, overrides, cfg, chosen
+        self.post_message(ReviewReady(review))
+
+    def on_note_added(self, message: NoteAdded) -> None:
+        self.notify(message.text, severity="error" if message.text.startswith("error:") else "information")
+
+    def on_review_ready(self, message: ReviewReady) -> None:
+        from taehv_console.ui.screens.review import ReviewScreen
+
+        self.app.wizard.review = message.review
+        self.app.push_screen(ReviewScreen())
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

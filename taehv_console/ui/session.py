@@ -1,0 +1,159 @@
+"""The run this console controls: core's RunController (its lock held for the session), the
+Monitor that watches the run's nodes, and the follow loop. Called from thread workers; nothing
+here imports Textual. Callbacks run on worker or monitor threads: the app turns them into
+messages with post_message, the only thread-safe way into the UI.
+
+Quitting the console detaches: the follow loop returns without stopping anything, the lock is
+released, and the launchers (started detached, in their own sessions) keep training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class _Detached(Exception):
+    """Raised inside the follow loop's callback to leave it without stopping the run."""
+
+
+class RunSession:
+    def __init__(self, run: Any, ctrl: Any, pool: Any, facts: dict[str, Any] | None = None):
+        self.run = run
+        self.ctrl = ctrl
+        self.pool = pool
+        self.facts = dict(facts or {})
+        self.monitor: Any = None
+        self._stop = threading.Event()
+        self._detach = threading.Event()
+        self._following = threading.Lock()
+        self.hurry = False
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def launch(cls, args: argparse.Namespace, review: Any, topology: Any, pool: Any,
+               facts: dict[str, Any] | None = None) -> RunSession:
+        """Create the reviewed run (the same id and path the review showed) and start every node."""
+        from taehv_console.core.run.control import RunController, create_run
+        from taehv_console.core.run.rundir import create_run_dir
+        from taehv_console.ui.flow import launch_spec
+
+        spec = launch_spec(args, topology, review.backend, review.master_port, pool)
+        run = create_run_dir(args.runs, review.config.run.preset, now=review.created_at)
+        run = create_run(args.runs, review.config, spec, run=run)
+        ctrl = RunController.open(run, pool, purpose="launch (console)")
+        session = cls(run, ctrl, pool, facts)
+        if getattr(args, "grace", None):
+            ctrl.grace_s = args.grace  # before the launch: torchrun's own shutdown wait follows it
+        try:
+            ctrl.launch()
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    @classmethod
+    def attach(cls, run_path: str, pool: Any) -> tuple[RunSession, str]:
+        """Take control of an existing run: ('live', session) when its processes run, else the
+        attempt is concluded from what it left ('ended'). RunBusyError when another console has it."""
+        from pathlib import Path
+
+        from taehv_console.core.run.control import RunController
+        from taehv_console.core.run.rundir import RunDir
+
+        run = RunDir(Path(run_path))
+        ctrl = RunController.open(run, pool, purpose="attach (console)")
+        session = cls(run, ctrl, pool)
+        try:
+            how = ctrl.reconcile()
+        except BaseException:
+            session.close()
+            raise
+        return session, how
+
+    # ------------------------------------------------------------------ watching
+    def monitor_hosts(self) -> list[str] | None:
+        hosts = list(self.ctrl.state.hosts)
+        if self.ctrl.state.backend == "local" or len(set(hosts)) != len(hosts) or not hosts:
+            return None  # this machine only (local mode names it by its hostname)
+        return hosts
+
+    def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
+        from taehv_console.core.watch.monitor import Monitor
+
+        if self.monitor is None:
+            self.monitor = Monitor(self.run.path, hosts=self.monitor_hosts(), pool=self.pool, facts=self.facts,
+                                   config=config)
+            self.monitor.subscribe(on_state)
+            self.monitor.start()
+        return self.monitor
+
+    def node_index(self, name: str) -> int | None:
+        """Machine rank of a node as the monitor names it (its log is logs/node-<i>.log)."""
+        hosts = self.monitor_hosts()
+        if hosts is None:
+            return 0 if self.ctrl.cfg.topology.nodes == 1 else None
+        return hosts.index(name) if name in hosts else None
+
+    # ------------------------------------------------------------------ control
+    @property
+    def phase(self) -> Any:
+        return self.ctrl.state.phase
+
+    @property
+    def following(self) -> bool:
+        return self._following.locked()
+
+    def follow(self, on_update: Callable[[Any], None]) -> Any:
+        """Follow the run until it ends (Outcome) or the console detaches (None). A stop asked
+        with request_stop() is carried out by core's follow loop: SIGTERM, checkpoint, verify."""
+        def update(snapshot: Any) -> None:
+            on_update(snapshot)
+            if self._detach.is_set():
+                raise _Detached
+
+        with self._following:
+            self._stop.clear()
+            try:
+                outcome = self.ctrl.follow(update, should_stop=self._stop.is_set)
+            except _Detached:
+                return None
+            return outcome
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def hurry_stop(self) -> None:
+        self.ctrl.hurry = True
+
+    def resume_point(self, weights_only: bool = False) -> Any:
+        return self.ctrl.resume_point(weights_only=weights_only)
+
+    def resume(self, weights_only: bool = False) -> Any:
+        """Relaunch from the newest complete checkpoint (RunLiveError while it runs)."""
+        if self.following:
+            from taehv_console.core.run.control import RunLiveError
+
+            raise RunLiveError(f"{self.run.run_id} is running: stop it before resuming")
+        point = self.ctrl.resume_point(weights_only=weights_only)
+        self.ctrl.launch(resume=point.spec, weights_only=weights_only)
+        return point
+
+    def describe(self) -> tuple[str, ...]:
+        a = self.ctrl.attempt
+        return tuple(self.ctrl.backend.describe(a)) if a is not None else ()
+
+    def detach(self) -> None:
+        self._detach.set()
+
+    def close(self) -> None:
+        """Stop watching and release the run (nothing of the run itself is stopped)."""
+        self._detach.set()
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        # the follow loop leaves at its next callback (within ~2 s); the lock goes with it
+        with self._following:
+            self.ctrl.close()

@@ -1,0 +1,1 @@
+"""Widgets that draw parts of a ClusterState."""

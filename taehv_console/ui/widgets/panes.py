@@ -1,0 +1,104 @@
+"""The dashboard's side panes, each drawn from a ClusterState: loss/PSNR sparklines, checkpoints
+(last complete, in progress, next due, incomplete ones flagged) and notable events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widgets import Sparkline, Static
+
+from taehv_console.ui import formatting as f
+
+
+class MetricSpark(Vertical):
+    """A titled sparkline of one Series with its last, min and max values."""
+
+    series: reactive[Any] = reactive(None, always_update=False)
+
+    def __init__(self, title: str, fmt: str = ".4g", unit: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.title = title
+        self.fmt = fmt
+        self.unit = unit
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title, classes="metric-title")
+        yield Sparkline([], summary_function=max, classes="metric-spark")
+
+    def watch_series(self, series: Any) -> None:
+        values = list(series.values) if series is not None else []
+        label = self.query_one(".metric-title", Static)
+        spark = self.query_one(Sparkline)
+        spark.data = values[-240:] or [0.0]
+        if not values:
+            label.update(Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")))
+            return
+        label.update(Content.assemble(
+            Content.styled(self.title, "bold"), "  ", Content.styled(format(values[-1], self.fmt) + self.unit, "$accent"),
+            Content.styled(f"  min {min(values):{self.fmt}}  max {max(values):{self.fmt}}", "dim")))
+
+
+def checkpoint_content(state: Any) -> Content:
+    c = state.checkpoints
+    lines: list[Content] = []
+    complete = c.complete
+    if complete:
+        last = complete[0]
+        lines.append(Content.assemble(Content.styled("last   ", "dim"), f.badge("complete"), f"  step {last.step}",
+                                      Content.styled(f"  {f.size(last.bytes)}  {f.age(last.age_s)} ago", "dim")))
+    else:
+        lines.append(Content.assemble(Content.styled("last   ", "dim"), Content.styled("none complete yet", "dim")))
+    for item in c.items:
+        if item.state.value == "in_progress":
+            lines.append(Content.assemble(Content.styled("now    ", "dim"),
+                                          Content.styled(f"writing step {item.step}", f.health_style("in_progress"))))
+    due = [Content.styled("next   ", "dim"),
+           f"step {c.next_due_step}" if c.next_due_step is not None else "-"]
+    if c.every:
+        due.append(Content.styled(f"  (every {c.every})", "dim"))
+    lines.append(Content.assemble(*due))
+    if len(complete) > 1:
+        lines.append(Content.styled("kept   " + ", ".join(str(x.step) for x in complete[:6]), "dim"))
+    for item in c.items:
+        if item.state.value == "incomplete":
+            why = "; ".join(item.problems)[:60] or "incomplete"
+            lines.append(Content.assemble(f.badge("incomplete"), f"  {item.name}: ", Content.styled(why, "dim")))
+    for p in c.problems[:3]:
+        lines.append(Content.styled(p[:80], f.health_style("warning")))
+    return Content("\n").join(lines)
+
+
+class CheckpointPane(Static):
+    state: reactive[Any] = reactive(None, always_update=False)
+
+    def watch_state(self, state: Any) -> None:
+        if state is not None:
+            self.update(checkpoint_content(state))
+
+
+def notice_content(state: Any, limit: int = 40) -> Content:
+    """Newest first: what needs attention is on top without scrolling."""
+    if not state.notices:
+        return Content.styled("nothing notable yet", "dim")
+    lines = []
+    for n in reversed(state.notices[-limit:]):
+        ago = f.duration(state.time - n.time) if n.time else "-"
+        where = f" {n.node}" if n.node else ""
+        where += f" r{n.rank}" if n.rank is not None else ""
+        lines.append(Content.assemble(
+            Content.styled(f"{ago:>6} ", "dim"),
+            Content.styled(f"{n.severity:<7}", f"bold {f.health_style(n.severity)}"),
+            Content.styled(f" {n.source}{where}: ", "dim"), n.text))
+    return Content("\n").join(lines)
+
+
+class NoticePane(Static):
+    state: reactive[Any] = reactive(None, always_update=False)
+
+    def watch_state(self, state: Any) -> None:
+        if state is not None:
+            self.update(notice_content(state))

@@ -1,0 +1,65 @@
+"""The run header: phase, step/max with a bar, loss, PSNR, clips/s, ETA and elapsed time, drawn
+from one ClusterState (its own `time` is "now", so the same state always draws the same)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from taehv_console.ui import formatting as f
+
+
+def header_content(state: Any, console_phase: str | None = None) -> Content:
+    run = state.run
+    phase = run.phase
+    ctrl = console_phase or run.console_phase
+    line1 = [
+        Content.styled(run.run_id, "bold"), "  ", f.badge(phase),
+    ]
+    if ctrl and ctrl != phase:
+        line1 += ["  ", Content.styled(f"console: {ctrl}", "dim")]
+    if run.preset:
+        line1 += ["  ", Content.styled("preset ", "dim"), run.preset]
+    if run.world_size:
+        line1 += ["  ", Content.styled("world ", "dim"), str(run.world_size)]
+    step, max_steps = run.step, run.max_steps
+    if step is not None and max_steps:
+        progress = [Content.styled("step ", "dim"), Content.styled(f"{step}/{max_steps}", "bold"), " ",
+                    f.progress_bar(step, max_steps, 12), f" {100 * step / max_steps:.0f}%"]
+    else:
+        progress = [Content.styled("step ", "dim"), "-" if step is None else str(step)]
+    elapsed = (state.time - run.started) if run.started else None
+    line2 = progress + [
+        "  ", Content.styled("loss ", "dim"), f.num(run.loss, ".4g"),
+        "  ", Content.styled("PSNR ", "dim"), f.num(run.psnr, ".2f"), " dB",
+        "  ", f.num(run.clips_per_s, ".3g"), Content.styled(" clips/s", "dim"),
+        "  ", Content.styled("ETA ", "dim"), f.duration(run.eta_s),
+        "  ", Content.styled("elapsed ", "dim"), f.duration(elapsed),
+    ]
+    if run.best_val_psnr is not None:
+        line2 += ["  ", Content.styled("best val ", "dim"), f.num(run.best_val_psnr, ".2f")]
+    if run.stop_reason:
+        line2 += ["  ", Content.styled(f"stopped: {run.stop_reason}", f.health_style(phase))]
+    return Content("\n").join([Content.assemble(*line1), Content.assemble(*line2)])
+
+
+class RunHeaderBar(Static):
+    """Renders `state` (a ClusterState) and `console_phase` (what this console's controller says)."""
+
+    state: reactive[Any] = reactive(None, always_update=False)
+    console_phase: reactive[str | None] = reactive(None)
+
+    def watch_state(self, state: Any) -> None:
+        self._draw()
+
+    def watch_console_phase(self, _phase: str | None) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if self.state is None:
+            self.update(Content.styled("no run yet: the wizard starts one (s), or attach to one (a)", "dim"))
+            return
+        self.update(header_content(self.state, self.console_phase))
