@@ -435,10 +435,11 @@ class RunController:
                 if code:
                     failing = {-1: code}
         rank_failed = self._failed_ranks(progress)
+        reported = self._watched_ranks() <= set(progress.stops)
 
         # Every rank has said how it ended: that is the run's verdict, whatever the launchers exit
         # with (torchrun exits non-zero when it was itself signalled, even after a clean stop).
-        if progress.all_stopped() and not rank_failed:
+        if reported and not rank_failed:
             last_stop = max((e.get("time", now) for e in progress.stops.values()), default=now)
             if set(watched) <= exited or now - last_stop > STATUS_LAG_S:
                 return self._conclude(progress)
@@ -455,9 +456,20 @@ class RunController:
             return True
 
         if watched and set(watched) <= exited:
-            # every launcher exited 0, yet some rank never said how it ended
+            # Every launcher exited 0, yet some rank has not said how it ended. Its last words may
+            # just be late: rank 0 finalizes a checkpoint after the others have written theirs and
+            # left, and shared storage shows a file to other nodes with a delay.
+            last_exit = max((statuses[i].ended or now for i in watched if i in statuses), default=now)
+            if now - last_exit < STATUS_LAG_S:
+                return False
             return self._conclude(progress)
         return False
+
+    def _watched_ranks(self) -> set[int]:
+        """The ranks whose `stop` decides this console's verdict: those of the nodes it watches
+        (a platform's pod other than node 0 answers for its own node only)."""
+        per = self.cfg.topology.gpus_per_node
+        return {n * per + i for n in self._watched_nodes() if n >= 0 for i in range(per)}
 
     @staticmethod
     def _failed_ranks(progress: Any) -> set[int]:
@@ -578,17 +590,17 @@ class RunController:
         self._wait_gone(grace, on_update)
         left = self._kill_leftovers()
         verified = not left and not self.live_nodes()
-        progress = self._tail().progress
-        self._tail().poll()
-        reasons = progress.stop_reasons()
+        stops = self._await_stops(STATUS_LAG_S)
+        reported = self._watched_ranks() <= set(stops)
+        reasons = {str(e.get("reason")) for e in stops.values()}
         step = None
-        if progress.all_stopped() and reasons <= {"signal", "done"}:
-            steps = {e.get("step") for e in progress.stops.values()}
+        if reported and reasons <= {"signal", "done"}:
+            steps = {e.get("step") for e in stops.values()}
             step = steps.pop() if len(steps) == 1 else None
         record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
-        if progress.all_stopped() and reasons == {"done"}:
+        if reported and reasons == {"done"}:
             phase, outcome = Phase.DONE, "done"  # it finished on its own while we were stopping it
-        elif progress.all_stopped() and "error" in reasons:
+        elif reported and "error" in reasons:
             phase, outcome = Phase.FAILED, "failed"
         else:
             phase, outcome = Phase.STOPPED, "stopped"
@@ -600,21 +612,36 @@ class RunController:
             on_update(self.snapshot())
         return record
 
+    def _await_stops(self, seconds: float) -> dict[int, Mapping[str, Any]]:
+        """The watched ranks' `stop` events, waiting up to `seconds` for the ones not read yet (a
+        node's last lines reach shared storage a moment after its processes are gone)."""
+        ranks = self._watched_ranks()
+        deadline = time.time() + seconds
+        while True:
+            self._tail().poll()
+            stops = {r: e for r, e in self._tail().progress.stops.items() if r in ranks}
+            if ranks <= set(stops) or time.time() >= deadline:
+                return stops
+            time.sleep(0.2)
+
     def _conclude(self, progress: Any) -> bool:
         """Every launcher is done (or every rank said how it ended): record the verdict."""
         a = self.attempt
         # the launchers exit on their own right after the ranks' last words: give them the time
         # a clean exit takes before anything is killed
         left = {} if self._wait_gone(STATUS_LAG_S) else self._kill_leftovers()
-        reasons = progress.stop_reasons()
-        if progress.all_stopped() and reasons == {"done"}:
+        ranks = self._watched_ranks()
+        stops = {r: e for r, e in progress.stops.items() if r in ranks}
+        reported = ranks <= set(stops)
+        reasons = {str(e.get("reason")) for e in stops.values()}
+        if reported and reasons == {"done"}:
             phase = Phase.DONE
-        elif progress.all_stopped() and "error" not in reasons:
+        elif reported and "error" not in reasons:
             phase = Phase.STOPPED  # stopped from outside the console (a signal to the launchers)
             if self.state.stop is None:
-                steps = {e.get("step") for e in progress.stops.values()}
+                steps = {e.get("step") for e in stops.values()}
                 self.state = replace(self.state, stop=StopRecord(
-                    requested=min(e.get("time", 0) for e in progress.stops.values()), by="outside the console",
+                    requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
                     reason="signal", grace_s=0, checkpoint_step=steps.pop() if len(steps) == 1 else None,
                     verified=not left, finished=time.time()))
         else:
@@ -646,7 +673,7 @@ class RunController:
         statuses = self._statuses()
         watched = self._watched_nodes()
         clean = all(i in statuses and statuses[i].exit_code == 0 for i in watched)
-        if (progress.all_stopped() and not self._failed_ranks(progress)) or clean:
+        if (self._watched_ranks() <= set(progress.stops) and not self._failed_ranks(progress)) or clean:
             self._conclude(progress)
         else:
             failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}

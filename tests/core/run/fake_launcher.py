@@ -10,7 +10,9 @@ where control depends on it, at no DeepSpeed cost.
 - when a rank dies it prints torchelastic's "Root Cause (first observed failure)" block, kills
   the other ranks and exits 1.
 Options by environment for odd cases: FAKE_IGNORE_TERM=1 (ranks ignore SIGTERM: SIGKILL needed),
-FAKE_FAIL_AT=rank:step (that rank raises an error at that step).
+FAKE_FAIL_AT=rank:step (that rank raises an error at that step), FAKE_STOP_FILE=path (every rank
+stops once it exists: the trainer's collective stop agreement, across consoles), FAKE_SLOW_STOP=
+rank:seconds (that rank says `stop` late, as rank 0 does while it finalizes the checkpoint).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
     else:
         signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
     fail_rank, _, fail_step = os.environ.get("FAKE_FAIL_AT", "-1:-1").partition(":")
+    stop_file = Path(os.environ["FAKE_STOP_FILE"]) if os.environ.get("FAKE_STOP_FILE") else None
+    slow_rank, _, slow_s = os.environ.get("FAKE_SLOW_STOP", "-1:0").partition(":")
     (run / "heartbeat").mkdir(parents=True, exist_ok=True)
     emit(run, rank, "start", world_size=world, step=start_step, max_steps=max_steps)
     step = start_step
@@ -57,7 +61,9 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
         tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
                                    "host": socket.gethostname()}))
         os.replace(tmp, beat)
-        if stop["asked"]:
+        if stop["asked"] or (stop_file is not None and stop_file.exists()):
+            if rank == int(slow_rank):
+                time.sleep(float(slow_s))
             emit(run, rank, "checkpoint", step=step, status="complete", path=str(run / f"checkpoints/step-{step}"))
             emit(run, rank, "stop", step=step, reason="signal", exit_status=0, signal="SIGTERM")
             return 0

@@ -187,6 +187,46 @@ def test_stop_without_a_console_takes_the_lock_and_stops(tmp_path, pool, unrelat
     assert alive(unrelated_sleeper.pid)
 
 
+def test_a_platform_pod_judges_its_own_ranks_when_a_peers_stop_is_late(tmp_path, pool):
+    """Pod 1 controls node 1 only. Its rank stops and its launcher exits while rank 0 (on pod 0)
+    is still finalizing the checkpoint: pod 1 must report `stopped`, not a failure."""
+    import dataclasses
+
+    from tests.core.run.fake_launcher import fake_commands
+
+    stop_file = tmp_path / "agreed-stop"
+    env = {"FAKE_STOP_FILE": str(stop_file), "FAKE_SLOW_STOP": "0:8"}  # longer than STATUS_LAG_S
+    run = make_run(tmp_path / "runs", nodes=2, env=env)
+    base = dataclasses.replace(run.read_state(), backend="platform")
+    pods = []
+    for rank in (0, 1):
+        state = dataclasses.replace(base, controlled=(rank,)) if rank else dataclasses.replace(base, controlled=(0,))
+        ctrl = RunController.open(run, pool, purpose=f"pod {rank}", state=state,
+                                  lock_name=None if rank == 0 else f"lock.node-{rank}")
+        fake_commands(ctrl, 1, 1000, 0.2)
+        ctrl.launch()
+        pods.append(ctrl)
+    try:
+        results = {}
+        threads = [threading.Thread(target=lambda c=c, i=i: results.update({i: c.follow(interval=0.1)}))
+                   for i, c in enumerate(pods)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: step_of(pods[0]) >= 2, 30, "two steps")
+        stop_file.write_text("")  # every rank agrees to stop (the trainer's collective)
+        for t in threads:
+            t.join(60)
+        assert results[1].phase is Phase.STOPPED, results[1].failure
+        assert results[0].phase is Phase.STOPPED, results[0].failure  # node 0 heard rank 1 too
+        stops = pods[0]._tail().progress.stops
+        assert stops[0]["time"] - stops[1]["time"] > 7  # the race really happened: rank 0 spoke last
+        assert run.read_state().controlled == (0,)  # only pod 0 writes state.json
+    finally:
+        for c in pods:
+            c.backend.kill(c.run, c.attempt)
+            c.close()
+
+
 # --------------------------------------------------------------------------------- resume checks
 
 def _fake_checkpoint(run, step: int, world: int) -> None:
