@@ -82,8 +82,10 @@ def lifecycle(sshd, tmp_path_factory):
     seen["run"] = run
     first.wait_for(lambda o: is_step(o, 2), 300, "step 2")
     first.kill()
-    seen["step_at_kill"] = max(e["step"] for e in events(run, 0, "step"))
-    time.sleep(6)
+    seen["step_at_kill"] = at_kill = max(e["step"] for e in events(run, 0, "step"))
+    deadline = time.time() + 60
+    while max(e["step"] for e in events(run, 0, "step")) <= at_kill and time.time() < deadline:
+        time.sleep(0.5)
     seen["step_after_kill"] = max(e["step"] for e in events(run, 0, "step"))
 
     seen["resume_while_live"] = run_cli("resume", run, env=env, cwd=work)
