@@ -278,6 +278,8 @@ class RunController:
                 raise RunLiveError(f"{self.run.run_id} is running (node(s) {', '.join(map(str, sorted(live)))} "
                                    "alive): a second launch would start it twice; attach to it instead "
                                    f"(taehv-console attach {self.run.run_id})")
+            self.reconcile()  # the last attempt ended without a console: record how, before the next
+            a = self.attempt
         number = (a.number if a else 0) + 1
         for i in self.state.controlled:
             self.run.node_status_path(i).unlink(missing_ok=True)  # a stale status is never read as this attempt's
