@@ -252,13 +252,15 @@ def preset_choices(args: argparse.Namespace, topology: Any, probes: Any) -> tupl
         want = (t.nodes, t.gpus_per_node, t.device)
         reasons: tuple[tuple[str, str], ...] = ()
         try:
-            resolved = auto_select(t.nodes, t.gpus_per_node, device=t.device, gpu_memory_gb=t.gpu_memory_gb)
+            gpu = next((p.facts.visible_gpus[0].name for p in probes if p.facts is not None and p.facts.visible_gpus), "")
+            resolved = auto_select(t.nodes, t.gpus_per_node, device=t.device, gpu_name=gpu,
+                                   gpu_memory_gb=t.gpu_memory_gb)
             reasons = tuple((r.key, r.reason) for r in resolved.reasons)
         except ConfigError:
             pass
-        out.append(_choice("auto", "auto (for this cluster)", cfg, True, summary.removeprefix("auto: "), reasons))
+        out.append(_choice("auto", "auto", cfg, True, summary.removeprefix("auto: "), reasons))
     except ConfigError as err:
-        out.append(PresetChoice("auto", "auto (for this cluster)", "", None, None, None, None, None, None, False,
+        out.append(PresetChoice("auto", "auto", "", None, None, None, None, None, None, False,
                                 error=str(err)))
     listing = list_presets()
     for p in listing.presets:

@@ -111,7 +111,8 @@ class RunSession:
         with request_stop() is carried out by core's follow loop: SIGTERM, checkpoint, verify."""
         def update(snapshot: Any) -> None:
             on_update(snapshot)
-            if self._detach.is_set():
+            # a stop in progress is finished first: leaving it half done would leave the run stopping
+            if self._detach.is_set() and not self._stop.is_set():
                 raise _Detached
 
         with self._following:

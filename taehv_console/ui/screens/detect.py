@@ -64,7 +64,8 @@ def problems_text(probes: tuple[Any, ...]) -> Content:
     for p in probes:
         if p is None or p.ok:
             continue
-        lines.append(Content.assemble(f.badge("failed"), " ", Content.styled(p.host, "bold"), f": {p.error}"))
+        error = p.error.removeprefix(f"{p.host}: ")  # the host is named once
+        lines.append(Content.assemble(f.badge("failed"), " ", Content.styled(p.host, "bold"), f": {error}"))
         if p.fix:
             fix = p.fix
             if "taehv-console trust " in fix and "--replace" not in fix:
@@ -75,6 +76,7 @@ def problems_text(probes: tuple[Any, ...]) -> Content:
 
 class DetectScreen(Screen):
     CSS_PATH = "wizard.tcss"
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Preflight checks on these nodes"),
         Binding("r", "detect", "Detect again", id="redetect", tooltip="Probe every node again"),
@@ -93,7 +95,7 @@ class DetectScreen(Screen):
         with Horizontal(classes="field-row"):
             yield Label("hostfile", classes="field-label")
             yield Input(placeholder="empty: this machine (or the platform's env); else a DeepSpeed hostfile",
-                        id="hostfile")
+                        id="hostfile", compact=True)
         yield Static("", id="topology")
         yield ProgressBar(total=1, show_eta=False, id="probe-progress")
         yield DataTable(id="nodes", cursor_type="row", zebra_stripes=True)

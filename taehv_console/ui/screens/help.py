@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
+from textual.containers import Vertical
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
@@ -21,7 +21,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "close", "Close", id="close-help", key_display="esc")]
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="help"):
+        with Vertical(id="help"):
             yield Static(Content.styled("Keys", "bold"), id="help-title")
             yield DataTable(id="keys", cursor_type="none", zebra_stripes=True, show_cursor=False)
             yield Static("", id="help-config")
@@ -33,20 +33,22 @@ class HelpScreen(ModalScreen[None]):
         app = self.app
         keymap = app.console_config.keys
         table = self.query_one("#keys", DataTable)
-        table.add_columns("key", "does", "where", "binding id")
+        table.add_columns("key", "binding id", "where", "does")
         for where, b in all_bindings():
             keys = keymap.get(b.id, b.key) if b.id else b.key
             shown = ", ".join(app.get_key_display(Binding(k, b.action, key_display=None if b.id in keymap
                                                           else b.key_display)) for k in keys.split(","))
-            table.add_row(*f.table_row((Content.styled(shown, "bold $accent"), b.tooltip or b.description, where,
-                                        b.id or "")))
-        table.add_row(*f.table_row((Content.styled("ctrl+p", "bold $accent"),
-                                    "command palette: attach, theme, open node N, stop, resume", "everywhere", "")))
+            table.add_row(*f.table_row((Content.styled(shown, "bold $accent"), b.id or "", where,
+                                        b.tooltip or b.description)))
+        table.add_row(*f.table_row((Content.styled("ctrl+p", "bold $accent"), "", "everywhere",
+                                    "command palette: attach, theme, open node N, stop, resume")))
         path = app.console_config.path or config_path()
         self.query_one("#help-config", Static).update(Content.assemble(
-            Content.styled("\nRebind keys ", "bold"), "in ", Content.styled(str(path), "$accent"), ":\n\n",
-            Content.styled('  theme = "light"\n  [keys]\n  stop = "ctrl+x"\n  help = "f1,question_mark"\n', "dim"),
-            "\nq leaves the console only: the run keeps training; start a console again to attach to it."))
+            Content.styled("Rebind keys ", "bold"), "in ", Content.styled(str(path), "$accent"), ": ",
+            Content.styled('[keys] stop = "ctrl+x"', "bold"), " (binding id = key; several keys comma-separated), ",
+            Content.styled('theme = "light"', "bold"), ".\n",
+            Content.styled("q", "bold $accent"), " leaves the console only: the run keeps training, and the next "
+            "console attaches to it."))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -21,8 +21,8 @@ from textual_plotext import PlotextPlot
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
 
-GPU_COLUMNS = ("gpu", "util", "memory", "run mem", "temp", "power", "state")
-RANK_COLUMNS = ("rank", "state", "step", "step time", "busy", "score", "heartbeat", "pid", "detail")
+GPU_COLUMNS = ("gpu", "util", "memory", "temp", "power", "state", "run mem")
+RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "pid", "detail")
 LOG_LINES = 5000
 
 
@@ -66,8 +66,8 @@ def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
             st = f.badge("degraded") + Content(" " + ",".join(g.throttle))
         else:
             st = f.badge("ok")
-        rows.append((f"{g.index} {g.name}"[:22], f"{f.column_bar([g.util_pct])} {f.pct(g.util_pct)}", mem,
-                     f"{g.run_mem_mb / 1024:.1f}G", f"{g.temp_c:.0f}°C" if g.temp_c is not None else "-", power, st))
+        rows.append((str(g.index), f"{f.column_bar([g.util_pct])} {f.pct(g.util_pct)}", mem,
+                     f"{g.temp_c:.0f}°C" if g.temp_c is not None else "-", power, st, f"{g.run_mem_mb / 1024:.1f}G"))
     return rows
 
 
@@ -76,10 +76,9 @@ def rank_rows(ranks: list[Any]) -> list[tuple[Any, ...]]:
     for r in ranks:
         detail = r.detail or (f"waiting for rank {r.blocked_by}" if r.blocked_by is not None else "")
         rows.append((str(r.rank), f.badge(r.state.value), "-" if r.step is None else str(r.step),
-                     f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
-                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-",
-                     f"{r.score:.2f}" if r.score is not None else "-", f.age(r.heartbeat_age_s),
-                     str(r.pid or "-"), detail[:50]))
+                     f.age(r.heartbeat_age_s), f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
+                     f"{r.score:.2f}" if r.score is not None else "-",
+                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-", str(r.pid or "-"), detail[:60]))
     return rows
 
 
@@ -113,11 +112,12 @@ class NodeScreen(Screen):
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back", id="back", tooltip="Back to the dashboard"),
-        Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log"),
+        Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log", show=False),
         Binding("c", "show_tab('charts')", "Charts", id="show-charts", tooltip="Loss, PSNR, GPU utilisation"),
         Binding("f", "toggle_follow", "Follow", id="follow-log", tooltip="Keep the log scrolled to its end"),
         Binding("slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"),
-        Binding("n", "next_match", "Next match", id="next-match", tooltip="Next line matching the search"),
+        Binding("n", "next_match", "Next match", id="next-match", tooltip="Next line matching the search",
+                show=False),
     ]
 
     def __init__(self, node_name: str) -> None:
@@ -168,7 +168,10 @@ class NodeScreen(Screen):
             self.query_one("#node-header", Static).update(f"{self.node_name}: not in the run's node list")
             return
         self.query_one("#node-header", Static).update(node_header(node, state))
-        self._fill(self.query_one("#gpus", DataTable), gpu_rows(node))
+        gpus = self.query_one("#gpus", DataTable)
+        self._fill(gpus, gpu_rows(node))
+        names = sorted({g.name for g in node.sample.gpus}) if node.sample is not None and node.sample.gpu_ok else []
+        gpus.border_title = f"GPUs: {len(node.sample.gpus)}× {', '.join(names)}" if names else "GPUs"
         ranks = [r for r in state.ranks if r.node == node.name]
         self._fill(self.query_one("#ranks", DataTable), rank_rows(ranks))
         if self.query_one(TabbedContent).active == "charts":

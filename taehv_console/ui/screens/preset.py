@@ -18,18 +18,17 @@ from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.widgets.steps import WizardSteps
 
-COLUMNS = ("preset", "topology", "eff. batch", "LR", "ZeRO", "memory / device", "fits")
+COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
 
 
 def choice_row(c: Any) -> tuple[Any, ...]:
     if c.error:
-        return (c.title, Content.styled(c.error[:60], "$error"), "", "", "", "", "")
-    name = Content.assemble(c.title, Content.styled("  ✓ this cluster", "$success") if c.matches and c.name != "auto"
-                            else "")
-    mem = f"{c.memory_gb:.1f} / {c.device_gb:g} GB" if c.memory_gb is not None else "-"
+        return (c.title, "", Content.styled(c.error[:70], "$error"), "", "", "", "", "")
+    here = Content.styled("✓", "bold $success") if c.matches else ""
+    mem = f"{c.memory_gb:.1f}/{c.device_gb:g} GB" if c.memory_gb is not None else "-"
     fits = f.badge("ok") if c.fits else f.badge("failed")
-    return (name, c.topology, str(c.effective_batch), f"{c.lr:g}", str(c.zero_stage), mem, fits)
+    return (c.title, here, c.topology, str(c.effective_batch), f"{c.lr:g}", str(c.zero_stage), mem, fits)
 
 
 def choice_info(c: Any) -> Content:
@@ -115,12 +114,19 @@ class PresetScreen(Screen):
             return
         w = self.app.wizard
         overrides = w.overrides if (initial and w.overrides) else list(getattr(self.app.args, "overrides", []) or [])
-        shown, _ = check_overrides(choice.config, overrides)
-        shown = shown or choice.config
+        # each override applied on its own: the valid ones fill the form, a bad one stays in
+        # "more overrides" with its message under it
+        shown, rejected = choice.config, []
+        for o in overrides:
+            applied, err = check_overrides(shown, [o])
+            if err:
+                rejected.append(o)
+            else:
+                shown = applied
         form_keys = {k for k, _ in FORM_FIELDS}
         for key, _label in FORM_FIELDS:
             self.query_one(f"#field-{key.replace('.', '-')}", Input).value = field_text(shown, key)
-        more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys]
+        more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys or o in rejected]
         self.query_one("#field-more", Input).value = " ".join(more)
         self._validate_all()
 

@@ -1,0 +1,191 @@
+"""SVG snapshots of every screen at 80x24 and 160x50, drawn from fixed samples (tests/ui/samples.py):
+one node of 8 GPUs, and 16 nodes with a straggler, a stalled node holding the collective and a
+failed node. Textual is pinned exactly: snapshots change between its releases.
+
+After an intended change, look at the diff report, then: pytest tests/ui --snapshot-update
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from taehv_console.core.plan.derive import auto_select
+from taehv_console.core.plan.presets import load_preset
+from taehv_console.ui import flow
+from taehv_console.ui.messages import LogChunk, LogRead
+from tests.ui import samples
+from tests.ui.conftest import sample_app
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 50), id="160x50")]
+CLUSTERS = [pytest.param(1, id="1node"), pytest.param(16, id="16nodes")]
+
+
+def _argv(n: int) -> list[str]:
+    return ["--hosts", "/shared/hostfile"] if n > 1 else []
+
+
+def _config(n: int):
+    if n == 1:
+        return load_preset("8gpu-h100").config, "preset 8gpu-h100 (shipped)"
+    resolved = auto_select(n, samples.GPUS, gpu_name=samples.H100, gpu_memory_gb=85.9)
+    return resolved.config, f"auto: {resolved.summary}"
+
+
+def _wizard(app, n: int, step: int) -> None:
+    """The wizard state after `step` steps on the sample cluster (0 detect ... 3 review)."""
+    w = app.wizard
+    w.topology, w.probes = samples.topology(n), samples.probes(n)
+    if step >= 1:
+        cfg, chosen = _config(n)
+        w.preflight = flow.PreflightResult(config=cfg, chosen=chosen, report=samples.report(n),
+                                           backend="local" if n == 1 else "ssh", master_port=29500)
+        w.config, w.chosen = cfg, chosen
+    if step >= 3:
+        w.review = flow.review(app.args, w.topology, w.probes, w.preflight, w.config, w.chosen, app.pool,
+                               now=samples.T0)
+
+
+async def _settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_detect(snap_compare, n, size):
+    from taehv_console.ui.screens.detect import DetectScreen
+
+    app = sample_app(*_argv(n))
+
+    async def run_before(pilot):
+        _wizard(app, n, 0)
+        await app.push_screen(DetectScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_preflight(snap_compare, n, size):
+    from taehv_console.ui.screens.preflight import PreflightScreen
+
+    app = sample_app(*_argv(n))
+
+    async def run_before(pilot):
+        _wizard(app, n, 1)
+        await app.push_screen(PreflightScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_preset(snap_compare, n, size):
+    from taehv_console.ui.screens.preset import PresetScreen
+
+    # an override typed on the command line shows in the form; a bad one is flagged under its field
+    app = sample_app(*_argv(n), "--set", "optim.max_steps=50000", "--set", "schedule.val_every=0")
+
+    async def run_before(pilot):
+        _wizard(app, n, 1)
+        await app.push_screen(PresetScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_review(snap_compare, n, size):
+    from taehv_console.ui.screens.review import ReviewScreen
+
+    app = sample_app(*_argv(n))
+
+    async def run_before(pilot):
+        _wizard(app, n, 3)
+        await app.push_screen(ReviewScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_dashboard(snap_compare, n, size):
+    from taehv_console.ui.screens.dashboard import DashboardScreen
+
+    app = sample_app()
+
+    async def run_before(pilot):
+        app.cluster_state = samples.cluster_state(n, trouble=n > 1)
+        await app.push_screen(DashboardScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", CLUSTERS)
+def test_node(snap_compare, n, size):
+    from taehv_console.ui.screens.node import NodeScreen
+
+    app = sample_app()
+    # the 16-node sample opens its stalled node
+    name = samples.node_name(5 if n > 1 else 0)
+
+    async def run_before(pilot):
+        app.cluster_state = samples.cluster_state(n, trouble=n > 1)
+        screen = NodeScreen(name)
+        await app.push_screen(screen)
+        screen.post_message(LogRead(LogChunk(0, samples.LOG_LINES)))
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+def test_node_charts(snap_compare):
+    from taehv_console.ui.screens.node import NodeScreen
+
+    app = sample_app()
+
+    async def run_before(pilot):
+        app.cluster_state = samples.cluster_state(16, trouble=True)
+        await app.push_screen(NodeScreen(samples.node_name(0)))
+        await _settle(pilot)
+        await pilot.press("c")
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=(160, 50))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_help(snap_compare, size):
+    app = sample_app()
+
+    async def run_before(pilot):
+        await pilot.press("question_mark")
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+def test_stop_confirmation(snap_compare):
+    from taehv_console.ui.screens.dashboard import DashboardScreen
+    from taehv_console.ui.screens.dialogs import ConfirmScreen
+
+    app = sample_app()
+
+    async def run_before(pilot):
+        app.cluster_state = samples.cluster_state(16, trouble=True)
+        await app.push_screen(DashboardScreen())
+        await _settle(pilot)
+        await app.push_screen(ConfirmScreen("Stop 20251231-121500-derived?",
+                                            "Every node gets SIGTERM: the ranks finish their step and write a "
+                                            "checkpoint (up to 120 s), then whatever is left is killed and the "
+                                            "nodes are checked. Resume later with r.", yes="Stop the run"))
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
