@@ -17,7 +17,9 @@ def console_env(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("console-home")
     ssh_config = home / "ssh_config"
     ssh_config.write_text("")
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    # a fixed path that does not exist: no user settings, themes or presets, and the help screen's
+    # "rebind keys in ..." line is the same on every machine
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent/home/.config")
     monkeypatch.setenv("TAEHV_SSH_CONFIG", str(ssh_config))
     monkeypatch.setenv("TAEHV_KNOWN_HOSTS", str(home / "known_hosts"))
     for name in ("TAEHV_CONSOLE_CONFIG", "TAEHV_CONSOLE_PRESETS", "NO_COLOR", "TEXTUAL_THEME"):

@@ -265,5 +265,5 @@ def test_the_tui_refuses_to_start_without_a_terminal(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path)], capture_output=True,
-                       text=True, stdin=subprocess.DEVNULL, cwd=root, timeout=60)
+                       text=True, stdin=subprocess.DEVNULL, cwd=root, timeout=60, check=False)
     assert r.returncode == 2 and "--no-tui" in r.stderr

@@ -147,8 +147,9 @@ class NodeGrid(VerticalScroll, can_focus=False):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._cells: dict[str, NodeCell] = {}
-        self._columns = 1
+        self._columns = 0
         self._compact = False
+        self._rows_compact: bool | None = None
 
     def update_state(self, state: Any) -> None:
         by_node: dict[str, list[Any]] = {}
@@ -189,9 +190,12 @@ class NodeGrid(VerticalScroll, can_focus=False):
             self.set_class(compact, "-compact")
             for c in self._cells.values():
                 c.compact = compact
-        self._columns = cols
-        self.styles.grid_size_columns = cols
-        self.styles.grid_rows = "1" if compact else str(CELL_HEIGHT)
+        if cols != self._columns or self._rows_compact is not compact:
+            # style changes relayout the grid: only when the shape changes, not on every state
+            self._columns = cols
+            self._rows_compact = compact
+            self.styles.grid_size_columns = cols
+            self.styles.grid_rows = "1" if compact else str(CELL_HEIGHT)
 
     def on_mount(self) -> None:
         self.on_resize()
@@ -204,7 +208,9 @@ class NodeGrid(VerticalScroll, can_focus=False):
         for name, cell in self._cells.items():
             node = cell.node
             hay = [name.lower()] + ([node.state.value, (node.detail or "").lower()] if node is not None else [])
-            cell.display = not text or any(text in h for h in hay)
+            shown = not text or any(text in h for h in hay)
+            if cell.display != shown:
+                cell.display = shown
         self._layout_cells()
 
     def visible_cells(self) -> list[NodeCell]:

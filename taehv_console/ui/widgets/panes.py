@@ -35,11 +35,12 @@ class MetricSpark(Vertical):
         spark = self.query_one(Sparkline)
         spark.data = values[-240:] or [0.0]
         if not values:
-            label.update(Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")))
+            label.update(Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")),
+                         layout=False)
             return
         label.update(Content.assemble(
             Content.styled(self.title, "bold"), "  ", Content.styled(format(values[-1], self.fmt) + self.unit, "$accent"),
-            Content.styled(f"  min {min(values):{self.fmt}}  max {max(values):{self.fmt}}", "dim")))
+            Content.styled(f"  min {min(values):{self.fmt}}  max {max(values):{self.fmt}}", "dim")), layout=False)
 
 
 def checkpoint_content(state: Any) -> Content:
@@ -74,10 +75,15 @@ def checkpoint_content(state: Any) -> Content:
 
 class CheckpointPane(Static):
     state: reactive[Any] = reactive(None, always_update=False)
+    _lines = -1
 
     def watch_state(self, state: Any) -> None:
         if state is not None:
-            self.update(checkpoint_content(state))
+            content = checkpoint_content(state)
+            lines = content.plain.count("\n")
+            # relayout only when the pane's height changes (a checkpoint appears, one goes bad)
+            self.update(content, layout=lines != self._lines)
+            self._lines = lines
 
 
 def notice_content(state: Any, limit: int = 40) -> Content:
@@ -101,4 +107,4 @@ class NoticePane(Static):
 
     def watch_state(self, state: Any) -> None:
         if state is not None:
-            self.update(notice_content(state))
+            self.update(notice_content(state), layout=False)  # a fixed height: no relayout

@@ -59,7 +59,9 @@ class RunHeaderBar(Static):
         self._draw()
 
     def _draw(self) -> None:
+        # the header's height is fixed by its screen's CSS: no relayout of the screen per state
         if self.state is None:
-            self.update(Content.styled("no run yet: the wizard starts one (s), or attach to one (a)", "dim"))
+            self.update(Content.styled("no run yet: the wizard starts one (s), or attach to one (a)", "dim"),
+                        layout=False)
             return
-        self.update(header_content(self.state, self.console_phase))
+        self.update(header_content(self.state, self.console_phase), layout=False)
