@@ -110,22 +110,20 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
         score = None
         if fastest is not None and busy_med.get(o.rank):
             score = round(min(1.0, fastest / busy_med[o.rank]), 3)
-        base = RankHealth(rank=o.rank, node=o.node, state=RankState.HEALTHY, step=o.step, heartbeat_age_s=age,
-                          step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank), score=score,
-                          pid=o.pid, process=proc.status if (fresh and proc) else "")  # fmt: skip
         sig = _fatal_signal(o, alive)
+        detail = ""
         if o.finished is not None:
             failed = o.finished == "error"
-            out[o.rank] = replace(base, state=RankState.FAILED if failed else RankState.STOPPED,
-                                  detail=(o.error or "stopped with an error") if failed else f"stopped: {o.finished}")  # fmt: skip
+            state = RankState.FAILED if failed else RankState.STOPPED
+            detail = (o.error or "stopped with an error") if failed else f"stopped: {o.finished}"
         elif o.error:
-            out[o.rank] = replace(base, state=RankState.FAILED, detail=o.error)
+            state, detail = RankState.FAILED, o.error
         elif alive is False:
-            out[o.rank] = replace(base, state=RankState.FAILED, detail=f"process {o.pid} is {proc.status}")  # type: ignore[union-attr]
+            state, detail = RankState.FAILED, f"process {o.pid} is {proc.status}"  # type: ignore[union-attr]
         elif sig is not None:
-            out[o.rank] = replace(base, state=RankState.FAILED, detail=sig.text)
+            state, detail = RankState.FAILED, sig.text
         elif o.step is None or age is None:
-            out[o.rank] = replace(base, state=RankState.STARTING, detail="no heartbeat yet")
+            state, detail = RankState.STARTING, "no heartbeat yet"
         else:
             if not o.step_times:  # no step finished in this attempt yet
                 limit = policy.startup_grace_s
@@ -133,7 +131,12 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
                 limit = max(stall_after or policy.startup_grace_s, o.pause_allowance_s)
             if age > limit:
                 stale[o.rank] = age
-            out[o.rank] = replace(base, state=RankState.STARTING if not o.step_times else RankState.HEALTHY)
+            state = RankState.STARTING if not o.step_times else RankState.HEALTHY
+        # built once here (not copied per decision): 512 ranks twice a second
+        out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
+                                 step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank),
+                                 score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
+                                 detail=detail)  # fmt: skip
 
     by_rank = {o.rank: o for o in obs}
     collective = None

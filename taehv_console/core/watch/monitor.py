@@ -87,6 +87,9 @@ class MonitorConfig:
     agents: PollerConfig = PollerConfig(1.0, 15.0)  # how often each agent's output is drained
     tensorboard: PollerConfig = PollerConfig(5.0, 60.0)
     publish_interval_s: float = 0.5  # health tick; snapshots go out at most this often
+    # ...and the tick stretches so that building snapshots costs at most this share of one core
+    # (a 512-rank snapshot takes ~15 ms: at 2 per second that alone would be 3%)
+    publish_cpu_share: float = 0.02
     agent_interval_s: float = 1.0
     agent_restart_s: float = 5.0  # first restart delay after an agent exits or goes silent (doubles)
     history_len: int = 600
@@ -414,6 +417,7 @@ class Monitor:
         self._prev_states: dict[str, str] = {}
         self._started = False
         self._sched: _Scheduler | None = None
+        self._publisher: _Poller | None = None
         self._pollers: list[_Poller] = self._make_pollers()
         if remote_files:
             self._use_remote_files()
@@ -456,8 +460,8 @@ class Monitor:
         self._sched = _Scheduler(self.cfg.workers)
         for i, p in enumerate(self._pollers):
             self._sched.add(p, delay=0.001 * i)  # a small stagger: 64 agents do not wake as one
-        self._sched.add(_CallPoller("publish", PollerConfig(self.cfg.publish_interval_s, 30.0), self._publish),
-                        delay=self.cfg.publish_interval_s)  # fmt: skip
+        self._publisher = _CallPoller("publish", PollerConfig(self.cfg.publish_interval_s, 30.0), self._publish)
+        self._sched.add(self._publisher, delay=self.cfg.publish_interval_s)
         self._sched.start()
         return self
 
@@ -593,6 +597,7 @@ class Monitor:
 
     def _apply_heartbeats(self, res: Any, now: float, reader: str = "") -> None:
         with self._lock:
+            place = self._placement()
             for path, data in res.whole.items():
                 m = re.search(r"rank-(\d+)\.json$", path)
                 if not m:
@@ -605,7 +610,8 @@ class Monitor:
                 t = self._ranks.get(r)
                 if t is None:
                     t = self._ranks[r] = _RankTracker(r, max(self.cfg.health.straggler_window * 2, 16))
-                offset = self._offset_for(r, hb.get("host"))
+                a = self._agents.get(place(r, hb["host"] if isinstance(hb.get("host"), str) else None))
+                offset = a.offset if a is not None else 0.0
                 if t.update(hb, offset, now):
                     self._version += 1
 
@@ -661,11 +667,6 @@ class Monitor:
         return False
 
     # ------------------------------------------------------------------ nodes and ranks
-    def _offset_for(self, rank: int, host: Any) -> float:
-        node = self._node_of(rank, host if isinstance(host, str) else None)
-        a = self._agents.get(node)
-        return a.offset if a is not None else 0.0
-
     def _world_size(self) -> int | None:
         sizes = [e.start.get("world_size") for e in self._fold.ranks.values() if e.start]
         sizes = [s for s in sizes if isinstance(s, int)]
@@ -677,22 +678,40 @@ class Monitor:
         return None
 
     def _node_of(self, rank: int, host: str | None) -> str:
-        if rank in self.rank_nodes:
-            return self.rank_nodes[rank]
-        if host:
-            matches = [n for n in self.hosts
-                       if n == host or (self._agents[n].sample is not None and self._agents[n].sample.host == host)]  # fmt: skip
+        return self._placement()(rank, host)
+
+    def _placement(self) -> Callable[[int, str | None], str]:
+        """rank, heartbeat host -> node. Explicit rank_nodes first; then the one node whose name or
+        agent-reported host name is the heartbeat's host; with several candidates (loopback "nodes"
+        of one machine) ranks are placed node by node, as torchrun numbers them. Built once per
+        snapshot: 512 ranks x 64 nodes compared one by one was most of a snapshot's cost."""
+        by_host: dict[str, list[str]] = {}
+        for n in self.hosts:
+            names = {n}
+            sample = self._agents[n].sample
+            if sample is not None:
+                names.add(sample.host)
+            for name in names:
+                by_host.setdefault(name, []).append(n)
+        hosts, single = self.hosts, len(self.hosts) == 1
+        world = None if single else self._world_size()
+        per = max(1, math.ceil(world / len(hosts))) if world else 0
+
+        def place(rank: int, host: str | None) -> str:
+            if rank in self.rank_nodes:
+                return self.rank_nodes[rank]
+            matches = by_host.get(host, ()) if host else ()
             if len(matches) == 1:
                 return matches[0]
-        if len(self.hosts) == 1:
-            if not self.local_mode or not host or host == self.hosts[0]:
-                return self.hosts[0]
-            return host  # local mode, a rank on another machine: a node without an agent
-        world = self._world_size()
-        if world:
-            per = max(1, math.ceil(world / len(self.hosts)))  # torchrun numbers ranks node by node
-            return self.hosts[min(rank // per, len(self.hosts) - 1)]
-        return host or self.hosts[0]
+            if single:
+                if not self.local_mode or not host or host == hosts[0]:
+                    return hosts[0]
+                return host  # local mode, a rank on another machine: a node without an agent
+            if per:
+                return hosts[min(rank // per, len(hosts) - 1)]
+            return host or hosts[0]
+
+        return place
 
     def _node_of_log(self, path: str) -> str | None:
         m = _NODE_LOG.search(path)
@@ -743,11 +762,12 @@ class Monitor:
                 pid_signals.setdefault(int(s.get("pid")), []).append(s)
         obs = []
         pause = self._pause_rule()
+        place = self._placement()
         ranks = set(self._ranks) | set(self._fold.ranks)
         for r in sorted(ranks):
             t = self._ranks.get(r)
             ev = self._fold.ranks.get(r)
-            node = self._node_of(r, t.host if t else (ev.start.get("node") if ev and ev.start else None))
+            node = place(r, t.host if t else (ev.start.get("node") if ev and ev.start else None))
             a = self._agents.get(node)
             proc = None
             ptime = None
@@ -777,10 +797,13 @@ class Monitor:
         ranks, collective = assess_ranks(obs, pol, now, watchdog=watchdog_counts(self._signals),
                                          collective_timeout_s=float(timeout) if timeout else None)  # fmt: skip
         node_names = list(self.hosts) + sorted({r.node for r in ranks} - set(self.hosts))
+        by_node: dict[str, list[RankHealth]] = {}
+        for r in ranks:
+            by_node.setdefault(r.node, []).append(r)
         nodes = []
         for name in node_names:
             a = self._agents.get(name)
-            node_ranks = [r for r in ranks if r.node == name]
+            node_ranks = by_node.get(name, [])
             sample = a.sample if a else None
             sample_age = (now - sample.received) if sample else None
             running_for = (now - a.first_open) if (a and a.first_open is not None) else None
@@ -887,7 +910,12 @@ class Monitor:
     def _publish(self) -> bool:
         with self._lock:
             now = time.time()
+            c0 = time.thread_time()
             state = self._build(now)
+            cost = time.thread_time() - c0
+            interval = max(self.cfg.publish_interval_s, cost / max(self.cfg.publish_cpu_share, 1e-3))
+            if self._publisher is not None and interval != self._publisher.cfg.interval_s:
+                self._publisher.cfg = replace(self._publisher.cfg, interval_s=min(interval, 5.0))
             key = (self._version, tuple((r.rank, r.state, r.blocked_by) for r in state.ranks),
                    tuple((n.name, n.state, n.detail) for n in state.nodes), state.collective is not None,
                    tuple((s.name, s.ok) for s in state.sources))  # fmt: skip

@@ -84,7 +84,7 @@ def read_chunks(root: str | Path, append: Sequence[str] = (), whole: Sequence[st
             try:
                 with open(entry.path, "rb") as f:
                     fst = os.fstat(f.fileno())  # the file actually opened, if it was replaced meanwhile
-                    data = f.read(max_bytes)
+                    data = f.read(min(max_bytes, fst.st_size))
             except OSError:
                 continue
             out.append(Chunk(rel, fst.st_ino, fst.st_size, fst.st_mtime_ns, 0, data, True))
@@ -100,7 +100,8 @@ def _read_from(path: str, rel: str, offset: int, max_bytes: int, k: Sequence[int
             if st.st_size <= offset and k and int(k[0]) == st.st_ino:
                 return None
             f.seek(offset)
-            data = f.read(max_bytes)
+            # read(n) allocates n bytes up front: ask for what is there, not the cap
+            data = f.read(min(max_bytes, st.st_size - offset))
     except OSError:
         return None
     return Chunk(rel, st.st_ino, st.st_size, st.st_mtime_ns, offset, data, False)
