@@ -19,14 +19,15 @@ from taehv_console.ui import formatting as f
 
 CELL_WIDTH = 27  # columns per cell, borders included; the grid fits width // CELL_WIDTH of them
 CELL_HEIGHT = 6
-COMPACT_WIDTH = 45  # one line per node when the full cells would not all fit on screen
+COMPACT_WIDTH = 44  # one line per node when the full cells would not all fit on screen
+COMPACT_GUTTER = 1
 
 
 def node_line(node: Any, ranks: Sequence[Any]) -> Content:
     """A node on one line (compact mode): name, badge, per-GPU utilisation, mean, straggler score."""
-    name = node.name if len(node.name) <= 13 else node.name[:12] + "…"
+    name = node.name if len(node.name) <= 12 else node.name[:11] + "…"
     state = node.state.value
-    parts: list[Any] = [Content.styled(name.ljust(14), "bold"), f.badge(state).pad_right(11 - len(f.badge(state)))]
+    parts: list[Any] = [Content.styled(name.ljust(13), "bold"), f.badge(state).pad_right(11 - len(f.badge(state)))]
     sample = node.sample
     if sample is not None and sample.gpu_ok and sample.gpus:
         utils = [g.util_pct for g in sample.gpus]
@@ -183,8 +184,11 @@ class NodeGrid(VerticalScroll, can_focus=False):
             return
         shown = sum(1 for c in self._cells.values() if c.display)
         full_cols = max(1, width // CELL_WIDTH)
-        compact = shown > full_cols * max(1, height // CELL_HEIGHT)
-        cols = max(1, width // COMPACT_WIDTH) if compact else full_cols
+        rows_needed = -(-shown // full_cols)
+        rows_visible = max(1, height // CELL_HEIGHT)
+        # full cells while they fit, or nearly (a row to scroll); else one line per node
+        compact = rows_needed > max(rows_visible + 1, rows_visible * 1.25)
+        cols = max(1, (width + COMPACT_GUTTER) // (COMPACT_WIDTH + COMPACT_GUTTER)) if compact else full_cols
         if compact != self._compact:
             self._compact = compact
             self.set_class(compact, "-compact")
