@@ -44,6 +44,7 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
     fail_rank, _, fail_step = os.environ.get("FAKE_FAIL_AT", "-1:-1").partition(":")
     stop_file = Path(os.environ["FAKE_STOP_FILE"]) if os.environ.get("FAKE_STOP_FILE") else None
     slow_rank, _, slow_s = os.environ.get("FAKE_SLOW_STOP", "-1:0").partition(":")
+    agreed = run / f"fake-stop-step-{start_step}"
     (run / "heartbeat").mkdir(parents=True, exist_ok=True)
     emit(run, rank, "start", world_size=world, step=start_step, max_steps=max_steps)
     step = start_step
@@ -61,7 +62,17 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
         tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
                                    "host": socket.gethostname()}))
         os.replace(tmp, beat)
-        if stop["asked"] or (stop_file is not None and stop_file.exists()):
+        if stop["asked"] and not agreed.exists():
+            # the trainer's all-reduce of the stop flag, in files: the first rank to be asked
+            # names a step a little ahead, which every rank reaches (they drift by under a step)
+            try:
+                fd = os.open(agreed, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                os.write(fd, str(step + 2).encode())
+                os.close(fd)
+            except FileExistsError:
+                pass
+        at = _agreed_step(agreed)
+        if (at is not None and step >= at) or (stop_file is not None and stop_file.exists()):
             if rank == int(slow_rank):
                 time.sleep(float(slow_s))
             emit(run, rank, "checkpoint", step=step, status="complete", path=str(run / f"checkpoints/step-{step}"))
@@ -69,6 +80,13 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
             return 0
     emit(run, rank, "stop", step=step, reason="done", exit_status=0)
     return 0
+
+
+def _agreed_step(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent, or being written this instant: read again next step
 
 
 def launcher_main(args: argparse.Namespace) -> int:
