@@ -184,8 +184,10 @@ def config_for(args: argparse.Namespace, topology: Any, probes: Any, note: Note 
 
 
 def preflight(args: argparse.Namespace, topology: Any, probes: Any, pool: Any, note: Note | None = None,
-              config: tuple[Any, str] | None = None) -> PreflightResult:
-    """Config (unless given) then core's preflight on it, with headless' choice of master port."""
+              config: tuple[Any, str] | None = None, bandwidth: bool = False) -> PreflightResult:
+    """Config (unless given) then core's preflight on it, with headless' choice of master port;
+    `bandwidth` also measures the all-reduce bandwidth between the nodes (a few seconds), which
+    the review's communication figures then use instead of the assumed link."""
     from taehv_console.headless import _preflight
 
     notes: list[str] = []
@@ -197,9 +199,27 @@ def preflight(args: argparse.Namespace, topology: Any, probes: Any, pool: Any, n
 
     cfg, chosen = config or config_for(args, topology, probes, say)
     a = args_with(args)
-    report = _preflight(a, topology, probes, cfg, pool, _NoteView(say))
+    if bandwidth:
+        report = _preflight_with_bandwidth(a, topology, probes, cfg, pool, say)
+    else:
+        report = _preflight(a, topology, probes, cfg, pool, _NoteView(say))
     return PreflightResult(config=cfg, chosen=chosen, report=report, backend=backend_for(args, topology),
                            master_port=a.master_port, notes=tuple(notes))
+
+
+def _preflight_with_bandwidth(a: argparse.Namespace, topology: Any, probes: Any, cfg: Any, pool: Any,
+                              say: Note) -> Any:
+    # headless' _preflight with bandwidth=True (its options take no bandwidth flag yet)
+    from taehv_console.commands.preflight import _assumed_gbps
+    from taehv_console.core.cluster.preflight import PreflightOptions, run_preflight
+    from taehv_console.headless import _free_port
+
+    if not a.master_port:
+        a.master_port = (_free_port(topology, pool) if topology.source.value in ("local", "hostfile")
+                         else topology.master_port)
+    options = PreflightOptions(runs_dir=a.runs, data_source=cfg.data.source, master_port=a.master_port,
+                               bandwidth=True, assumed_gbps=_assumed_gbps(cfg))
+    return run_preflight(topology, cfg, pool, options, progress=say, probes=probes)
 
 
 # ---------------------------------------------------------------------------------- presets

@@ -47,6 +47,8 @@ class PreflightScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Choose the preset"),
         Binding("r", "rerun", "Run again", id="rerun-preflight", tooltip="Run every check again"),
+        Binding("b", "rerun(True)", "Bandwidth", id="measure-bandwidth",
+                tooltip="Run the checks again and measure the all-reduce bandwidth between the nodes"),
         Binding("escape", "back", "Back", id="back", tooltip="Previous step"),
     ]
 
@@ -67,22 +69,23 @@ class PreflightScreen(Screen):
         else:
             self.action_rerun()
 
-    def action_rerun(self) -> None:
+    def action_rerun(self, bandwidth: bool = False) -> None:
         self.app.wizard.preflight = None
         self._notes: list[str] = []
         self.query_one("#notes", Static).update("")
-        self.query_one("#findings-text", Static).update(Content.styled("checking …", "dim"))
+        self.query_one("#findings-text", Static).update(Content.styled(
+            "checking and measuring the bandwidth …" if bandwidth else "checking …", "dim"))
         self.query_one("#verdict", Static).update("")
-        self._run()
+        self._run(bandwidth)
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
-    def _run(self) -> None:
+    def _run(self, bandwidth: bool = False) -> None:
         from taehv_console.ui import flow
 
         w = self.app.wizard
         config = (w.config, w.chosen) if w.config is not None else None
         result = flow.preflight(self.app.args, w.topology, w.probes, self.app.pool,
-                                lambda text: self.post_message(NoteAdded(text)), config=config)
+                                lambda text: self.post_message(NoteAdded(text)), config=config, bandwidth=bandwidth)
         self.post_message(PreflightFinished(result))
 
     def on_note_added(self, message: NoteAdded) -> None:
@@ -98,9 +101,13 @@ class PreflightScreen(Screen):
 
     def _show(self, result: Any) -> None:
         report = result.report
+        bw = report.bandwidth
+        link = (f"{bw.busbw_gbps * 8:.1f} Gbit/s measured ({bw.backend}, {bw.nodes} nodes)" if bw is not None
+                else "not measured (b measures it)")
         self.query_one("#config", Static).update(Content.assemble(
             Content.styled("config ", "dim"), result.chosen, "\n", Content.styled("master port ", "dim"),
-            str(result.master_port or "-"), Content.styled("  backend ", "dim"), result.backend or "none"))
+            str(result.master_port or "-"), Content.styled("  backend ", "dim"), result.backend or "none",
+            Content.styled("  bandwidth ", "dim"), link))
         self.query_one("#notes", Static).update("")
         self.query_one("#findings-text", Static).update(findings_content(report.findings))
         verdict = self.query_one("#verdict", Static)
