@@ -233,9 +233,10 @@ def test_nodes_over_ssh_with_remote_agents_and_remote_files(sshd, tmp_path):
                 assert {src.name for src in s.sources} >= {f"agent@{hosts[0]}", f"events@{hosts[1]}"}
                 assert all(n.clock_offset_s is not None and abs(n.clock_offset_s) < 1 for n in s.nodes)
                 run.do_step()
-                s = wait_state(mon, lambda s: s.run.step == 2, 10, "step 2 over SSH")
-                # both nodes see the shared run directory: every line still counts once
-                time.sleep(0.5)
+                wait_state(mon, lambda s: len(s.history.loss.points) >= 2, 10, "step 2's event over SSH")
+                # both nodes see the shared run directory: every line still counts once (after both
+                # nodes' readers have had time to deliver it)
+                time.sleep(1.0)
                 s = mon.snapshot()
                 assert [x for x, _ in s.history.loss.points] == [1.0, 2.0]
                 assert sum(1 for n in s.notices if n.text.startswith("started")) == 1
