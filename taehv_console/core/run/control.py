@@ -602,8 +602,10 @@ class RunController:
         record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
         if reported and reasons == {"done"}:
             phase, outcome = Phase.DONE, "done"  # it finished on its own while we were stopping it
-        elif reported and "error" in reasons:
-            phase, outcome = Phase.FAILED, "failed"
+        elif "error" in reasons:
+            phase, outcome = Phase.FAILED, "failed"  # a rank failed on the way out: say which and why
+            self._save(replace(self.state, failure=self._diagnose(self._statuses(), self._tail().progress, (),
+                                                                  {}, time.time())))
         else:
             phase, outcome = Phase.STOPPED, "stopped"
         self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=outcome)),

@@ -3,8 +3,9 @@
 
 When one rank dies, every other rank fails soon after with a symptom (a closed connection, a
 timeout); those arrive seconds apart and often before the real cause is reported. So the cause is
-chosen by kind, not by arrival: a rank killed by a signal first, then an error that is not a peer
-symptom, then the earliest launcher to exit non-zero.
+chosen by kind, not by arrival: a rank killed by a signal, then a rank's own error (not a peer
+symptom), then a launcher's root-cause block, then a launcher that vanished, then the earliest
+symptom, and last a bare non-zero exit.
 """
 
 from __future__ import annotations
@@ -137,32 +138,38 @@ def choose_failure(
                        host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
                        exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
                        log_lines=tuple(lines), detected=now)
-    # 3. the earliest launcher to exit non-zero
-    if failing:
-        n = min(failing, key=lambda e: e.ended or now)
+    # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
+    with_block = [n for n in failing if n.root_cause is not None]
+    if with_block:
+        n = min(with_block, key=lambda e: e.ended or now)
         rc = n.root_cause
-        if rc is not None:
-            return Failure(reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
-                                  f"exited with {n.exit_code}",
-                           node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank,
-                           exit_code=n.exit_code, log_lines=rc.lines, detected=now)
-        return Failure(reason=f"the launcher on node {n.node} exited with {n.exit_code}", node=n.node, host=n.host,
-                       exit_code=n.exit_code, log_lines=n.log_tail, detected=now)
-    # 4. the launcher itself is gone without a word
+        return Failure(reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
+                              f"exited with {n.exit_code}",
+                       node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank,
+                       exit_code=n.exit_code, log_lines=rc.lines, detected=now)
+    # 4. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
+    #    are what its disappearance did to them
     if vanished:
         node, host = vanished[0]
         ev = by_node.get(node)
         return Failure(reason=f"the launcher on node {node} ({host}) is gone without an exit status "
                               "(killed, or the node was lost)",
                        node=node, host=host, log_lines=ev.log_tail if ev else (), detected=now)
-    # 5. only symptoms so far: name the earliest, it is all there is
+    # 5. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
         node = node_of(rank)
         ev = by_node.get(node)
+        lines = [f"rank {rank}: {event.get('message', '')}"]
+        lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-6:]
         return Failure(reason=f"rank {rank} failed: {event.get('message', '')}"[:500], node=node,
                        host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
-                       log_lines=(f"rank {rank}: {event.get('message', '')}",), detected=now)
+                       exit_code=ev.exit_code if ev else None, log_lines=tuple(lines), detected=now)
+    # 6. a launcher exited non-zero and said nothing more
+    if failing:
+        n = min(failing, key=lambda e: e.ended or now)
+        return Failure(reason=f"the launcher on node {n.node} exited with {n.exit_code}", node=n.node, host=n.host,
+                       exit_code=n.exit_code, log_lines=n.log_tail, detected=now)
     return None
 
 

@@ -72,3 +72,11 @@ def test_only_this_attempts_part_of_a_log_is_read(tmp_path):
                    "[taehv-console] t node 0 attempt 2 on h (pid 2): x\nall fine\n")
     assert parse_root_cause(attempt_log_text(log, 0, 2)) is None  # attempt 1's failure is history
     assert parse_root_cause(attempt_log_text(log, 0, 1)).exit_code == -9
+
+
+def test_a_ranks_words_beat_a_bare_launcher_exit_code():
+    # torchrun signalled itself prints no root-cause block; the rank said what went wrong
+    nodes = [NodeEvidence(0, "a", 1, 10.0, None, ("Traceback ...", "SignalException: got signal: 15"))]
+    errors = {0: {"message": "DataLoader worker (pid 7) is killed by signal: Terminated.", "time": 9.0}}
+    f = choose_failure(nodes, errors, gpus_per_node=1, now=20.0)
+    assert f.rank == 0 and "DataLoader worker" in f.reason and f.exit_code == 1
