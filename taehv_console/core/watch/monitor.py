@@ -374,8 +374,21 @@ class _AgentState:
 
 
 class Monitor:
-    """Watches one run. `hosts` are the nodes as the console reaches them (None: this machine
-    only). Files are read from `run_dir` here unless `remote_files`, then through each node."""
+    """Watches one run directory.
+
+    hosts: the nodes as the console reaches them (hostfile names); None = this machine only, with
+        ranks that heartbeat from other machines shown as agent-less nodes named by their host.
+    pool: an SshPool for remote hosts (one is made from the environment when needed).
+    agents: run the node agent on every host (locally, or over SSH) for GPU/CPU/process samples.
+    remote_files: read events/heartbeats/logs through each node's runner instead of from run_dir
+        here (a run directory the console's machine does not see).
+    tensorboard: also read scalars from this logdir (a run started by another tool).
+    rank_nodes: rank -> host, when the placement is known (otherwise: heartbeat host, then node
+        by node in host order, as torchrun numbers ranks).
+    facts: host -> NodeFacts from the probe, carried into NodeSnapshot.facts.
+    config: intervals, timeouts, history sizes and the HealthPolicy.
+    agent_stream: host -> LineStream, to replace how agents are started (benchmarks, demos).
+    """
 
     def __init__(self, run_dir: str | Path, *, hosts: Sequence[str] | None = None, pool: Any = None,
                  agents: bool = True, remote_files: bool = False, tensorboard: str | Path | None = None,
@@ -676,9 +689,6 @@ class Monitor:
         if isinstance(topo.get("nodes"), int) and isinstance(topo.get("gpus_per_node"), int):
             return topo["nodes"] * topo["gpus_per_node"]
         return None
-
-    def _node_of(self, rank: int, host: str | None) -> str:
-        return self._placement()(rank, host)
 
     def _placement(self) -> Callable[[int, str | None], str]:
         """rank, heartbeat host -> node. Explicit rank_nodes first; then the one node whose name or
