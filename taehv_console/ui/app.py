@@ -349,6 +349,7 @@ class TaehvConsole(App):
         for note in snap.notes:
             self.notes.append(note)
             self.notify(note, timeout=5)
+        del self.notes[:-200]
 
     def on_run_ended(self, message: RunEnded) -> None:
         outcome = message.outcome

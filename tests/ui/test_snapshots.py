@@ -189,3 +189,42 @@ def test_stop_confirmation(snap_compare):
         await _settle(pilot)
 
     assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_start(snap_compare, size):
+    assert snap_compare(sample_app(), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_picker(snap_compare, size, monkeypatch):
+    from taehv_console.ui.screens.dialogs import RunPickerScreen
+
+    app = sample_app()
+    monkeypatch.setattr(app, "refresh_run_list", lambda: None)  # the listing is the sample's, not the disk's
+
+    async def run_before(pilot):
+        app.run_entries = (
+            flow.RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived", "running", True),
+            flow.RunEntry("20251230-080000-8gpu-h100", "/shared/runs/20251230-080000-8gpu-h100", "stopped", False),
+            flow.RunEntry("20251229-190000-cpu-smoke", "/shared/runs/20251229-190000-cpu-smoke", "done", False))
+        await app.push_screen(RunPickerScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_failure_dialog(snap_compare, size):
+    from taehv_console.ui.screens.dialogs import MessageScreen
+
+    app = sample_app()
+
+    async def run_before(pilot):
+        await app.push_screen(MessageScreen(
+            "The run failed",
+            "node 11 (gpu-node-12) rank 90 (local rank 2) exited 1: CUDA error: out of memory\n\n"
+            + "\n".join(samples.LOG_LINES[-2:]) + "\n\nResume from its newest checkpoint with r."))
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
