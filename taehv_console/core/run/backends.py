@@ -185,16 +185,9 @@ class RunnerBackend(LaunchBackend):
 
 
 def _local_node_call(args: list[str]) -> dict:
-    import contextlib
-    import io
-    import json
-
     from taehv_console.core.run import node
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        node.main(args)
-    return json.loads(buf.getvalue().strip().splitlines()[-1])
+    return node.tree_command(node.build_parser().parse_args(args))
 
 
 def _why(err: Exception) -> str:

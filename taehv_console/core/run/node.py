@@ -226,7 +226,7 @@ def _tree_json(args: argparse.Namespace) -> dict:
     return {"pgid": args.pgid, "pids": sorted(tree), "groups": sorted(set(tree.values())), "boot_id": boot_id()}
 
 
-def main(argv: Iterable[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m taehv_console.core.run.node")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("launch", help="run a node's launcher, recording its identity and exit status")
@@ -242,6 +242,25 @@ def main(argv: Iterable[str] | None = None) -> int:
         p.add_argument("--start-ticks", type=int, help="the group leader's recorded start time")
         if name == "kill":
             p.add_argument("--signal", default="TERM", choices=("TERM", "INT", "KILL"))
+    return parser
+
+
+def tree_command(args: argparse.Namespace) -> dict:
+    """`pids` and `kill` as a function: the console calls it in-process for this machine (no
+    stdout involved, so it is safe from many threads at once)."""
+    if args.pgid <= 1:
+        return {"error": f"refusing pgid {args.pgid}"}
+    if args.action == "pids":
+        return _tree_json(args)
+    if args.signal == "KILL":
+        return kill_tree(args.pgid, args.start_ticks)
+    # TERM goes to the launcher's group only: torchrun forwards it to each rank's group and waits
+    # for them, which is the trainer's checkpoint-then-exit path
+    return signal_tree(args.pgid, getattr(signal, f"SIG{args.signal}"), args.start_ticks, whole_tree=False)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.action == "launch":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -256,19 +275,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         command = [c.replace("{node}", str(node)) for c in command]
         status = Path(str(args.status).replace("{node}", str(node)))
         return launch(status, node, args.attempt, command)
-    if args.pgid <= 1:
-        print(json.dumps({"error": f"refusing pgid {args.pgid}"}))
-        return 2
-    if args.action == "pids":
-        out = _tree_json(args)
-    elif args.signal == "KILL":
-        out = kill_tree(args.pgid, args.start_ticks)
-    else:
-        # TERM goes to the launcher's group only: torchrun forwards it to each rank's group and
-        # waits for them, which is the trainer's checkpoint-then-exit path
-        out = signal_tree(args.pgid, getattr(signal, f"SIG{args.signal}"), args.start_ticks, whole_tree=False)
+    out = tree_command(args)
     print(json.dumps(out))
-    return 0
+    return 2 if "error" in out else 0
 
 
 if __name__ == "__main__":
