@@ -152,6 +152,7 @@ class ScheduleSection(_Section):
     val_every: int = Field(500, ge=1)
     checkpoint_every: int = Field(1000, ge=1)
     keep_checkpoints: int = Field(3, ge=2, description="complete checkpoints kept (never fewer than 2)")
+    stop_grace_s: int = Field(120, ge=1, description="how long a stop waits for the checkpoint before SIGKILL")
 
 
 class DistributedSection(_Section):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -479,6 +480,14 @@ def collate_clips(items: list[dict]) -> dict:
     }
 
 
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Loader workers share their rank's process group, so a stop (SIGTERM to the group) reaches
+    them too; they must outlive it so the rank can finish its step and checkpoint. The rank shuts
+    them down itself when it exits."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_train_loader(
     dataset: VideoClipDataset,
     rank: int,
@@ -501,6 +510,7 @@ def make_train_loader(
         persistent_workers=workers,
         prefetch_factor=prefetch_factor if workers else None,
         pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_ignore_stop_signals if workers else None,
     )
 
 

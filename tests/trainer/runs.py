@@ -24,11 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def base_config(data: Path, **sections) -> dict:
+def base_config(data_source: Path, **sections) -> dict:
     cfg = {
         "run": {"preset": "test", "seed": 42},
         "topology": {"nodes": 1, "gpus_per_node": 2, "device": "cpu"},
-        "data": {"source": str(data), "frames": 8, "height": 64, "width": 64, "num_workers": 0,
+        "data": {"source": str(data_source), "frames": 8, "height": 64, "width": 64, "num_workers": 0,
                  "val_fraction": 0.25, "max_delta": 1},
         "optim": {"batch_per_gpu": 1, "grad_accum": 2, "lr": 2e-3, "warmup_steps": 2, "max_steps": 6},
         "deepspeed": {"zero_stage": 2},

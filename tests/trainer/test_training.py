@@ -204,7 +204,8 @@ def test_zero3_final_weights_are_full_and_reproduce_the_last_validation(zero3_ru
 
 
 def test_sigterm_mid_run_checkpoints_the_current_step_on_every_rank(tmp_path, clip_dir):
-    run = write_run(tmp_path / "run", base_config(clip_dir, optim={"max_steps": 500},
+    # loader workers (every GPU preset has them) share the rank's process group and get the SIGTERM too
+    run = write_run(tmp_path / "run", base_config(clip_dir, optim={"max_steps": 500}, data={"num_workers": 1},
                                                    schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
     launch = Launch(run, 2)
     wait_for(lambda: len(events(run, 0, "step")) >= 2, 180, "two steps", launch)
