@@ -45,12 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # a command not built yet is simply not offered
+        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.register(p)
         p.set_defaults(_run=module.run)
