@@ -550,14 +550,34 @@ def connect(alias: str, settings: SshSettings) -> SshConnection:
 class _LocalStream:
     def __init__(self, proc: subprocess.Popen):
         self._proc = proc
+        self._buf = b""
+        self._eof = False
 
     def readline(self, timeout: float) -> str | None:
+        # Read the raw pipe into our own buffer, as _SshStream does: select() on the buffered text
+        # file would say "nothing to read" while whole lines sit in Python's buffer.
         assert self._proc.stdout is not None
-        r, _, _ = select.select([self._proc.stdout], [], [], timeout)
-        if not r:
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf and not self._eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                return None
+            chunk = os.read(fd, 65536)
+            if chunk:
+                self._buf += chunk
+            else:
+                self._eof = True
+        if b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+        elif self._buf:
+            line, self._buf = self._buf, b""
+        else:
             return None
-        line = self._proc.stdout.readline()
-        return line.rstrip("\n") if line else None
+        return line.decode(errors="replace")
 
     def close(self) -> None:
         if self._proc.stdin:
