@@ -45,22 +45,40 @@ def start_detached(
     return {"pid": proc.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(), "log": str(log)}
 
 
+ProcEntry = tuple[int, int, int, str, int]  # (ppid, pgid, sid, state, start_ticks)
+
+
+def _parse_stat(stat: str) -> ProcEntry | None:
+    # comm (field 2) may hold spaces and parentheses: the fields restart after the last ')'
+    rest = stat[stat.rfind(")") + 2:].split()
+    if len(rest) < 20:
+        return None
+    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0], int(rest[19])
+
+
+def read_proc_one(pid: int, proc_root: str = "/proc") -> ProcEntry | None:
+    """(ppid, pgid, sid, state, start_ticks) of one process, None when it is gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            return _parse_stat(f.read())
+    except OSError:
+        return None
+
+
+def read_proc(proc_root: str = "/proc") -> dict[int, ProcEntry]:
+    """pid -> (ppid, pgid, sid, state, start_ticks) for every process visible in /proc."""
+    table = {}
+    for entry in os.listdir(proc_root):
+        if entry.isdigit():
+            info = read_proc_one(int(entry), proc_root)  # None: exited while we looked
+            if info is not None:
+                table[int(entry)] = info
+    return table
+
+
 def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
     """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
-    pids = []
-    for entry in os.listdir(proc_root):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat")) as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited while we looked
-        # comm (field 2) is in parentheses and may hold spaces: fields restart after the last ')'.
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) >= 3 and rest[0] != "Z" and int(rest[2]) == pgid:
-            pids.append(int(entry))
-    return sorted(pids)
+    return sorted(pid for pid, (_pp, g, _sid, state, _st) in read_proc(proc_root).items() if g == pgid and state != "Z")
 
 
 def signal_group(pgid: int, sig: int | str) -> dict:

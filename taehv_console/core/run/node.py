@@ -28,44 +28,16 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from taehv_console.core.cluster.spawn import read_proc, read_proc_one
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
 # ------------------------------------------------------------------------------------- /proc
 
-def read_proc(proc_root: str = "/proc") -> dict[int, tuple[int, int, int, str, int]]:
-    """pid -> (ppid, pgid, sid, state, start_ticks) for every process visible in /proc."""
-    table = {}
-    for entry in os.listdir(proc_root):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat")) as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited while we looked
-        # comm (field 2) may hold spaces and parentheses: the fields restart after the last ')'
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) < 20:
-            continue
-        state, ppid, pgid, sid, start = rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19])
-        table[int(entry)] = (ppid, pgid, sid, state, start)
-    return table
-
-
 def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     entry = read_proc_one(pid, proc_root)
     return entry[4] if entry else None
-
-
-def read_proc_one(pid: int, proc_root: str = "/proc") -> tuple[int, int, int, str, int] | None:
-    try:
-        with open(os.path.join(proc_root, str(pid), "stat")) as f:
-            stat = f.read()
-    except OSError:
-        return None
-    rest = stat[stat.rfind(")") + 2:].split()
-    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0], int(rest[19])
 
 
 def boot_id() -> str:
