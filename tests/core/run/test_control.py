@@ -156,6 +156,10 @@ def test_attach_after_the_run_ended_without_a_console_concludes_it(tmp_path, poo
     assert console.stdout.readline().strip() == "launched"
     kill_console(console)
     wait_for(lambda: (st := run.node_status(0)) is not None and st.exited, 30, "the launcher to finish")
+    # the wrapper records the launcher's exit, then reaps orphans and exits itself: until it has,
+    # the node still has a live process and "live" is the right answer
+    st = run.node_status(0)
+    wait_for(lambda: not node_tool.run_tree(st.pgid, st.start_ticks), 30, "the node's processes to be gone")
     assert run.read_state().phase is Phase.RUNNING  # nobody was there to write the end
     with RunController.open(run, pool) as ctrl:
         assert ctrl.reconcile() == "ended"
