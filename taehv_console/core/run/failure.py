@@ -11,7 +11,7 @@ symptom, and last a bare non-zero exit.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,14 +130,9 @@ def choose_failure(
     own = {r: e for r, e in rank_errors.items() if not is_peer_symptom(str(e.get("message", "")))}
     if own:
         rank, event = min(own.items(), key=lambda kv: kv[1].get("time", now))
-        node = node_of(rank)
-        ev = by_node.get(node)
-        lines = [f"rank {rank}: {event.get('message', '')}"]
-        lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-10:]
-        return Failure(reason=f"rank {rank} failed: {event.get('message', '')}"[:500], node=node,
-                       host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
-                       exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
-                       log_lines=tuple(lines), detected=now)
+        ev = by_node.get(node_of(rank))
+        return _rank_error(rank, event, node_of(rank), ev, gpus_per_node, now, tail=10,
+                           exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None)
     # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
     with_block = [n for n in failing if n.root_cause is not None]
     if with_block:
@@ -158,13 +153,9 @@ def choose_failure(
     # 5. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
-        node = node_of(rank)
-        ev = by_node.get(node)
-        lines = [f"rank {rank}: {event.get('message', '')}"]
-        lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-6:]
-        return Failure(reason=f"rank {rank} failed: {event.get('message', '')}"[:500], node=node,
-                       host=ev.host if ev else None, rank=rank, local_rank=rank % max(1, gpus_per_node),
-                       exit_code=ev.exit_code if ev else None, log_lines=tuple(lines), detected=now)
+        ev = by_node.get(node_of(rank))
+        return _rank_error(rank, event, node_of(rank), ev, gpus_per_node, now, tail=6,
+                           exit_code=ev.exit_code if ev else None)
     # 6. a launcher exited non-zero and said nothing more
     if failing:
         n = min(failing, key=lambda e: e.ended or now)
@@ -180,3 +171,14 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def _rank_error(rank: int, event: Mapping, node: int | None, ev, gpus_per_node: int, now: float, *,
+                tail: int, exit_code: int | None) -> Failure:
+    """A failure told by a rank's own `error` event: its message and the last `tail` traceback lines."""
+    message = event.get("message", "")
+    lines = [f"rank {rank}: {message}"]
+    lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-tail:]
+    return Failure(reason=f"rank {rank} failed: {message}"[:500], node=node, host=ev.host if ev else None,
+                   rank=rank, local_rank=rank % max(1, gpus_per_node), exit_code=exit_code,
+                   log_lines=tuple(lines), detected=now)
