@@ -207,7 +207,11 @@ class StallForensics:
                 notes.append(f"Flight Recorder: ranks {ranks} on node {node_key}: {why}")
         if not copied:
             return (), tuple(notes) or ("Flight Recorder: no rank wrote a dump",), ""
-        verdict, text = fr.analyse(dest, python=self.analyser_python)
+        verdict, text = fr.analyse(dest, python=self.analyser_python, incomplete=bool(no_dump))
+        if no_dump:
+            # the analyser cannot name a rank that wrote nothing; that is itself the finding
+            head = "no Flight Recorder dump from ranks"
+            verdict = (f"{head} {set(no_dump)}",) + tuple(v for v in verdict if not v.startswith(head))
         atomic_write_text(dest / "analysis.txt", text)
         return verdict, tuple(notes), str(dest)
 
