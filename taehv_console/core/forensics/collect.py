@@ -151,7 +151,12 @@ class StallForensics:
 
     # ------------------------------------------------------------------------ Flight Recorder
     def _fr_settings(self, cfg: Any) -> tuple[fr.FlightRecorderPaths, int]:
+        # what the ranks were launched with: the config's nccl_env, then the run's --env
         env = dict(cfg.distributed.nccl_env)
+        try:
+            env.update(dict(self.run.read_state().env))
+        except Exception:  # no or damaged state.json: the config alone decides
+            pass
         paths = fr.paths_for(self.run.path)
         paths = fr.FlightRecorderPaths(trace_stem=env.get(fr.ENV_TEMP_FILE, paths.trace_stem),
                                        pipe_stem=env.get(fr.ENV_PIPE_FILE, paths.pipe_stem),
