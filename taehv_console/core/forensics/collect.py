@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,20 @@ from taehv_console.core.run.rundir import RunDir
 from trainer.events import atomic_write_text
 
 FORENSICS_DIR = "forensics"
+LATEST_REPORT = "latest.json"  # RUN/forensics/latest.json: the last report, for other processes (status)
 PYSPY_FIX = {
     pyspy.MISSING: "install py-spy beside the node's python (pip install py-spy)",
     pyspy.DENIED: "needs SYS_PTRACE: docker run --cap-add SYS_PTRACE, or Kubernetes "
                   "securityContext.capabilities.add: [SYS_PTRACE]",
 }
+
+
+def read_latest(run_dir: str | Path) -> ForensicsReport | None:
+    """The last report collect() wrote for this run, None when there is none or it is unreadable."""
+    try:
+        return ForensicsReport.from_json(json.loads((Path(run_dir) / FORENSICS_DIR / LATEST_REPORT).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _stamp(t: float) -> str:
@@ -269,27 +279,40 @@ class StallForensics:
                 on_partial: Callable[[ForensicsReport], None] | None = None,
                 communicators_ready: bool | None = None) -> ForensicsReport:
         """Everything about one confirmed stall. Never raises for a node or tool problem: each
-        becomes a note."""
+        becomes a note. The report is also written to RUN/forensics/latest.json (and kept beside
+        it as report-<time>-rank<r>.json) for front ends in other processes."""
+        return self._save(self._collect(stalled, peer, on_partial, communicators_ready))
+
+    def _save(self, report: ForensicsReport) -> ForensicsReport:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            text = json.dumps(report.to_json(), indent=1) + "\n"
+            atomic_write_text(self.dir / f"report-{_stamp(report.time)}-rank{report.stalled_rank}.json", text)
+            atomic_write_text(self.dir / LATEST_REPORT, text)
+        except OSError as err:
+            report = replace(report, notes=report.notes + (f"cannot write {self.dir}: {err}",))
+        return report
+
+    def _collect(self, stalled: RankRef, peer: RankRef | None,
+                 on_partial: Callable[[ForensicsReport], None] | None,
+                 communicators_ready: bool | None) -> ForensicsReport:
         started = time.time()
         dumps, notes = self.stacks(stalled, peer)
         cfg, cfg_note = self._config()
         all_notes = list(notes) + ([cfg_note] if cfg_note else [])
         report = ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(all_notes),
                                  flight_recorder=(), ras=None, time=started)
-        nccl = cfg is not None and cfg.topology.device == "cuda"
-        if cfg is not None and not nccl:
-            all_notes += ["Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
-                          "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
-            return ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(all_notes),
-                                   flight_recorder=(), ras=None, time=started)
         if cfg is None:
             return report
+        if cfg.topology.device != "cuda":
+            all_notes += ["Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
+                          "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
+            return replace(report, notes=tuple(all_notes))
         if on_partial is not None:
             on_partial(report)
         verdict, fr_notes, fr_dir = self.flight_recorder(cfg, stalled, started)
         ready = self._communicators_ready(peer) if communicators_ready is None else communicators_ready
         ras_verdict, ras_note, ras_text = self.nccl_ras(peer or stalled, ready)
         all_notes += list(fr_notes) + ([ras_note] if ras_note else [])
-        return ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(dict.fromkeys(all_notes)),
-                               flight_recorder=verdict, ras=ras_verdict, time=started, fr_dir=fr_dir,
-                               ras_text=ras_text)
+        return replace(report, notes=tuple(dict.fromkeys(all_notes)), flight_recorder=verdict, ras=ras_verdict,
+                       fr_dir=fr_dir, ras_text=ras_text)

@@ -204,3 +204,15 @@ def test_collect_with_a_stopped_rank_says_it_wrote_no_dump(tmp_path, fake_ranks)
     assert any("ranks [1] on node 0: no dump within 3 s" in n for n in report.notes)
     stalled = next(d for d in report.dumps if d.role == "stalled")
     assert stalled.process_state == "T" and "fake_nccl_rank.py" in stalled.frames[0]
+
+
+def test_fr_dump_over_ssh_for_a_remote_node(sshd, tmp_path, fake_ranks):
+    host = sshd.hosts[2].host
+    run = make_run(tmp_path, device="cuda", nodes=1, gpus_per_node=2, hosts=(host,))
+    procs = fake_ranks(run, {0: DUMPS / "trace_rank_0", 1: DUMPS / "trace_rank_1"})
+    with SshPool(sshd.settings()) as pool:
+        report = StallForensics(run, pool, fr_wait=20).collect(
+            RankRef(1, 0, host, procs[1].pid), None, communicators_ready=False)
+        assert host in pool._conns
+    assert report.flight_recorder == ("collective 4 (all_reduce, group 0:default_pg): missing ranks {1}",)
+    assert {d.host for d in report.dumps} == {host}

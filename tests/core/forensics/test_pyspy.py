@@ -221,3 +221,17 @@ def test_remote_node_without_sys_ptrace_is_noted_once(sshd, stuck_process, tmp_p
     denied = [n for n in report.notes if "not permitted" in n]
     assert len(denied) == 1, report.notes
     assert "node 0" in denied[0] and "SYS_PTRACE" in denied[0]
+
+
+@needs_pyspy
+def test_the_report_is_kept_for_other_processes(stuck_process, tmp_path):
+    from taehv_console.core.forensics import read_latest
+
+    stalled = stuck_process()
+    run = make_run(tmp_path)
+    assert read_latest(run) is None
+    with SshPool(SshSettings.from_env()) as pool:
+        report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", stalled.pid), None)
+    again = read_latest(run)
+    assert again == report  # what `status` in another process reads back is the same value
+    assert len(list((run / "forensics").glob("report-*-rank1.json"))) == 1
