@@ -50,7 +50,8 @@ def test_stopped_rank_and_waiting_peer(tmp_path):
             report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", ranks[1].pid),
                                                        RankRef(0, 0, "localhost", ranks[0].pid))
         by_role = {d.role: d for d in report.dumps}
-        assert by_role["stalled"].frames[:2] == ("load_batch (<string>:7)", "train_step (<string>:10)")
+        stalled = by_role["stalled"].frames
+        assert stalled[0].startswith("load_batch (<string>:") and stalled[1] == "train_step (<string>:10)"
         peer = by_role["peer"].frames
         assert any(f.startswith("all_reduce (") for f in peer), peer
         assert any(f.startswith("train_step (<string>:12)") for f in peer), peer
