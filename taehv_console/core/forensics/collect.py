@@ -26,6 +26,7 @@ from taehv_console.core.forensics import pyspy, ras
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
 from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackDump
 from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.state import RunState, StateError
 from trainer.events import atomic_write_text
 
 FORENSICS_DIR = "forensics"
@@ -72,11 +73,17 @@ class StallForensics:
         return self.run.path / FORENSICS_DIR
 
     # ------------------------------------------------------------------------------ nodes
-    def _host(self, ref: RankRef) -> str:
+    def _state(self) -> RunState | None:
+        """state.json, or None: a missing or damaged one must not stop forensics (the heartbeat's
+        host and the config's environment will do)."""
         try:
-            hosts = self.run.read_state().hosts if self.run.has_state() else ()
-        except Exception:  # a damaged state.json must not stop forensics: the heartbeat's host will do
-            hosts = ()
+            return self.run.read_state() if self.run.has_state() else None
+        except (StateError, OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _host(self, ref: RankRef) -> str:
+        state = self._state()
+        hosts = state.hosts if state else ()
         if 0 <= ref.node < len(hosts) and hosts[ref.node]:
             return hosts[ref.node]
         if not ref.host or ref.host in (socket.gethostname(), socket.getfqdn()):
@@ -97,7 +104,7 @@ class StallForensics:
     def _config(self) -> tuple[Any, str]:
         try:
             return self.run.load_config(), ""
-        except Exception as err:  # reported as a note: the stacks are still worth having
+        except (OSError, ValueError) as err:  # a note: the stacks are still worth having
             return None, f"cannot read {self.run.run_toml}: {err}"
 
     # ------------------------------------------------------------------------------ py-spy
@@ -163,10 +170,8 @@ class StallForensics:
     def _fr_settings(self, cfg: Any) -> tuple[fr.FlightRecorderPaths, int]:
         # what the ranks were launched with: the config's nccl_env, then the run's --env
         env = dict(cfg.distributed.nccl_env)
-        try:
-            env.update(dict(self.run.read_state().env))
-        except Exception:  # no or damaged state.json: the config alone decides
-            pass
+        state = self._state()
+        env.update(dict(state.env) if state else {})
         paths = fr.paths_for(self.run.path)
         paths = fr.FlightRecorderPaths(trace_stem=env.get(fr.ENV_TEMP_FILE, paths.trace_stem),
                                        pipe_stem=env.get(fr.ENV_PIPE_FILE, paths.pipe_stem),

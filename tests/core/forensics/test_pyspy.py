@@ -31,7 +31,7 @@ def test_parse_dump_reads_threads_and_innermost_first_frames():
     assert [t.name for t in dump.threads] == ["MainThread", "loader-0"]
     main = dump.main_thread()
     assert main is not None and main.tid == dump.pid
-    assert main.frames == ("wait_for_batch (<string>:8)", "train_step (<string>:10)", "<module> (<string>:12)")
+    assert main.frames == ("wait_for_batch (<string>:9)", "train_step (<string>:11)", "<module> (<string>:12)")
     assert dump.threads[1].frames[0] == "loader_worker (<string>:5)"
     assert main.status == "idle"
 
