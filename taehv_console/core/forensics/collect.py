@@ -124,7 +124,11 @@ class StallForensics:
             return None, f"node {ref.node} ({host}) unreachable for py-spy: {error}"
         if kind in PYSPY_FIX:
             what = "not installed" if kind == pyspy.MISSING else "not permitted"
-            note = f"py-spy {what} on node {ref.node} ({host}): {PYSPY_FIX[kind]} [{error}]"
+            fix = PYSPY_FIX[kind]
+            scope = reply.get("ptrace_scope", "")
+            if kind == pyspy.DENIED and scope not in ("", "0"):
+                fix += f"; kernel.yama.ptrace_scope={scope} also forbids it for non-root (set it to 0)"
+            note = f"py-spy {what} on node {ref.node} ({host}): {fix} [{error}]"
             with self._lock:
                 self._pyspy_unusable[host] = note
             return None, note
