@@ -30,20 +30,11 @@ from taehv_console.core.run.state import RunState, StateError
 from trainer.events import atomic_write_text
 
 FORENSICS_DIR = "forensics"
-LATEST_REPORT = "latest.json"  # RUN/forensics/latest.json: the last report, for other processes (status)
 PYSPY_FIX = {
     pyspy.MISSING: "install py-spy beside the node's python (pip install py-spy)",
     pyspy.DENIED: "needs SYS_PTRACE: docker run --cap-add SYS_PTRACE, or Kubernetes "
                   "securityContext.capabilities.add: [SYS_PTRACE]",
 }
-
-
-def read_latest(run_dir: str | Path) -> ForensicsReport | None:
-    """The last report collect() wrote for this run, None when there is none or it is unreadable."""
-    try:
-        return ForensicsReport.from_json(json.loads((Path(run_dir) / FORENSICS_DIR / LATEST_REPORT).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _stamp(t: float) -> str:
@@ -288,23 +279,8 @@ class StallForensics:
                 on_partial: Callable[[ForensicsReport], None] | None = None,
                 communicators_ready: bool | None = None) -> ForensicsReport:
         """Everything about one confirmed stall. Never raises for a node or tool problem: each
-        becomes a note. The report is also written to RUN/forensics/latest.json (and kept beside
-        it as report-<time>-rank<r>.json) for front ends in other processes."""
-        return self._save(self._collect(stalled, peer, on_partial, communicators_ready))
-
-    def _save(self, report: ForensicsReport) -> ForensicsReport:
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(report.to_json(), indent=1) + "\n"
-            atomic_write_text(self.dir / f"report-{_stamp(report.time)}-rank{report.stalled_rank}.json", text)
-            atomic_write_text(self.dir / LATEST_REPORT, text)
-        except OSError as err:
-            report = replace(report, notes=report.notes + (f"cannot write {self.dir}: {err}",))
-        return report
-
-    def _collect(self, stalled: RankRef, peer: RankRef | None,
-                 on_partial: Callable[[ForensicsReport], None] | None,
-                 communicators_ready: bool | None) -> ForensicsReport:
+        becomes a note. The caller keeps the report (the run's pipeline writes it under
+        RUN/forensics/, beside the dumps; ForensicsReport.from_json reads it back)."""
         started = time.time()
         dumps, notes = self.stacks(stalled, peer)
         cfg, cfg_note = self._config()
