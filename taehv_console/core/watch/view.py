@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from taehv_console.core.watch.health import HealthPolicy, assess_node, assess_ranks, watchdog_counts
@@ -178,3 +179,92 @@ class ViewBuilder:
             sev = "info" if state in quiet or state == "ok" else ("error" if state in ("failed", "lost") else "warning")
             self.ing.notices.append(Notice(now, sev, "health", text))
         self._prev_states = current
+
+
+# ------------------------------------------------------------------------- how a view reads as text
+# Every front end words the same facts the same way: the TUI's header, --no-tui's lines and
+# `status` call these (and a test compares them field by field).
+
+
+def duration_text(seconds: float | None) -> str:
+    """3s, 4m05s, 2h07m, 3d04h: at most two units, never more than 6 characters."""
+    if seconds is None:
+        return "-"
+    s = round(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def number_text(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if not isinstance(value, (int, float)) else format(value, fmt)
+
+
+@dataclass(frozen=True)
+class StallText:
+    """One stalled rank as every front end names it."""
+
+    rank: int
+    node: str
+    pid: int | None
+    detail: str
+    waiting: tuple[int, ...]  # the ranks blocked waiting for it
+    stalled_for_s: float | None
+
+    @property
+    def text(self) -> str:
+        waiting = f"; rank(s) {', '.join(map(str, self.waiting[:8]))} wait for it" if self.waiting else ""
+        pid = f", pid {self.pid}" if self.pid is not None else ""
+        return f"rank {self.rank} stalled (node {self.node}{pid}): {self.detail}{waiting}"
+
+
+def stall_texts(view: RunView) -> tuple[StallText, ...]:
+    waiting: dict[int, list[int]] = {}
+    for r in view.ranks:
+        if r.blocked_by is not None:
+            waiting.setdefault(r.blocked_by, []).append(r.rank)
+    return tuple(StallText(r.rank, r.node, r.pid, r.detail, tuple(waiting.get(r.rank, ())), r.heartbeat_age_s)
+                 for r in view.stalled)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The numbers a one-line progress report shows, as text."""
+
+    phase: str
+    step: str  # "12/400" or "12" or "-"
+    loss: str
+    psnr: str
+    clips_per_s: str
+    eta: str
+
+    @property
+    def text(self) -> str:
+        return (f"{self.phase} step {self.step} loss {self.loss} psnr {self.psnr} clips/s {self.clips_per_s} "
+                f"eta {self.eta}")
+
+
+def headline(view: RunView) -> Headline:
+    run = view.run
+    if run.step is not None and run.max_steps:
+        step = f"{run.step}/{run.max_steps}"
+    else:
+        step = "-" if run.step is None else str(run.step)
+    return Headline(phase=run.phase, step=step, loss=number_text(run.loss, ".4g"), psnr=number_text(run.psnr, ".2f"),
+                    clips_per_s=number_text(run.clips_per_s, ".3g"), eta=duration_text(run.eta_s))  # fmt: skip
+
+
+def progress_dict(view: RunView) -> dict[str, Any]:
+    """The run's progress as plain values (--json's `phase` and `result` lines, `status --json`)."""
+    run = view.run
+    return {"phase": run.phase, "step": run.step, "max_steps": run.max_steps, "loss": run.loss, "psnr": run.psnr,
+            "samples_per_s": run.clips_per_s, "lr": run.lr, "val_psnr": run.val_psnr, "eta_s": run.eta_s,
+            "step_time_s": run.step_time_s, "checkpoint_step": view.checkpoints.newest_complete_step,
+            "world_size": run.world_size, "stalled": [r.rank for r in view.stalled]}  # fmt: skip
