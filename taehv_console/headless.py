@@ -347,6 +347,15 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     return report_outcome(ctrl, outcome, view, watch.final_view())
 
 
+def report_ended(ctrl: Any, view: Any) -> ExitCode:
+    """A run that is not running (any more): its RunView read once, then how it ended."""
+    from taehv_console.core.watch.monitor import snapshot_once
+
+    run_view = snapshot_once(ctrl.run.path)
+    view.update(ctrl.snapshot(), run_view)
+    return report_outcome(ctrl, ctrl.outcome(), view, run_view)
+
+
 def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> ExitCode:
     code = exit_code_for(outcome.phase)
     summary = outcome_dict(ctrl, outcome, code, run_view)
@@ -516,9 +525,8 @@ def _attach_if_live(run: Any, pool: Any, view: Any, args: argparse.Namespace, na
             return None  # created, never started: launch it
         if ctrl.reconcile() != "live":
             if named:  # the named run has ended: show how, do not start it again behind the user's back
-                view.update(ctrl.snapshot())
                 view.note(f"{run.run_id} is not running; to continue it: taehv-console resume {run.path}")
-                return report_outcome(ctrl, ctrl.outcome(), view)
+                return report_ended(ctrl, view)
             return None
         view.note(f"{run.run_id} is running: attaching to it instead of launching")
         return follow(ctrl, view, args.grace)

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 
 from textual.content import Content
 
+from taehv_console.core.watch.view import duration_text, number_text
+
 # durations and numbers read the same in every front end (headless and status use these too)
-from taehv_console.core.watch.view import duration_text as duration
-from taehv_console.core.watch.view import number_text as num
+duration = duration_text
+num = number_text
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 

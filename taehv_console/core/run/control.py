@@ -159,8 +159,9 @@ class RunController:
     """Controls one run from this console. Make it with `RunController.open` (takes the lock)."""
 
     def __init__(self, run: RunDir, backend: LaunchBackend, lock: RunLock, state: RunState, cfg: Any,
-                 writes_state: bool = True):
+                 writes_state: bool = True, pool: Any = None):
         self.run = run
+        self.pool = pool  # the nodes' runners, for whoever watches the run beside the controller
         self.backend = backend
         self.lock = lock
         self.state = state
@@ -190,7 +191,7 @@ class RunController:
         except BaseException:
             lock.release()
             raise
-        return cls(run, backend, lock, state, cfg, writes_state=lock_name is None)
+        return cls(run, backend, lock, state, cfg, writes_state=lock_name is None, pool=pool)
 
     def close(self) -> None:
         self.backend.close()

@@ -70,6 +70,10 @@ class RankObservation:
     signals: tuple[LogSignal, ...] = ()  # error lines naming this rank or its pid
     waiting_since: float | None = None  # console clock: blocked in a collective since (heartbeat)
     metrics: tuple[tuple[str, float], ...] = ()  # the heartbeat's other numbers, carried into RankHealth
+    # medians of the last `straggler_window` step_times / busy, when the caller computed them once
+    # (2,048 ranks twice a second: recomputing them per view was a large share of its cost)
+    step_median: float | None = None
+    busy_median: float | None = None
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -100,7 +104,8 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
     recent = [t for o in obs for t in o.step_times[-window:]]
     median_step = _median(recent)
     stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
-    busy_med = {o.rank: _median(o.busy[-window:]) for o in obs if len(o.busy) >= policy.straggler_min_steps}
+    busy_med = {o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
+                for o in obs if len(o.busy) >= policy.straggler_min_steps}
     fastest = min(busy_med.values()) if busy_med else None
 
     out: dict[int, RankHealth] = {}
@@ -137,7 +142,8 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
             state = RankState.STARTING if not o.step_times else RankState.HEALTHY
         # built once here (not copied per decision): 512 ranks twice a second
         out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
-                                 step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank),
+                                 step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
+                                 busy_s=busy_med.get(o.rank),
                                  score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
                                  detail=detail, metrics=o.metrics,
                                  waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 import threading
 from collections import deque
@@ -56,6 +57,7 @@ class RankTracker:
         self.waiting_since: float | None = None  # console clock; set while blocked in a collective
         self.stopped = False
         self.metrics: tuple[tuple[str, float], ...] = ()
+        self.version = 0  # bumped on every heartbeat that changed something
         self.step_times: deque[float] = deque(maxlen=window)
         self.busy: deque[float] = deque(maxlen=window)
 
@@ -90,6 +92,7 @@ class RankTracker:
         self.metrics = tuple(sorted((k, float(v)) for k, v in hb.items() if k not in _HB_META
                                     and isinstance(v, (int, float)) and not isinstance(v, bool)
                                     and math.isfinite(v)))  # fmt: skip
+        self.version += 1
         return True
 
 
@@ -160,6 +163,7 @@ class Ingest:
         self.forensics: dict[str, ForensicsSummary] = {}  # report file -> its summary
         self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._rank_window = rank_window
+        self._obs_cache: dict[int, tuple[tuple, RankObservation]] = {}  # rank -> (inputs, observation)
         self.version = 0  # bumped on every change: the publisher skips unchanged snapshots
 
     # ------------------------------------------------------------------ applying what was read
@@ -348,7 +352,9 @@ class Ingest:
 
         return allowance
 
-    def observations(self, pause_grace_s: float) -> list[RankObservation]:
+    def observations(self, pause_grace_s: float, window: int = 8) -> list[RankObservation]:
+        """One RankObservation per rank, rebuilt only for ranks whose inputs changed (its heartbeat,
+        its node's agent sample, its events, signals, or its pause allowance)."""
         pid_signals: dict[int, list[LogSignal]] = {}
         rank_signals: dict[int, list[LogSignal]] = {}
         for s in self.signals:
@@ -382,9 +388,19 @@ class Ingest:
                 obs.append(RankObservation(rank=r, node=node, finished=finished, error=ev.error if ev else None,
                                            signals=tuple(sigs)))  # fmt: skip
                 continue
-            obs.append(RankObservation(
-                rank=r, node=node, step=t.step, progress_time=t.progress_time, step_times=tuple(t.step_times),
-                busy=tuple(t.busy), pid=t.pid, finished=finished, error=ev.error if ev else None, process=proc,
-                process_time=ptime, pause_allowance_s=pause(t.step), signals=tuple(sigs),
-                waiting_since=t.waiting_since, metrics=t.metrics))  # fmt: skip
+            allowance = pause(t.step)
+            key = (t.version, node, id(proc), ptime, finished, ev.error if ev else None, len(sigs), allowance)
+            hit = self._obs_cache.get(r)
+            if hit is not None and hit[0] == key:
+                obs.append(hit[1])
+                continue
+            steps, busy = tuple(t.step_times), tuple(t.busy)
+            o = RankObservation(
+                rank=r, node=node, step=t.step, progress_time=t.progress_time, step_times=steps, busy=busy,
+                pid=t.pid, finished=finished, error=ev.error if ev else None, process=proc, process_time=ptime,
+                pause_allowance_s=allowance, signals=tuple(sigs), waiting_since=t.waiting_since, metrics=t.metrics,
+                step_median=statistics.median(steps[-window:]) if steps else None,
+                busy_median=statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+            self._obs_cache[r] = (key, o)
+            obs.append(o)
         return obs

@@ -135,7 +135,7 @@ class Monitor:
         c, d, ing = self.cfg, self.run_dir, self.ingest
         return [
             FilesPoller(f"events{suffix}", c.events, Tailer(d, src, append=["events/rank-*.jsonl"],
-                        whole=["state.json", "run.toml", "forensics/*.json"], max_bytes=nbytes), ing.apply_events, suffix),
+                        whole=["state.json", "run.toml", "forensics/report-*.json"], max_bytes=nbytes), ing.apply_events, suffix),
             _HeartbeatPoller(f"heartbeats{suffix}", c.heartbeats, Tailer(d, src, whole=["heartbeat/rank-*.json"],
                              max_bytes=nbytes), ing.apply_heartbeats, suffix, c.heartbeat_reads_per_s),
             # always applied: a root-cause block at the end of a quiet log is flushed

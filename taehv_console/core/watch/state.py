@@ -193,7 +193,9 @@ class ForensicsSummary:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a forensics report is a JSON object")
         stalled = data.get("stalled_rank")
-        ref = stalled if isinstance(stalled, dict) else {"rank": stalled}
+        ref = data.get("stalled") if isinstance(data.get("stalled"), dict) else {"rank": stalled}
+        if not isinstance(ref.get("rank"), int) and isinstance(stalled, int):
+            ref = {**ref, "rank": stalled}
         dumps = [d for d in data.get("dumps") or () if isinstance(d, dict)]
 
         def frames_of(d: dict | None) -> tuple[str, ...]:
@@ -201,14 +203,19 @@ class ForensicsSummary:
                 return ()
             return tuple(_frame_text(f) for f in d.get("frames") or ())
 
-        mine = next((d for d in dumps if d.get("role") == "stalled" or d.get("rank") == ref.get("rank")), None)
+        mine = next((d for d in dumps if d.get("role") == "stalled"), None) or \
+            next((d for d in dumps if d.get("rank") == ref.get("rank")), None)
         peer = next((d for d in dumps if d is not mine), None)
+        if mine is not None:
+            ref = {"host": mine.get("host") or None, "pid": mine.get("pid") or None, **{k: v for k, v in ref.items() if v is not None}}
 
         def text(v: Any) -> str:
             if v is None:
                 return ""
             if isinstance(v, str):
                 return v
+            if isinstance(v, (list, tuple)):
+                return "; ".join(str(x) for x in v)
             if isinstance(v, dict):
                 return str(v.get("summary") or v.get("verdict") or v.get("note") or json_text(v))
             return str(v)

@@ -25,6 +25,7 @@ from taehv_console.core.watch.state import (
     SourceStatus,
 )
 
+_QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 # the console's verdict wins once it has one: the processes are gone, the record says how
 _CONSOLE_FINAL = {"done", "stopped", "failed", "stopping"}
 
@@ -69,12 +70,12 @@ class ViewBuilder:
         self.notices_len = notices_len
         self.facts = dict(facts or {})
         self.seq = 0
-        self._prev_states: dict[str, str] = {}
+        self._prev_states: dict[tuple[str, Any], str] = {}
 
     def ranks(self, now: float) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
         ing = self.ing
         timeout = get(ing.run_cfg, "distributed", "collective_timeout_s")
-        return assess_ranks(ing.observations(self.policy.pause_grace_s), self.policy, now,
+        return assess_ranks(ing.observations(self.policy.pause_grace_s, self.policy.straggler_window), self.policy, now,
                             watchdog=watchdog_counts(ing.signals),
                             collective_timeout_s=float(timeout) if timeout else None)  # fmt: skip
 
@@ -162,20 +163,24 @@ class ViewBuilder:
 
     def _note_transitions(self, ranks: tuple[RankHealth, ...], nodes: list[NodeSnapshot],
                           collective: CollectiveStall | None, now: float) -> None:  # fmt: skip
-        quiet = {"healthy", "starting", "ok", "unknown", "stopped"}
-        current = {f"rank {r.rank}": r.state.value for r in ranks}
-        current.update({f"node {n.name}": n.state.value for n in nodes})
-        current["collective"] = "stalled" if collective is not None else "ok"
-        detail = {f"rank {r.rank}": r.detail for r in ranks}
+        quiet = _QUIET
+        current: dict[tuple[str, Any], str] = {("rank", r.rank): r.state.value for r in ranks}
+        current.update({("node", n.name): n.state.value for n in nodes})
+        current[("collective", None)] = "stalled" if collective is not None else "ok"
+        prev_states = self._prev_states
         for key, state in current.items():
-            prev = self._prev_states.get(key)
+            prev = prev_states.get(key)
             if prev is None or prev == state or (prev in quiet and state in quiet):
                 continue
-            if key == "collective":
+            kind, name = key
+            if kind == "collective":
                 text = (f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
                         f"({collective.evidence})" if collective is not None else "collectives progress again")  # fmt: skip
             else:
-                text = f"{key}: {prev} -> {state}" + (f" ({detail[key]})" if detail.get(key) and state == "stalled" else "")
+                text = f"{kind} {name}: {prev} -> {state}"
+                if kind == "rank" and state == "stalled":
+                    detail = next((r.detail for r in ranks if r.rank == name), "")
+                    text += f" ({detail})" if detail else ""
             sev = "info" if state in quiet or state == "ok" else ("error" if state in ("failed", "lost") else "warning")
             self.ing.notices.append(Notice(now, sev, "health", text))
         self._prev_states = current
