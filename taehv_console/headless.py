@@ -329,7 +329,7 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
     pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully. Returns the
     ExitCode of its outcome and prints a summary."""
-    from taehv_console.core.watch.watching import RunWatch
+    from taehv_console.core.watch.runwatch import RunWatch
 
     if grace_s is not None:
         ctrl.grace_s = grace_s
