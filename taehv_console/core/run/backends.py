@@ -15,6 +15,8 @@ it), never a process name.
 
 from __future__ import annotations
 
+import enum
+
 import re
 import sys
 from abc import ABC, abstractmethod
@@ -28,7 +30,25 @@ from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
 
 NODE_MODULE = "taehv_console.core.run.node"
-BACKENDS = ("local", "ssh", "platform", "slurm", "sbatch")
+
+
+class BackendKind(str, enum.Enum):
+    """How a run's nodes are started; state.json stores the value. The controller dispatches on
+    this, never on strings."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    PLATFORM = "platform"  # one pod per node, each starting its own (Kubernetes, PAI-DLC ...)
+    SLURM = "slurm"  # inside an allocation: srun starts every node
+    SBATCH = "sbatch"  # from a login node: the submitted job is the launcher
+
+    @property
+    def slurm(self) -> bool:
+        """SLURM starts every node: this console expects every node's exit status."""
+        return self in (BackendKind.SLURM, BackendKind.SBATCH)
+
+
+BACKENDS = tuple(k.value for k in BackendKind)
 
 
 class BackendError(RuntimeError):
@@ -341,14 +361,16 @@ class SbatchBackend(LaunchBackend):
         return [f"SLURM job {attempt.slurm_job}"] if attempt.slurm_job else []
 
 
-def make_backend(kind: str, pool: SshPool, nodes: int = 1) -> LaunchBackend:
-    if kind in ("local", "ssh", "platform"):
-        return RunnerBackend(kind, pool)
-    if kind == "slurm":
+def make_backend(kind: str | BackendKind, pool: SshPool, nodes: int = 1) -> LaunchBackend:
+    try:
+        k = BackendKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})") from None
+    if k is BackendKind.SLURM:
         return SrunBackend(pool, nodes)
-    if kind == "sbatch":
+    if k is BackendKind.SBATCH:
         return SbatchBackend()
-    raise ValueError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})")
+    return RunnerBackend(k.value, pool)
 
 
 def hosts_are_local(hosts: Sequence[str]) -> bool:

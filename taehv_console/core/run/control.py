@@ -17,12 +17,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.run.backends import BackendError, LaunchBackend, NodeCommand, make_backend
+from taehv_console.core.run.backends import BackendError, BackendKind, LaunchBackend, NodeCommand, make_backend
 from taehv_console.core.run.failure import (
     NodeEvidence,
     attempt_log_text,
@@ -82,6 +82,36 @@ def stop_grace_s(cfg: Any) -> float:
 
 def _me() -> str:
     return f"{os.getpid()}@{socket.gethostname()}"
+
+
+# ------------------------------------------------------------------------------------- verdict
+
+def verdict(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int], stop_requested: bool) -> Phase:
+    """How an attempt ended, from the `stop` events its watched ranks wrote (rank -> event) and
+    whether this console asked it to stop. Every rank said `done`: DONE (even mid-stop: it finished
+    first); any rank stopped with an error: FAILED; every rank stopped, or a stop was asked: STOPPED;
+    otherwise some rank ended without a word: FAILED."""
+    watched = set(watched)
+    mine = {r: e for r, e in stops.items() if r in watched}
+    reported = watched <= set(mine)
+    reasons = {str(e.get("reason")) for e in mine.values()}
+    if reported and reasons == {"done"}:
+        return Phase.DONE
+    if "error" in reasons:
+        return Phase.FAILED
+    if reported or stop_requested:
+        return Phase.STOPPED
+    return Phase.FAILED
+
+
+def stop_step(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int]) -> int | None:
+    """The step every watched rank stopped (and checkpointed) at; None unless they all said and agree."""
+    watched = set(watched)
+    mine = [e for r, e in stops.items() if r in watched]
+    if not watched <= set(stops) or {str(e.get("reason")) for e in mine} - {"signal", "done"}:
+        return None
+    steps = {e.get("step") for e in mine}
+    return steps.pop() if len(steps) == 1 else None
 
 
 # ------------------------------------------------------------------------------------ creation
@@ -214,6 +244,10 @@ class RunController:
     @property
     def attempt(self) -> Attempt | None:
         return self.state.attempt
+
+    @property
+    def kind(self) -> BackendKind:
+        return BackendKind(self.state.backend)
 
     @property
     def world_size(self) -> int:
@@ -416,7 +450,7 @@ class RunController:
             st = self.run.node_status(i)
             if st is None:
                 continue
-            mine = i in self.state.controlled or self.state.backend in ("slurm", "sbatch")
+            mine = i in self.state.controlled or self.kind.slurm
             if (st.attempt == a.number) if mine else (st.started >= a.started - PEER_START_MARGIN_S):
                 out[i] = st
         return out
@@ -431,7 +465,7 @@ class RunController:
         watched = self._watched_nodes()
         exited = {i for i, st in statuses.items() if st.exited}
         failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}
-        if self.backend.kind == "sbatch" and not self.live_nodes():
+        if self.kind is BackendKind.SBATCH and not self.live_nodes():
             code = self.backend.job_exit_code(a)
             if code is not None:
                 exited = set(watched)
@@ -492,15 +526,15 @@ class RunController:
                 continue
             if node >= 0 and node not in exited:
                 self._vanished[node] = self._host(node) or "?"
-            elif node < 0 and self.backend.kind == "slurm" and not set(watched) <= exited:
+            elif node < 0 and self.kind is BackendKind.SLURM and not set(watched) <= exited:
                 self._vanished[node] = "srun"
 
     def _watched_nodes(self) -> tuple[int, ...]:
         # nodes whose exit status this console expects: its own; on the platform's node 0, all
         # (the other pods write theirs to the shared run directory too)
-        if self.state.backend == "platform" and 0 in self.state.controlled:
+        if self.kind is BackendKind.PLATFORM and 0 in self.state.controlled:
             return tuple(range(self.cfg.topology.nodes))
-        if self.state.backend in ("slurm", "sbatch"):
+        if self.kind.slurm:
             return tuple(range(self.cfg.topology.nodes))
         return tuple(self.state.controlled)
 
@@ -594,22 +628,14 @@ class RunController:
         left = self._kill_leftovers()
         verified = not left and not self.live_nodes()
         stops = self._await_stops(STATUS_LAG_S)
-        reported = self._watched_ranks() <= set(stops)
-        reasons = {str(e.get("reason")) for e in stops.values()}
-        step = None
-        if reported and reasons <= {"signal", "done"}:
-            steps = {e.get("step") for e in stops.values()}
-            step = steps.pop() if len(steps) == 1 else None
+        ranks = self._watched_ranks()
+        step = stop_step(stops, ranks)
         record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
-        if reported and reasons == {"done"}:
-            phase, outcome = Phase.DONE, "done"  # it finished on its own while we were stopping it
-        elif "error" in reasons:
-            phase, outcome = Phase.FAILED, "failed"  # a rank failed on the way out: say which and why
+        phase = verdict(stops, ranks, stop_requested=True)
+        if phase is Phase.FAILED:  # a rank failed on the way out: say which and why
             self._save(replace(self.state, failure=self._diagnose(self._statuses(), self._tail().progress, (),
                                                                   {}, time.time())))
-        else:
-            phase, outcome = Phase.STOPPED, "stopped"
-        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=outcome)),
+        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)),
                            phase=phase, stop=record))
         where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
         self._note(f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}"))
@@ -637,22 +663,16 @@ class RunController:
         left = {} if self._wait_gone(STATUS_LAG_S) else self._kill_leftovers()
         ranks = self._watched_ranks()
         stops = {r: e for r, e in progress.stops.items() if r in ranks}
-        reported = ranks <= set(stops)
-        reasons = {str(e.get("reason")) for e in stops.values()}
-        if reported and reasons == {"done"}:
-            phase = Phase.DONE
-        elif reported and "error" not in reasons:
-            phase = Phase.STOPPED  # stopped from outside the console (a signal to the launchers)
-            if self.state.stop is None:
-                steps = {e.get("step") for e in stops.values()}
-                self.state = replace(self.state, stop=StopRecord(
-                    requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
-                    reason="signal", grace_s=0, checkpoint_step=steps.pop() if len(steps) == 1 else None,
-                    verified=not left, finished=time.time()))
-        else:
+        phase = verdict(stops, ranks, stop_requested=False)
+        if phase is Phase.STOPPED and self.state.stop is None:
+            # stopped from outside the console (a signal to the launchers)
+            self.state = replace(self.state, stop=StopRecord(
+                requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
+                reason="signal", grace_s=0, checkpoint_step=stop_step(stops, ranks), verified=not left,
+                finished=time.time()))
+        elif phase is Phase.FAILED:
             failure = self._diagnose(self._statuses(), progress, (), {}, time.time())
             self._save(replace(self.state, failure=failure))
-            phase = Phase.FAILED
         self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)), phase=phase))
         self._note(f"run {phase.value}")
         return True
