@@ -202,9 +202,9 @@ class Monitor:
                 latest = self._latest = self._build(time.time())
         return latest
 
-    def poll_once(self) -> RunView:
-        """Every poller once, here and now (draining backlogs), then a view. For one-shot use;
-        not while started."""
+    def poll_once(self, at: float | None = None) -> RunView:
+        """Every poller once, here and now (draining backlogs), then a view (as of `at`: a recorded
+        run directory judged at the time it was recorded). For one-shot use; not while started."""
         for p in self._pollers:
             for _ in range(10_000):
                 try:
@@ -213,7 +213,7 @@ class Monitor:
                 except Exception:  # noqa: BLE001 - recorded on the source, as the scheduler would
                     break
         with self._lock:
-            self._latest = self._build(time.time())
+            self._latest = self._build(time.time() if at is None else at)
         return self._latest
 
     # ------------------------------------------------------------------ runners
@@ -392,7 +392,7 @@ class _AgentPoller(Poller):
 def snapshot_once(run_dir: str | Path, *, hosts: Sequence[str] | None = None, pool: Any = None,
                   agents: bool = False, remote_files: bool = False, tensorboard: str | Path | None = None,
                   config: MonitorConfig | None = None, facts: Mapping[str, Any] | None = None,
-                  rank_nodes: Mapping[int, str] | None = None) -> RunView:  # fmt: skip
+                  rank_nodes: Mapping[int, str] | None = None, at: float | None = None) -> RunView:  # fmt: skip
     """One RunView read synchronously (what `taehv-console status --json` prints). With
     agents=True every node is sampled once (`agent --count 1`, over SSH for remote hosts);
     otherwise node states come from the ranks alone."""
@@ -413,7 +413,7 @@ def snapshot_once(run_dir: str | Path, *, hosts: Sequence[str] | None = None, po
                 except Exception as err:  # noqa: BLE001 - this node's sample is missing; others still count
                     a.status = f"no sample: {err}"
             mon.agents_on = True
-        return mon.poll_once()
+        return mon.poll_once(at)
     finally:
         if mon._own_pool and mon._pool is not None:
             mon._pool.close()
