@@ -24,6 +24,20 @@ def _heartbeat(run, rank: int) -> dict:
     return json.loads((run / "heartbeat" / f"rank-{rank}.json").read_text())
 
 
+def _record(run, dest) -> None:
+    """The run directory's small files as they are during the stall, and when: a recorded run the
+    TUI and headless agreement test renders (checkpoints, logs and TensorBoard left out)."""
+    import shutil
+
+    dest.mkdir(parents=True)
+    for name in ("run.toml", "state.json"):
+        shutil.copy2(run / name, dest / name)
+    for folder in ("events", "heartbeat", "forensics"):
+        if (run / folder).is_dir():
+            shutil.copytree(run / folder, dest / folder)
+    (dest / "recorded_at").write_text(f"{time.time():.3f}\n")
+
+
 def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path):
     from taehv_console.core.cluster.ssh import LocalRunner
 
@@ -64,6 +78,7 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
                         break
                 time.sleep(1.0)
             assert "status_s" in figures, info
+            _record(run, tmp_path / "recorded")  # what tests/fixtures/runs/sigstop was made from
             assert figures["status_s"] <= bound + 10, figures  # + one status process start-up
             rank1 = next(r for r in info["ranks"] if r["rank"] == 1)
             assert rank1["state"] == "stalled" and rank1["pid"] == pid1
