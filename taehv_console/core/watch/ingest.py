@@ -78,11 +78,15 @@ class RankTracker:
             wait = hb.get("wait_s")
             self.step_times.append(float(st))
             self.busy.append(max(0.0, float(st) - float(wait)) if isinstance(wait, (int, float)) else float(st))
-        if advanced:
-            # The node's clock, corrected by its agent's offset, never later than now.
-            self.progress_time = min(float(t) - offset, now)
         since = hb.get("waiting_since")
         self.waiting_since = min(float(since) - offset, now) if isinstance(since, (int, float)) else None
+        if advanced:
+            # The node's clock, corrected by its agent's offset, never later than now; a rank
+            # blocked in a collective made no progress since it began to wait (a console that
+            # starts mid-wait sees only the waiting heartbeat).
+            self.progress_time = min(float(t) - offset, now)
+            if self.waiting_since is not None:
+                self.progress_time = min(self.progress_time, self.waiting_since)
         self.pid = pid
         if isinstance(hb.get("host"), str):
             self.host = hb["host"]
