@@ -33,7 +33,7 @@ from taehv_console.core.run.failure import (
 from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.progress import AttemptEvents, file_sizes
 from taehv_console.core.run.rundir import RunDir, create_run_dir
-from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from taehv_console.core.run.state import Attempt, Failure, NodeLauncher, Phase, RunState, StopRecord
 
 if TYPE_CHECKING:  # 3.10 has no typing.Self
     from typing_extensions import Self
@@ -262,10 +262,31 @@ class RunController:
 
     # -- liveness
     def processes(self) -> dict[int, tuple[int, ...] | Exception]:
-        a = self.attempt
+        a = self._adopt() or self.attempt
         if a is None or (not a.nodes and not a.slurm_job):
             return {}
         return self.backend.processes(self.run, a)
+
+    def _adopt(self) -> Attempt | None:
+        """An attempt whose launchers were started but never recorded (the console was killed in
+        between) takes them over from their wrappers' status files (pid, pgid, start time), so it
+        is seen as live: never marked failed while it trains, never launched a second time."""
+        a = self.attempt
+        if a is None or a.ended is not None or a.nodes or a.slurm_job or self.kind.slurm:
+            return None
+        found = []
+        for i in self.state.controlled:
+            st = self.run.node_status(i)
+            if st is None or st.attempt != a.number or st.started < a.started - PEER_START_MARGIN_S:
+                continue
+            host = self._host(i) or "localhost"
+            found.append(NodeLauncher(index=i, host=host, pid=st.pid, pgid=st.pgid, log=str(self.run.node_log(i)),
+                                      started=st.started))  # fmt: skip
+        if not found:
+            return None
+        self._note("adopted node launcher(s) " + ", ".join(f"{n.index} (pgid {n.pgid})" for n in found)
+                   + " from their status files: the console that started them never recorded them")
+        return self._save(self.state.with_attempt(replace(a, nodes=tuple(found)))).attempt
 
     def live_nodes(self) -> dict[int, tuple[int, ...]]:
         """node -> live pids for nodes with anything left; an unreachable node counts as live
