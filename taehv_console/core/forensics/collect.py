@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from taehv_console.core.forensics import pyspy, ras
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
 from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackDump
 from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.state import RunState, StateError
 from trainer.events import atomic_write_text
 
 FORENSICS_DIR = "forensics"
@@ -62,11 +64,17 @@ class StallForensics:
         return self.run.path / FORENSICS_DIR
 
     # ------------------------------------------------------------------------------ nodes
-    def _host(self, ref: RankRef) -> str:
+    def _state(self) -> RunState | None:
+        """state.json, or None: a missing or damaged one must not stop forensics (the heartbeat's
+        host and the config's environment will do)."""
         try:
-            hosts = self.run.read_state().hosts if self.run.has_state() else ()
-        except Exception:  # a damaged state.json must not stop forensics: the heartbeat's host will do
-            hosts = ()
+            return self.run.read_state() if self.run.has_state() else None
+        except (StateError, OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _host(self, ref: RankRef) -> str:
+        state = self._state()
+        hosts = state.hosts if state else ()
         if 0 <= ref.node < len(hosts) and hosts[ref.node]:
             return hosts[ref.node]
         if not ref.host or ref.host in (socket.gethostname(), socket.getfqdn()):
@@ -87,7 +95,7 @@ class StallForensics:
     def _config(self) -> tuple[Any, str]:
         try:
             return self.run.load_config(), ""
-        except Exception as err:  # reported as a note: the stacks are still worth having
+        except (OSError, ValueError) as err:  # a note: the stacks are still worth having
             return None, f"cannot read {self.run.run_toml}: {err}"
 
     # ------------------------------------------------------------------------------ py-spy
@@ -107,7 +115,11 @@ class StallForensics:
             return None, f"node {ref.node} ({host}) unreachable for py-spy: {error}"
         if kind in PYSPY_FIX:
             what = "not installed" if kind == pyspy.MISSING else "not permitted"
-            note = f"py-spy {what} on node {ref.node} ({host}): {PYSPY_FIX[kind]} [{error}]"
+            fix = PYSPY_FIX[kind]
+            scope = reply.get("ptrace_scope", "")
+            if kind == pyspy.DENIED and scope not in ("", "0"):
+                fix += f"; kernel.yama.ptrace_scope={scope} also forbids it for non-root (set it to 0)"
+            note = f"py-spy {what} on node {ref.node} ({host}): {fix} [{error}]"
             with self._lock:
                 self._pyspy_unusable[host] = note
             return None, note
@@ -151,7 +163,10 @@ class StallForensics:
 
     # ------------------------------------------------------------------------ Flight Recorder
     def _fr_settings(self, cfg: Any) -> tuple[fr.FlightRecorderPaths, int]:
+        # what the ranks were launched with: the config's nccl_env, then the run's --env
         env = dict(cfg.distributed.nccl_env)
+        state = self._state()
+        env.update(dict(state.env) if state else {})
         paths = fr.paths_for(self.run.path)
         paths = fr.FlightRecorderPaths(trace_stem=env.get(fr.ENV_TEMP_FILE, paths.trace_stem),
                                        pipe_stem=env.get(fr.ENV_PIPE_FILE, paths.pipe_stem),
@@ -207,7 +222,11 @@ class StallForensics:
                 notes.append(f"Flight Recorder: ranks {ranks} on node {node_key}: {why}")
         if not copied:
             return (), tuple(notes) or ("Flight Recorder: no rank wrote a dump",), ""
-        verdict, text = fr.analyse(dest, python=self.analyser_python)
+        verdict, text = fr.analyse(dest, python=self.analyser_python, incomplete=bool(no_dump))
+        if no_dump:
+            # the analyser cannot name a rank that wrote nothing; that is itself the finding
+            head = "no Flight Recorder dump from ranks"
+            verdict = (f"{head} {set(no_dump)}",) + tuple(v for v in verdict if not v.startswith(head))
         atomic_write_text(dest / "analysis.txt", text)
         return verdict, tuple(notes), str(dest)
 
@@ -260,27 +279,25 @@ class StallForensics:
                 on_partial: Callable[[ForensicsReport], None] | None = None,
                 communicators_ready: bool | None = None) -> ForensicsReport:
         """Everything about one confirmed stall. Never raises for a node or tool problem: each
-        becomes a note."""
+        becomes a note. The caller keeps the report (the run's pipeline writes it under
+        RUN/forensics/, beside the dumps; ForensicsReport.from_json reads it back)."""
         started = time.time()
         dumps, notes = self.stacks(stalled, peer)
         cfg, cfg_note = self._config()
         all_notes = list(notes) + ([cfg_note] if cfg_note else [])
         report = ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(all_notes),
                                  flight_recorder=(), ras=None, time=started)
-        nccl = cfg is not None and cfg.topology.device == "cuda"
-        if cfg is not None and not nccl:
-            all_notes += ["Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
-                          "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
-            return ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(all_notes),
-                                   flight_recorder=(), ras=None, time=started)
         if cfg is None:
             return report
+        if cfg.topology.device != "cuda":
+            all_notes += ["Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
+                          "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
+            return replace(report, notes=tuple(all_notes))
         if on_partial is not None:
             on_partial(report)
         verdict, fr_notes, fr_dir = self.flight_recorder(cfg, stalled, started)
         ready = self._communicators_ready(peer) if communicators_ready is None else communicators_ready
         ras_verdict, ras_note, ras_text = self.nccl_ras(peer or stalled, ready)
         all_notes += list(fr_notes) + ([ras_note] if ras_note else [])
-        return ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(dict.fromkeys(all_notes)),
-                               flight_recorder=verdict, ras=ras_verdict, time=started, fr_dir=fr_dir,
-                               ras_text=ras_text)
+        return replace(report, notes=tuple(dict.fromkeys(all_notes)), flight_recorder=verdict, ras=ras_verdict,
+                       fr_dir=fr_dir, ras_text=ras_text)

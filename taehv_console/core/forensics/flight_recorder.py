@@ -166,6 +166,8 @@ def run_analyser(trace_dir: str | Path, *, python: str = sys.executable, allow_i
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return -1, f"the Flight Recorder analyser took longer than {timeout:g} s"
+    except OSError as err:
+        return -1, f"cannot run {python}: {err}"
     return res.returncode, (res.stdout or "") + (res.stderr or "")
 
 
@@ -223,15 +225,15 @@ def parse_analysis(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def analyse(trace_dir: str | Path, *, python: str = sys.executable,
+def analyse(trace_dir: str | Path, *, python: str = sys.executable, incomplete: bool = False,
             timeout: float = ANALYSER_TIMEOUT_S) -> tuple[tuple[str, ...], str]:
-    """Run the analyser and parse it: (verdict lines, raw output). A folder missing some ranks'
-    dumps (a stopped rank cannot dump) is analysed again with --allow-incomplete-ranks."""
-    code, text = run_analyser(trace_dir, python=python, timeout=timeout)
-    if code != 0 and _MISSING_FILES.search(text):
-        code2, text2 = run_analyser(trace_dir, python=python, allow_incomplete=True, timeout=timeout)
-        text = text + "\n" + text2
-        code = code2
+    """Run the analyser and parse it: (verdict lines, raw output). `incomplete`: some ranks wrote
+    no dump (a stopped rank cannot), so analyse what there is (--allow-incomplete-ranks); a strict
+    run that finds dumps missing is repeated that way too."""
+    code, text = run_analyser(trace_dir, python=python, allow_incomplete=incomplete, timeout=timeout)
+    if code != 0 and not incomplete and _MISSING_FILES.search(text):
+        code, more = run_analyser(trace_dir, python=python, allow_incomplete=True, timeout=timeout)
+        text = text + "\n" + more
     verdict = parse_analysis(text)
     if code != 0 and not verdict:
         tail = text.strip().splitlines()[-1:] or [f"exit {code}"]

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 
-from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError
+from taehv_console.core.cluster.ssh import CommandError, LocalRunner, NodeRunner, SshError, _parse_json_line
 from taehv_console.core.forensics import flight_recorder, pyspy, ras
 
 NODE_MODULE = "taehv_console.core.forensics.node"
@@ -57,18 +57,10 @@ def node_command(runner: NodeRunner, args: Sequence[str], *, timeout: float = 60
         return run_action(build_parser().parse_args(list(args)))
     try:
         res = runner.run([runner.python, "-m", NODE_MODULE, *args], timeout=timeout)
-    except (SshError, OSError) as err:
+        return _parse_json_line(res, f"`{NODE_MODULE} {args[0]}`")
+    except (SshError, CommandError, OSError) as err:
         fix = getattr(err, "fix", "")
         return {"kind": UNREACHABLE, "error": f"{err}" + (f" ({fix})" if fix else "")}
-    for line in reversed(res.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                break
-    tail = (res.stderr or res.stdout).strip()[-300:]
-    return {"kind": UNREACHABLE,
-            "error": f"{runner.host}: `{NODE_MODULE} {args[0]}` failed (exit {res.exit_status}): {tail}"}
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -140,6 +140,14 @@ def find_pyspy(python: str | None = None) -> str | None:
     return shutil.which(PYSPY)
 
 
+def ptrace_scope() -> str:
+    """Yama's ptrace_scope on this machine ('' without Yama): 1 or more also refuses py-spy."""
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return ""
+
+
 def dump_process(pid: int, *, pyspy: str | None = None, python: str | None = None,
                  timeout: float = DUMP_TIMEOUT_S) -> dict:
     """Dump one process's stack on this machine. Returns the node helper's reply:
@@ -147,7 +155,8 @@ def dump_process(pid: int, *, pyspy: str | None = None, python: str | None = Non
     exe = pyspy or find_pyspy(python)
     entry = read_proc_one(pid)
     state = entry[3] if entry else ""
-    reply = {"kind": FAILED, "text": "", "error": "", "pyspy": exe or "", "state": state, "nonblocking": False}
+    reply = {"kind": FAILED, "text": "", "error": "", "pyspy": exe or "", "state": state, "nonblocking": False,
+             "ptrace_scope": ptrace_scope()}
     if exe is None:
         reply.update(kind=MISSING, error=f"{PYSPY} is not installed (not beside {python or 'python'}, not on PATH)")
         return reply

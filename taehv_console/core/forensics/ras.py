@@ -184,7 +184,7 @@ _COMM_HEAD = re.compile(r"^\s*#(\d+-\d+) \(([0-9a-fA-F]+)\) ([A-Z]+)")
 _MISSING_RANKS = re.compile(r"The missing ranks?: ([\d, -]+)")
 _PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPU (\S+)")
 _RANK_LINE = re.compile(r"Rank (\d+) -- GPU \S+ managed by process \d+ on node (\S+)")
-_COUNTS = re.compile(r"(\d+) ranks? have launched up to operation (\d+)")
+_COUNTS = re.compile(r"(\d+) ranks? ha(?:ve|s) launched up to operation (\d+)")
 _SUMMARY_ROW = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s+[\d-]+\s+\d+\s+\d+\s+([A-Z]+)\s+([A-Z]+)\s*$")
 
 

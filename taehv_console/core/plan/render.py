@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from taehv_console.core.forensics.flight_recorder import FR_DIR, flight_recorder_env
 from trainer.config import TrainConfig, config_to_toml
 from trainer.ds_config import build_deepspeed_config
 
@@ -154,17 +155,25 @@ def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str
     return ["accelerate", "launch", "--config_file", config_file, *trainer_command(opts.run_dir)]
 
 
-def launch_env(cfg: TrainConfig) -> dict[str, str]:
+def launch_env(cfg: TrainConfig, run_dir: str | None = None) -> dict[str, str]:
     """Environment every node's launcher needs: the config's NCCL settings, and on CPU the switch
-    that makes DeepSpeed use its CPU accelerator (it would look for CUDA otherwise)."""
-    env = dict(cfg.distributed.nccl_env)
+    that makes DeepSpeed use its CPU accelerator (it would look for CUDA otherwise). With the run
+    directory, an NCCL run also gets Flight Recorder's dump pipe and dump files (core/forensics);
+    the config's own nccl_env wins over those."""
+    env = flight_recorder_launch_env(cfg, run_dir) if run_dir else {}
+    env.update(cfg.distributed.nccl_env)
     if cfg.topology.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env
 
 
-def _env_lines(cfg: TrainConfig) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_env(cfg).items())]
+def flight_recorder_launch_env(cfg: TrainConfig, run_dir: str | Path) -> dict[str, str]:
+    """Flight Recorder's variables for an NCCL run (nothing for gloo: it has no dump pipe)."""
+    return flight_recorder_env(run_dir) if cfg.topology.device == "cuda" else {}
+
+
+def _env_lines(cfg: TrainConfig, run_dir: str) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_env(cfg, run_dir).items())]
 
 
 def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
@@ -195,10 +204,12 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
             f" = {t.world_size} processes"
         ),
         "set -euo pipefail",
-        f"mkdir -p {shlex.quote(run_dir + '/logs')}",
+        # the Flight Recorder folder too: torch's dump writer does not create it
+        f"mkdir -p {shlex.quote(run_dir + '/logs')}"
+        + (f" {shlex.quote(run_dir + '/' + FR_DIR + '/live')}" if t.device == "cuda" else ""),
         'export MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"',
         f"export MASTER_PORT={opts.main_process_port}",
-        *_env_lines(cfg),
+        *_env_lines(cfg, run_dir),
         "",
         "# --kill-on-bad-exit: one node failing ends the others now, not at the collective timeout",
         f"srun --kill-on-bad-exit=1 --nodes={t.nodes} --ntasks-per-node=1 \\",
@@ -235,7 +246,7 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
         },
         {"name": "MASTER_ADDR", "value": f"{name}-0.{service}.{opts.k8s_namespace}.svc.cluster.local"},
         {"name": "MASTER_PORT", "value": str(opts.main_process_port)},
-        *({"name": k, "value": v} for k, v in sorted(launch_env(cfg).items())),
+        *({"name": k, "value": v} for k, v in sorted(launch_env(cfg, opts.run_dir).items())),
     ]
     resources: dict = {}
     if t.device == "cuda":

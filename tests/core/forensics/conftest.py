@@ -15,25 +15,11 @@ import pytest
 
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.run.state import Phase, RunState, write_state
+from tests.core.forensics.record_fixtures import STUCK
 from trainer.config import config_to_toml
 
 FIXTURES = Path(__file__).with_name("fixtures")
 
-# A rank stand-in: the main thread waits in wait_for_batch (a rank stuck in data loading), a
-# loader thread spins beside it.
-STUCK = """
-import threading, time
-def loader_worker():
-    while True:
-        time.sleep(0.1)
-threading.Thread(target=loader_worker, name="loader-0", daemon=True).start()
-def wait_for_batch():
-    print("ready", flush=True)  # from inside: a stop right after "ready" finds it here
-    time.sleep(1000)
-def train_step():
-    wait_for_batch()
-train_step()
-"""
 
 
 @pytest.fixture

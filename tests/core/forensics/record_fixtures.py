@@ -26,6 +26,8 @@ HERE = Path(__file__).parent / "fixtures"
 PY = sys.executable
 PYSPY = str(Path(PY).parent / "py-spy")
 
+# A rank stand-in: the main thread waits in wait_for_batch (a rank stuck in data loading), a
+# loader thread spins beside it. "ready" comes from inside, so a stop right after it finds it there.
 STUCK = """
 import threading, time
 def loader_worker():
@@ -33,10 +35,10 @@ def loader_worker():
         time.sleep(0.1)
 threading.Thread(target=loader_worker, name="loader-0", daemon=True).start()
 def wait_for_batch():
+    print("ready", flush=True)
     time.sleep(1000)
 def train_step():
     wait_for_batch()
-print("ready", flush=True)
 train_step()
 """
 
@@ -73,7 +75,7 @@ def _pyspy(pid: int, *extra: str, wrap: tuple[str, ...] = ()) -> str:
 def record_pyspy() -> None:
     p = _start(STUCK)
     try:
-        time.sleep(0.5)
+        time.sleep(0.5)  # in time.sleep, not on the print line
         (HERE / "pyspy_two_threads.txt").write_text(_pyspy(p.pid))
         os.kill(p.pid, 19)  # SIGSTOP
         (HERE / "pyspy_stopped_blocking.txt").write_text(_pyspy(p.pid))

@@ -31,7 +31,7 @@ def test_parse_dump_reads_threads_and_innermost_first_frames():
     assert [t.name for t in dump.threads] == ["MainThread", "loader-0"]
     main = dump.main_thread()
     assert main is not None and main.tid == dump.pid
-    assert main.frames == ("wait_for_batch (<string>:8)", "train_step (<string>:10)", "<module> (<string>:12)")
+    assert main.frames == ("wait_for_batch (<string>:9)", "train_step (<string>:11)", "<module> (<string>:12)")
     assert dump.threads[1].frames[0] == "loader_worker (<string>:5)"
     assert main.status == "idle"
 
@@ -221,3 +221,16 @@ def test_remote_node_without_sys_ptrace_is_noted_once(sshd, stuck_process, tmp_p
     denied = [n for n in report.notes if "not permitted" in n]
     assert len(denied) == 1, report.notes
     assert "node 0" in denied[0] and "SYS_PTRACE" in denied[0]
+
+
+@needs_pyspy
+def test_a_report_reads_back_from_its_json(stuck_process, tmp_path):
+    import json
+
+    from taehv_console.core.forensics import ForensicsReport
+
+    stalled = stuck_process()
+    with SshPool(SshSettings.from_env()) as pool:
+        report = StallForensics(make_run(tmp_path), pool).collect(RankRef(1, 0, "localhost", stalled.pid), None)
+    # what `status` in another process reads back from the run directory is the same value
+    assert ForensicsReport.from_json(json.loads(json.dumps(report.to_json()))) == report
