@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from trainer.config import TrainConfig, config_to_toml
+from taehv_console.core.cluster.hosts import validate_host
+from trainer.config import ENV_NAME_RE, TrainConfig, config_to_toml
 from trainer.ds_config import build_deepspeed_config
 
 RUN_TOML = "run.toml"
@@ -61,12 +63,14 @@ class RenderOptions:
                 raise ValueError(
                     f"{len(self.hosts)} host(s) given for a {nodes}-node config; give one host per node"
                 )
+            for host in self.hosts:  # they are written into hostfiles and launch commands
+                validate_host(host)
             return self.hosts
         return ("localhost",) if nodes == 1 else tuple(f"node-{i}" for i in range(nodes))
 
     def main_ip(self, nodes: int) -> str:
         if self.main_process_ip:
-            return self.main_process_ip
+            return validate_host(self.main_process_ip)
         if not self.hosts and nodes == 1:
             return "127.0.0.1"
         return self.resolved_hosts(nodes)[0]
@@ -163,8 +167,20 @@ def launch_env(cfg: TrainConfig) -> dict[str, str]:
     return env
 
 
+def export_lines(env: Mapping[str, str]) -> list[str]:
+    """`export KEY='value'` lines for a shell script: the one place rendered scripts get their
+    environment. Keys are checked again here (not only by the schema) because a caller may build
+    `env` by hand; every value is quoted, so `$(...)`, backticks and `;` stay text."""
+    lines = []
+    for key, value in sorted(env.items()):
+        if not ENV_NAME_RE.fullmatch(key):
+            raise ValueError(f"environment variable name {key!r} is not a POSIX name; refused in a launch script")
+        lines.append(f"export {key}={shlex.quote(value)}")
+    return lines
+
+
 def _env_lines(cfg: TrainConfig) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_env(cfg).items())]
+    return export_lines(launch_env(cfg))
 
 
 def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
