@@ -91,6 +91,7 @@ class Trainer:
         self.weights_only = weights_only
         self.stop = StopRequest()
         self.collective_wait_s = 0.0  # per step: seconds spent in _all_reduce (see there)
+        self.abandoned: Path | None = None  # where a resume --from moved the newer checkpoints
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -158,6 +159,8 @@ class Trainer:
                     "with DeepSpeed's universal checkpoint tool (ds_to_universal) and resume from that, or resume "
                     "weights-only with a fresh optimizer (taehv-train --resume ... --weights-only)."
                 )
+            if self.resume_from and self.resume_spec != "latest":
+                self._start_timeline(self.resume_from)
             if self.resume_from and self.weights_only:
                 from safetensors.torch import load_file
 
@@ -194,6 +197,20 @@ class Trainer:
         self.ema = self._init_ema() if cfg.optim.ema_decay > 0 else None
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
+
+    def _start_timeline(self, source: ckpt.CheckpointStatus) -> None:
+        """Resuming from a chosen checkpoint makes its line of history the current one: newer
+        checkpoints move aside (kept) and `latest` names the source, so neither a later
+        `resume latest` nor retention acts on the abandoned line."""
+        self._barrier()  # every rank has verified the source before anything moves
+        if self.is_main:
+            self.abandoned = ckpt.abandon_newer(self.ckpt_root, source.step)
+            if source.path.parent.resolve() == self.ckpt_root.resolve():
+                ckpt.write_latest(self.ckpt_root, source.path.name)
+            if self.abandoned:
+                print(f"[taehv-train] resuming from {source.path.name}: the newer checkpoints of the old timeline "
+                      f"were moved to {self.abandoned} (kept, never resumed from automatically)", flush=True)
+        self._barrier()
 
     def _load_teacher(self):
         import torch
@@ -335,7 +352,8 @@ class Trainer:
         if self.is_main:
             if ok:
                 # pruning only ever follows a complete save
-                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step)
+                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step,
+                           protect=(self.resume_from.path,) if self.resume_from else ())
                 nbytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
                 self.events.emit("checkpoint", step=step, path=str(final), seconds=round(time.time() - t0, 3),
                                  bytes=nbytes, status="complete", reason=reason)  # fmt: skip
@@ -508,6 +526,7 @@ class Trainer:
             preset=cfg.run.preset, resumed_from=str(self.resume_from.path) if self.resume_from else None,
             max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
+            abandoned=str(self.abandoned) if self.abandoned else None,
         )  # fmt: skip
         self.events.heartbeat(self.step)
         if self.is_main:

@@ -53,7 +53,7 @@ class CheckpointWatcher:
             m = ckpt.STEP_RE.match(e.name) or ckpt.TMP_RE.match(e.name)
             if m and e.is_dir():
                 entries.append((int(m.group(1)), e))
-        latest = _read_latest(self.root)
+        latest, latest_problem = ckpt.read_latest(self.root)
         items: list[CheckpointInfo] = []
         live_names = set()
         newest_complete: int | None = None
@@ -80,7 +80,7 @@ class CheckpointWatcher:
         for name in list(self._deep_done):
             if name not in live_names:
                 del self._deep_done[name]
-        problems: list[str] = []
+        problems: list[str] = [latest_problem] if latest_problem else []
         if latest is not None:
             named = next((c for c in items if c.name == latest), None)
             if named is None:
@@ -132,13 +132,6 @@ def _next_due(a: RunActivity) -> int | None:
     if a.max_steps is not None and nxt > a.max_steps:
         return a.max_steps  # the final save at the last step
     return nxt
-
-
-def _read_latest(root: Path) -> str | None:
-    try:
-        return (root / "latest").read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _tree_bytes(path: Path) -> int:
