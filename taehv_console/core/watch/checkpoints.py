@@ -143,3 +143,11 @@ def _tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def verify_checkpoints(run_dir: str | Path) -> list[ckpt.CheckpointStatus]:
+    """Every checkpoint of a run verified in full, file hashes included (reads every byte, so
+    on request only: `status --verify`), newest first."""
+    s = ckpt.scan(Path(run_dir) / "checkpoints")
+    found = [ckpt.verify(st.path, hashes=True) for st in s.complete] + s.skipped
+    return sorted(found, key=lambda st: (st.step, st.path.name), reverse=True)
