@@ -13,6 +13,7 @@ Timelines: resuming from a checkpoint older than the newest moves the newer ones
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -333,3 +334,36 @@ def prune(root: Path, keep: int, current_step: int, protect: tuple[Path, ...] = 
             shutil.rmtree(st.path, ignore_errors=True)
             removed.append(st.path)
     return removed
+
+
+# ------------------------------------------------------------------ another world size
+UNIVERSAL = "universal"  # DeepSpeed's universal checkpoint, converted into step-<N>/universal/
+
+
+def universal_command(ckpt_dir: Path) -> list[str]:
+    """The conversion that makes a checkpoint loadable at any world size (argv). `inject_missing_
+    state` lets checkpoints written before the model carried DeepSpeed's universal info convert."""
+    ckpt_dir = Path(ckpt_dir)
+    return ["python", "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / DS_TAG),
+            "--output_folder", str(ckpt_dir / UNIVERSAL), "--inject_missing_state"]
+
+
+def universal_problem(ckpt_dir: Path) -> str | None:
+    """Why step-<N>/universal cannot be loaded (None: it can). The converter writes the per-
+    parameter folders first and the common optimizer state last, so that file means finished."""
+    u = Path(ckpt_dir) / UNIVERSAL
+    if not u.is_dir():
+        return f"no {UNIVERSAL}/ conversion in {ckpt_dir}"
+    for name in ("mp_rank_00_model_states.pt", "zero/optimizer_state.pt"):
+        if not (u / name).is_file():
+            return f"{u}: conversion unfinished (no {name}); run it again"
+    return None
+
+
+def rescaled_data_position(consumed: int, old_world: int, new_world: int, n: int) -> int:
+    """Samples one rank has consumed, carried to another world size. Every world deals epoch e's
+    permutation round-robin, so the first k*world samples of it are what `world` ranks consumed
+    after k each: keeping the epoch and the global offset continues the same order."""
+    old_per_rank, new_per_rank = math.ceil(n / old_world), math.ceil(n / new_world)
+    epoch, offset = divmod(consumed, old_per_rank)
+    return epoch * new_per_rank + (offset * old_world) // new_world
