@@ -474,6 +474,10 @@ class SshConnection(_SpawnMixin):
             chan.exec_command(command)
         except Exception as err:
             if not fired.is_set() and not isinstance(err, (TimeoutError, socket.timeout)) and "Timeout" not in str(err):
+                if not transport.is_active():  # the peer closed it (sshd gone, node rebooted)
+                    raise SshConnectError(self.host, f"{self.host}: the SSH connection was lost "
+                                          f"({type(err).__name__}: {err})".replace(": )", ")"),
+                                          "check the node; the next attempt reconnects") from None
                 raise
             give_up()
             self._unreachable(f"no answer to a request within {wait:g} s on a working connection")
