@@ -100,7 +100,10 @@ def timeline(tmp_path_factory) -> dict:
     wait_for(lambda: any(e.get("status") == "started" and e["step"] == 4 for e in events(run, 0, "checkpoint")),
              400, "the step-4 save to start", launch)
     wait_for(lambda: (root / "step-4.tmp" / ckpt.WEIGHTS).exists(), 120, "step 4's files", launch)
-    launch.kill()  # SIGKILL to the whole launcher session, ranks included, mid-save
+    # kill -9 the rank mid-save (torchrun runs ranks in sessions of their own: by pid); its
+    # launcher then fails by itself
+    os.kill(json.loads((run / "heartbeat" / "rank-0.json").read_text())["pid"], signal.SIGKILL)
+    assert launch.wait(120) != 0
     out["after_kill"] = {p.name for p in root.iterdir()}
     out["latest_after_kill"] = ckpt.read_latest(root)
     out["resolved_after_kill"] = ckpt.resolve_resume(root, "latest")
