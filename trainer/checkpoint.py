@@ -354,9 +354,12 @@ def universal_problem(ckpt_dir: Path) -> str | None:
     u = Path(ckpt_dir) / UNIVERSAL
     if not u.is_dir():
         return f"no {UNIVERSAL}/ conversion in {ckpt_dir}"
-    for name in ("mp_rank_00_model_states.pt", "zero/optimizer_state.pt"):
-        if not (u / name).is_file():
-            return f"{u}: conversion unfinished (no {name}); run it again"
+    # model states: mp_rank_00_... under ZeRO-1/2, zero_pp_rank_0_mp_rank_00_... under ZeRO-3
+    model = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    if not any((u / name).is_file() for name in model):
+        return f"{u}: conversion unfinished (no {model[0]} or {model[1]}); run it again"
+    if not (u / "zero" / "optimizer_state.pt").is_file():
+        return f"{u}: conversion unfinished (no zero/optimizer_state.pt); run it again"
     return None
 
 

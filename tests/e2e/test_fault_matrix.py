@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -33,7 +32,6 @@ from taehv_console.core.cluster.ssh import (
     HostKeyUnknownError,
     SshError,
     SshPool,
-    SshUnreachableError,
     connect,
 )
 from taehv_console.core.plan.presets import load_preset
@@ -47,7 +45,12 @@ from taehv_console.core.watch.state import CheckpointState, RankState
 from tests.core.cluster.conftest import build_facts
 from tests.core.cluster.test_preflight_checks import cfg as gpu_config
 from tests.core.cluster.test_preflight_checks import hostfile_topology
-from tests.core.cluster.test_ssh_hung import FrozenNode, _descendants, combined_settings, hung_node_report
+from tests.core.cluster.test_ssh_hung import (  # noqa: F401 - frozen_node is a fixture used here
+    _descendants,
+    combined_settings,
+    frozen_node,
+    hung_node_report,
+)
 from tests.core.plan.test_render_injection import write_preset
 from tests.core.run.conftest import (  # noqa: F401 - launch_fake and pool are fixtures used here
     alive,
@@ -178,17 +181,6 @@ def test_03_killing_the_console_leaves_training_running_and_attach_takes_it_over
 
 
 # ------------------------------------------------------------------ 4. SSH dropped, SSH hung
-
-@pytest.fixture
-def frozen_node():
-    workdir = Path(tempfile.mkdtemp(prefix="taehv-sshd-matrix-"))
-    node = FrozenNode(workdir)
-    try:
-        yield node
-    finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
 
 def test_04a_ssh_dropped_is_an_error_for_that_node_and_the_others_answer(sshd, sshd_hosts, frozen_node, tmp_path):
     hosts = ["hung1", sshd_hosts[0].alias]
