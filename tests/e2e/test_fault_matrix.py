@@ -66,6 +66,7 @@ from tests.core.run.conftest import (  # noqa: F401 - launch_fake and pool are f
 from tests.core.watch.conftest import FIXTURES
 from tests.trainer.conftest import clip_dir  # noqa: F401 - a fixture used here
 from tests.trainer.runs import Launch, base_config, events, run_to_end, write_run
+from tests.trainer.runs import wait_for as wait_for_run
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
 from trainer.synthetic import make_synthetic
@@ -100,13 +101,21 @@ def timeline(tmp_path_factory) -> dict:
     out: dict = {"run": run, "root": root}
 
     launch = Launch(run, 1, env={"TAEHV_FAULTS": "ckpt_sleep:0:4:300"})
-    wait_for(lambda: any(e.get("status") == "started" and e["step"] == 4 for e in events(run, 0, "checkpoint")),
-             400, "the step-4 save to start", launch)
-    wait_for(lambda: (root / "step-4.tmp" / ckpt.WEIGHTS).exists(), 120, "step 4's files", launch)
-    # kill -9 the rank mid-save (torchrun runs ranks in sessions of their own: by pid); its
-    # launcher then fails by itself
-    os.kill(json.loads((run / "heartbeat" / "rank-0.json").read_text())["pid"], signal.SIGKILL)
-    assert launch.wait(120) != 0
+    rank_pid_ = None
+    try:
+        wait_for_run(lambda: (root / "step-4.tmp" / ckpt.WEIGHTS).exists(), 400, "step 4's files", launch)
+        # kill -9 the rank mid-save (torchrun runs ranks in sessions of their own: by pid); its
+        # launcher then fails by itself
+        rank_pid_ = json.loads((run / "heartbeat" / "rank-0.json").read_text())["pid"]
+        os.kill(rank_pid_, signal.SIGKILL)
+        assert launch.wait(120) != 0
+    finally:
+        if launch.proc.poll() is None:  # a failure above: leave no sleeping rank behind
+            if rank_pid_ is None and (run / "heartbeat" / "rank-0.json").exists():
+                rank_pid_ = json.loads((run / "heartbeat" / "rank-0.json").read_text())["pid"]
+            if rank_pid_ and alive(rank_pid_):
+                os.kill(rank_pid_, signal.SIGKILL)
+            launch.kill()
     out["after_kill"] = {p.name for p in root.iterdir()}
     out["latest_after_kill"] = ckpt.read_latest(root)
     out["resolved_after_kill"] = ckpt.resolve_resume(root, "latest")
