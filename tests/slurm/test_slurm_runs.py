@@ -88,7 +88,7 @@ def sbatch_story(slurm_cluster, tmp_path_factory):
     seen["neighbour_pids"] = [int(p.read_text()) for p in sorted(pids.iterdir())]
 
     # rank 0 sleeps 3 s a step: slow enough that the stop lands mid-run
-    first = Console(*_args(work, 5, "--backend", "sbatch", "--env", "TAEHV_FAULTS=delay:0:*:3"), env=env, cwd=work)
+    first = Console(*_args(work, 3, "--backend", "sbatch", "--env", "TAEHV_FAULTS=delay:0:*:3"), env=env, cwd=work)
     run = _run_dir(first, work)
     seen["run"] = run
     first.wait_for(lambda o: is_step(o, 1), 400, "step 1")
@@ -176,7 +176,7 @@ def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp
 def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slurm_cluster, tmp_path):
     # salloc runs the console on this machine with the allocation's SLURM_* variables: it detects
     # the SLURM topology and starts every node with srun (the `slurm` backend)
-    argv = ["salloc", "--nodes=2", "--job-name=in-allocation", *cli_argv(*_args(tmp_path, 3))]
+    argv = ["salloc", "--nodes=2", "--job-name=in-allocation", *cli_argv(*_args(tmp_path, 2))]
     console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
     run = _run_dir(console, tmp_path)
     rc = console.wait(420)
