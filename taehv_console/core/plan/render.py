@@ -167,7 +167,6 @@ def _env_lines(cfg: TrainConfig) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_env(cfg).items())]
 
 
-NODE_WRAPPER = "taehv_console.core.run.node"
 PREFLIGHT_DIR = "preflight"
 
 
@@ -175,11 +174,13 @@ def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on
     """One srun step with one task per node, each under the node wrapper: it records the task's
     identity and exit status in `status` (`{node}` filled from SLURM_NODEID, as for the in-allocation
     backend), and its output goes to the node's log, where the console reads why a node failed."""
+    from taehv_console.core.run.backends import NODE_MODULE
+
     q = shlex.quote
     flags = "--kill-on-bad-exit=1 " if kill_on_bad_exit else ""
     return [
         f"srun {flags}--nodes={nodes} --ntasks-per-node=1 --output={q(run_dir + '/logs/node-%n.log')} --open-mode=append \\",
-        f'  "$PYTHON" -m {NODE_WRAPPER} launch --status {q(status)} --node-env SLURM_NODEID --attempt "$ATTEMPT" -- \\',
+        f'  "$PYTHON" -m {NODE_MODULE} launch --status {q(status)} --node-env SLURM_NODEID --attempt "$ATTEMPT" -- \\',
         f"  {command}",
     ]
 
