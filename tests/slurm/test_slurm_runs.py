@@ -10,7 +10,6 @@ submitted, stopped mid-run (SIGTERM to the console), then resumed with sbatch to
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -94,7 +93,11 @@ def sbatch_story(slurm_cluster, tmp_path_factory):
     first.wait_for(lambda o: is_step(o, 1), 400, "step 1")
     job = run_state(run)["attempts"][-1]["slurm_job"]
     seen["job_nodes"] = slurm_cluster.job_field(job, "NodeList")
-    seen["heartbeat_pids"] = [json.loads((run / "heartbeat" / f"rank-{r}.json").read_text())["pid"] for r in (0, 1)]
+    beats = [run / "heartbeat" / f"rank-{r}.json" for r in (0, 1)]
+    deadline = time.time() + 60
+    while not all(b.exists() for b in beats) and time.time() < deadline:  # rank 1's may trail rank 0's step
+        time.sleep(0.2)
+    seen["heartbeat_pids"] = [json.loads(b.read_text())["pid"] for b in beats]
     t0 = time.time()
     first.signal(signal.SIGTERM)
     seen["stop_rc"] = first.wait(300)
