@@ -49,7 +49,7 @@ class TPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _nt, c, h, w = x.shape
-        return self.conv(x.reshape(-1, self.stride * c, h, w))
+        return self.conv(_same_layout(x.reshape(-1, self.stride * c, h, w), x))
 
 
 class TGrow(nn.Module):
@@ -62,15 +62,24 @@ class TGrow(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _nt, c, h, w = x.shape
-        return self.conv(x).reshape(-1, c, h, w)
+        return _same_layout(self.conv(x).reshape(-1, c, h, w), x)
+
+
+def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`out` in channels_last when `like` is: folding frames into channels (or back) is a copy
+    that would otherwise silently return to NCHW for the rest of the network."""
+    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) and not like.is_contiguous():
+        return out.contiguous(memory_format=torch.channels_last)
+    return out
 
 
 def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
-    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0."""
+    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0.
+    Keeps x's memory layout (frames are whole blocks of memory in NCHW and NHWC alike)."""
     nt, c, h, w = x.shape
-    v = x.reshape(n, nt // n, c, h, w)
-    past = F.pad(v, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1]
-    return past.reshape(nt, c, h, w)
+    past = torch.zeros_like(x)
+    past.view(n, nt // n, c, h, w)[:, 1:] = x.view(n, nt // n, c, h, w)[:, :-1]
+    return past
 
 
 def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
