@@ -166,12 +166,21 @@ def _bounce(position: float, length: int) -> float:
     return p if p < length else period - p
 
 
-def _check_clip_args(clips: int, frames: int, height: int, width: int, fps: int) -> None:
+def _write_clips(out_dir, clips, frames, height, width, fps, seed, prefix, frames_of, stream) -> list[Path]:
     if clips < 1 or frames < 1 or fps < 1:
         raise ValueError(f"clips, frames and fps must be at least 1 (got {clips}, {frames}, {fps})")
     if height < 2 or width < 2 or height % 2 or width % 2:
         # 4:2:0 video, what the mp4 encoders take, needs even sides.
         raise ValueError(f"size {height}x{width}: height and width must be even and at least 2")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    codec = video_codec()
+    written = []
+    for i in range(clips):
+        rng = np.random.default_rng([seed, i, *stream])
+        path = out_dir / f"{prefix}-{i:04d}{codec.suffix}"
+        written.append(write_video(path, frames_of(rng, frames, height, width), fps, codec))
+    return written
 
 
 def make_synthetic(
@@ -179,16 +188,7 @@ def make_synthetic(
 ) -> list[Path]:
     """Write `clips` videos of `frames` frames at height x width into out_dir; each clip differs (its
     content comes from seed and the clip's index). Returns the written paths, in order."""
-    _check_clip_args(clips, frames, height, width, fps)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    codec = video_codec()
-    written = []
-    for i in range(clips):
-        rng = np.random.default_rng([seed, i])
-        path = out_dir / f"clip-{i:04d}{codec.suffix}"
-        written.append(write_video(path, _clip_frames(rng, frames, height, width), fps, codec))
-    return written
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "clip", _clip_frames, ())
 
 
 # scikit-image's bundled colour photographs (no download): real textures, edges and colour
@@ -253,15 +253,6 @@ def make_photo_clips(
     out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
 ) -> list[Path]:
     """Write `clips` videos of a camera moving over scikit-image's sample photographs (real
-    H.264 where PyAV's FFmpeg has an H.264 encoder). Same arguments and naming as make_synthetic;
-    returns the written paths, in order."""
-    _check_clip_args(clips, frames, height, width, fps)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    codec = video_codec()
-    written = []
-    for i in range(clips):
-        rng = np.random.default_rng([seed, i, 1])
-        path = out_dir / f"photo-{i:04d}{codec.suffix}"
-        written.append(write_video(path, _photo_frames(rng, frames, height, width), fps, codec))
-    return written
+    H.264 where PyAV's FFmpeg has an H.264 encoder). Same arguments as make_synthetic; files are
+    named photo-NNNN; returns the written paths, in order."""
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "photo", _photo_frames, (1,))
