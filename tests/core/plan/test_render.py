@@ -202,6 +202,9 @@ def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
         assert str(ds.communication_data_type).endswith(
             rendered["communication_data_type"].replace("fp", "float")
         )
+    if "data_types" in rendered:  # bf16: gradients accumulate in fp32
+        same("data_types", {"grad_accum_dtype": ds.grad_accum_dtype})
+        assert ds.grad_accum_dtype == "fp32"
     # a key the builder adds later must be checked here too, not pass unseen
     assert checked == set(rendered)
     # and the values are the preset's
