@@ -11,18 +11,6 @@ from tests.trainer.runs import Launch, base_config, events, run_to_end, write_ru
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    torch.manual_seed(0)
-    teacher = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-                                        mid_block_add_attention=False)  # fmt: skip
-    d = tmp_path_factory.mktemp("teacher")
-    teacher.save_pretrained(d)
-    return d
-
-
 def test_teacher_latents_align_with_taehv_latents(teacher_dir):
     """T = 4k frames: TAEHV gives k latents; the teacher, given frames [0, 4k−3), gives k as well
     (its causal first latent is frame 0 alone) — latent j of each stands for the same frames."""
