@@ -256,6 +256,10 @@ def _print_plan(resolved, plan, row) -> None:
         ),
         f"              {breakdown} (GB)",
     ]
+    if plan.teacher is not None:
+        from taehv_console.core.plan.planner import teacher_lines
+
+        lines += [f"{'recipe' if i == 0 else '':<14}{line}" for i, line in enumerate(teacher_lines(plan.teacher, _hours))]
     for line in lines:
         console.print(line, highlight=False)
     for n in m.notes:
