@@ -119,3 +119,65 @@ def teacher_identity(path: str | Path, subfolder: str = "") -> dict:
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
         "weights": [{"name": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in weights],
     }
+
+
+def time_distill_steps(device: str = "cpu", frames: int = 12, height: int = 480, width: int = 720, batch: int = 1,
+                       steps: int = 5, warmup: int = 2, teacher=None, bf16: bool | None = None) -> dict:  # fmt: skip
+    """Seconds per training step of the student with the teacher online against cached latents, for
+    benchmarks/gpu_throughput.py. Without `teacher`, HunyuanVideo's VAE architecture (diffusers'
+    defaults) randomly initialised: its cost is the real one, its weights do not matter for timing.
+    Both steps are the recipe's: encoder MSE to the latents, decoder on them; plain torch, one device."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.model import TAEHV, reconstruction_target
+
+    dev = torch.device(device)
+    bf16 = dev.type == "cuda" if bf16 is None else bf16
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if teacher is None:
+        from diffusers import AutoencoderKLHunyuanVideo
+
+        teacher = AutoencoderKLHunyuanVideo()
+    teacher = teacher.requires_grad_(False).eval().to(dev, dtype)
+    model = TAEHV().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    video = torch.rand(batch, frames, 3, height, width, device=dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def step(latents):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            t_lat = encode(teacher, video).to(torch.float32) if latents is None else latents
+            z = model.encode(video)
+            y_t = model.decode(t_lat)
+            loss = F.mse_loss(z.float(), t_lat) + F.mse_loss(y_t.float(), reconstruction_target(video, y_t.shape[1]))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def timed(latents) -> float:
+        for _ in range(warmup):
+            step(latents)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(latents)
+        sync()
+        return (time.perf_counter() - t0) / steps
+
+    sync()
+    t0 = time.perf_counter()
+    cached_latents = encode(teacher, video).to(torch.float32)
+    sync()
+    encode_s = time.perf_counter() - t0  # includes first-call overhead; the step timings do not
+    online = timed(None)
+    cached = timed(cached_latents)
+    return {"online_s_per_step": online, "cached_s_per_step": cached, "first_encode_s": encode_s,
+            "online_clips_per_s": batch / online, "cached_clips_per_s": batch / cached,
+            "online_over_cached": online / cached, "batch": batch, "clip": [frames, height, width],
+            "device": str(dev), "bf16": bf16}  # fmt: skip
