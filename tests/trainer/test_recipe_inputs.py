@@ -64,13 +64,16 @@ def test_a_good_teacher_yields_the_students_latent_shape(teacher_dir):
     assert answer["identity"]["class"] == "AutoencoderKLHunyuanVideo"
 
 
-@pytest.mark.parametrize("problem", ["missing", "wrong-channels"])
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "wrong-channels"])
 def test_a_distilling_run_refuses_a_bad_teacher_before_any_process_group(tmp_path, clip_dir, problem, capsys):
     from trainer.train import EXIT_CONFIG, run
 
     teacher = tmp_path / "teacher"
     if problem == "wrong-channels":
         save_tiny_teacher(teacher, latent_channels=8)
+    elif problem == "corrupt":
+        save_tiny_teacher(teacher)
+        (teacher / "config.json").write_text('{"_class_name": "AutoencoderKLHunyuanVideo", "latent_channels": ')
     rd = write_run(tmp_path / "run", _cfg(clip_dir, teacher=teacher))
     assert run(rd) == EXIT_CONFIG
     err = capsys.readouterr().err
