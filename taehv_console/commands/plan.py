@@ -158,6 +158,11 @@ def _comparison(args: argparse.Namespace) -> int:
         table.add_row(*cells)
     console = _console()
     console.print(table)
+    # the author's recipe on each preset (--set loss.teacher=DIR): the teacher online against cached latents
+    recipe = "; ".join(f"{p.name} {p.teacher.online_gpu_hours:,.0f} / {p.teacher.cached_gpu_hours:,.0f}"
+                       for p in plans if p.teacher is not None)
+    console.print(f"distilling (--set loss.teacher=DIR), GPU-hours with the teacher online / cached: {recipe}",
+                  highlight=False, markup=False)
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
     return 0

@@ -45,3 +45,11 @@ def test_plan_prints_online_and_cached_side_by_side(capsys):
     teacher = json.loads(capsys.readouterr().out)["plan"]["teacher"]
     assert teacher["mode"] == "online"
     assert teacher["online"]["gpu_hours"] > 3 * teacher["cached"]["gpu_hours"]
+
+
+def test_the_comparison_table_gives_each_preset_its_distillation_cost(capsys):
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("distilling"))
+    online = _plan('loss.teacher="/models/vae"').teacher
+    assert f"8gpu-h100 {online.online_gpu_hours:,.0f} / {online.cached_gpu_hours:,.0f}" in line
