@@ -162,7 +162,7 @@ def _comparison(args: argparse.Namespace) -> int:
     recipe = "; ".join(f"{p.name} {p.teacher.online_gpu_hours:,.0f} / {p.teacher.cached_gpu_hours:,.0f}"
                        for p in plans if p.teacher is not None)
     console.print(f"distilling (--set loss.teacher=DIR), GPU-hours with the teacher online / cached: {recipe}",
-                  highlight=False, markup=False)
+                  highlight=False, markup=False, soft_wrap=True)
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
     return 0
