@@ -395,24 +395,32 @@ class Trainer:
         cfg = self.cfg
         videos = find_videos(cfg.data.source, cfg.data.root)
         self.train_paths, self.val_paths = split_train_val(videos, cfg.data.val_fraction, cfg.data.val_max_clips)
-        self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
         if self.latent_cache is not None:
-            from trainer.latent_cache import CachedLatentDataset, make_cached_loader
+            self._build_cached_data()
+            return
+        self.train_set = VideoClipDataset(self.train_paths, cfg.data, train=True)
+        self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
+        self.loader = make_train_loader(
+            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
+            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
+        )  # fmt: skip
+        self.batches = iter(self.loader)
 
-            self.train_set = CachedLatentDataset(cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data)
-            if self.is_main and self.train_set.unusable:
-                print(f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
-                      f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}", flush=True)
-            self.loader = make_cached_loader(
-                self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
-                self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
-            )  # fmt: skip
-        else:
-            self.train_set = VideoClipDataset(self.train_paths, cfg.data, train=True)
-            self.loader = make_train_loader(
-                self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
-                self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
-            )  # fmt: skip
+    def _build_cached_data(self) -> None:
+        """Training items from the teacher latent cache (run() checked it against the data);
+        validation decodes its clips as usual, since it needs no teacher."""
+        from trainer.latent_cache import CachedLatentDataset, make_cached_loader
+
+        cfg = self.cfg
+        self.train_set = CachedLatentDataset(cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data)
+        if self.is_main and self.train_set.unusable:
+            print(f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
+                  f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}", flush=True)
+        self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
+        self.loader = make_cached_loader(
+            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
+            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
+        )  # fmt: skip
         self.batches = iter(self.loader)
 
     def _next_batch(self):
