@@ -191,6 +191,14 @@ class TrainConfig(_Section):
     schedule: ScheduleSection = ScheduleSection()
     distributed: DistributedSection = DistributedSection()
 
+    @model_validator(mode="after")
+    def _adversarial_has_frame_groups(self) -> "TrainConfig":
+        # T = 4k frames decode to T - 3, and the discriminator judges groups of 3 of them
+        if self.adversarial.weight > 0 and self.data.frames < 8:
+            raise ValueError(f"adversarial.weight > 0 needs data.frames >= 8 (the discriminator sees groups of 3 "
+                             f"decoded frames; {self.data.frames} frames decode to {self.data.frames - 3})")
+        return self
+
     @property
     def effective_batch(self) -> int:
         return self.optim.batch_per_gpu * self.optim.grad_accum * self.topology.world_size

@@ -233,3 +233,11 @@ def test_distill_step_timing_for_the_throughput_benchmark(teacher_dir):
     out = time_distill_steps("cpu", frames=8, height=32, width=32, steps=1, warmup=1, teacher=load_teacher(teacher_dir))
     assert out["online_s_per_step"] > 0 and out["cached_s_per_step"] > 0
     assert out["online_clips_per_s"] == pytest.approx(1 / out["online_s_per_step"])
+
+
+def test_adversarial_term_needs_frames_for_its_groups():
+    from trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.frames >= 8"):
+        config_from_dict({"data": {"frames": 4}, "adversarial": {"weight": 0.1}})
+    assert config_from_dict({"data": {"frames": 4}}).adversarial.weight == 0  # off by default
