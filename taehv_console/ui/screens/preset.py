@@ -235,16 +235,11 @@ class PresetScreen(Screen):
         values, more = self._fields()
         base = self._selected.config
         recipe = {k: values.pop(k) for k, _ in RECIPE_FIELDS}
-        typed = form_overrides(base, values, more)
-        extra = [_override_text(base, k, v) for k, v in recipe.items() if v.strip() != field_text(base, k)]
-        overrides = typed[: len(typed) - len(self._more_items(more))] + extra + self._more_items(more)
+        # the form's fields, the recipe's (strings quoted), then the free line: later ones win
+        overrides = (form_overrides(base, values, "")
+                     + [_override_text(base, k, v) for k, v in recipe.items() if v.strip() != field_text(base, k)]
+                     + form_overrides(base, {}, more))  # fmt: skip
         self._build(self._selected.name, overrides)
-
-    @staticmethod
-    def _more_items(more: str) -> list[str]:
-        import shlex
-
-        return [item for item in shlex.split(more) if item]
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
     def _build(self, preset: str, overrides: list[str]) -> None:
