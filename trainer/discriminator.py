@@ -106,8 +106,9 @@ class Adversary:
         finally:
             self.net.requires_grad_(True)
 
-    def discriminator_step(self, fake: torch.Tensor, real: torch.Tensor, latents: torch.Tensor) -> float:
-        """One update on detached fakes plus replayed ones; gradients averaged over all ranks."""
+    def discriminator_step(self, fake: torch.Tensor, real: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """One update on detached fakes plus replayed ones; gradients averaged over all ranks. Returns
+        the loss as a device tensor (metrics leave the device only at log steps)."""
         import torch.distributed as dist
 
         f, c = frame_groups(fake.detach().float(), latents.detach().float())
@@ -131,7 +132,7 @@ class Adversary:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
         self.opt.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def _remember(self, frames: torch.Tensor, cond: torch.Tensor) -> None:
         if self.replay_size <= 0:
