@@ -61,6 +61,15 @@ def test_a_teacher_that_cannot_be_loaded_is_an_error_not_a_substitute(tmp_path, 
 # ------------------------------------------------------------------ the recipe on 2 processes
 
 
+def _run_to_end(run, nprocs: int, args: tuple[str, ...] = ()) -> Launch:
+    # these runs load diffusers and a teacher on every rank: on a shared 2-core machine a launch can
+    # take minutes, so they wait longer than runs.py's default before calling it hung
+    launch = Launch(run, nprocs, args)
+    rc = launch.wait(timeout=900)
+    assert rc == 0, f"launcher exited {rc}:\n{launch.tail()}"
+    return launch
+
+
 def _distill_config(clip_dir, stage: int, **loss):
     return base_config(
         clip_dir, deepspeed={"zero_stage": stage}, optim={"max_steps": 8, "lr": 3e-3, "warmup_steps": 1},
@@ -77,7 +86,7 @@ def _falls(values: list[float]) -> bool:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_online_distillation_latent_loss_falls(teacher_dir, tmp_path, clip_dir, stage):
     run = write_run(tmp_path / "run", _distill_config(clip_dir, stage, teacher=str(teacher_dir)))
-    run_to_end(run, 2)
+    _run_to_end(run, 2)
     start = events(run, 0, "start")[0]
     assert start["teacher"] == "online" and start["teacher_loaded"] is True
     distill = [e["distill_loss"] for e in events(run, 0, "step")]
@@ -93,12 +102,12 @@ def test_cached_latents_train_without_the_teacher(teacher_dir, tmp_path, clip_di
     shutil.copytree(teacher_dir, teacher)
     cache = tmp_path / "cache"
     run = write_run(tmp_path / "run", _distill_config(clip_dir, 3, teacher=str(teacher), teacher_cache=str(cache)))
-    launch = run_to_end(run, 2, args=("cache-latents", "--run", str(run), "--size", "64x64"))
+    launch = _run_to_end(run, 2, args=("cache-latents", "--run", str(run), "--size", "64x64"))
     assert "manifest written" in launch.log.read_text()
     manifest = json.loads((cache / "manifest.json").read_text())
     assert len(manifest["clips"]) == len(list(clip_dir.glob("*.mp4")))
     teacher.rename(tmp_path / "teacher-gone")
-    run_to_end(run, 2)
+    _run_to_end(run, 2)
     for rank in (0, 1):
         start = events(run, rank, "start")[0]
         assert start["teacher"] == "cache" and start["teacher_loaded"] is False
@@ -117,7 +126,7 @@ def test_adversarial_term_is_logged_checkpointed_and_resumed(teacher_dir, tmp_pa
     raw["schedule"]["checkpoint_every"] = 3
     raw["adversarial"] = {"weight": 0.1, "width": 8, "replay": 4}
     run = write_run(tmp_path / "run", raw)
-    run_to_end(run, 2)
+    _run_to_end(run, 2)
     steps = events(run, 0, "step")
     assert len(steps) == 3 and all(e["adv_g_loss"] > 0 and e["adv_d_loss"] > 0 for e in steps)
     tb = b"".join(p.read_bytes() for p in (run / "tensorboard").glob("events.*"))
@@ -129,7 +138,7 @@ def test_adversarial_term_is_logged_checkpointed_and_resumed(teacher_dir, tmp_pa
 
     raw["optim"]["max_steps"] = 4
     write_run(run, raw)
-    run_to_end(run, 2, args=("--resume", "latest"))
+    _run_to_end(run, 2, args=("--resume", "latest"))
     starts = [e for r in (0, 1) for e in events(run, r, "start") if e.get("resumed_from")]
     assert len(starts) == 2
     for s in starts:  # every rank starts again from the saved discriminator and its optimizer
