@@ -39,10 +39,15 @@ def rank_state_name(rank: int) -> str:
     return f"trainer/rank-{rank}.pt"
 
 
-def required_files(world_size: int, zero_stage: int) -> list[list[str]]:
+# Optional parts of a run and the files each adds to a checkpoint (rank 0 writes them).
+PART_FILES = {"discriminator": ("trainer/discriminator.safetensors", "trainer/discriminator_optim.pt")}
+
+
+def required_files(world_size: int, zero_stage: int, parts: tuple[str, ...] = ()) -> list[list[str]]:
     """Files a complete checkpoint must hold, each as alternatives (DeepSpeed prefixes its ZeRO
-    shard names with `bf16_` in bf16 mode)."""
+    shard names with `bf16_` in bf16 mode); `parts` names optional parts the run has (PART_FILES)."""
     req: list[list[str]] = [[WEIGHTS], ["trainer/state.json"]]
+    req += [[name] for part in parts for name in PART_FILES[part]]
     req += [[rank_state_name(r)] for r in range(world_size)]
     if zero_stage == 3:
         req += [[f"{DS_TAG}/zero_pp_rank_{r}_mp_rank_00_model_states.pt"] for r in range(world_size)]
@@ -75,11 +80,11 @@ def _list_files(root: Path) -> dict[str, int]:
     }
 
 
-def check_files(ckpt_dir: Path, world_size: int, zero_stage: int) -> list[str]:
+def check_files(ckpt_dir: Path, world_size: int, zero_stage: int, parts: tuple[str, ...] = ()) -> list[str]:
     """Problems with the files in a checkpoint being finished (empty list = good)."""
     present = _list_files(ckpt_dir)
     problems = []
-    for alternatives in required_files(world_size, zero_stage):
+    for alternatives in required_files(world_size, zero_stage, parts):
         found = [a for a in alternatives if a in present]
         if not found:
             problems.append(f"missing {alternatives[0]}")
@@ -120,10 +125,11 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: dict | None = None) -> Path:
+def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: dict | None = None,
+             parts: tuple[str, ...] = ()) -> Path:
     """Rank 0, after every rank has written into tmp_dir: check, seal and publish. Raises
     CheckpointError (and publishes nothing) when the file set is incomplete."""
-    problems = check_files(tmp_dir, world_size, zero_stage)
+    problems = check_files(tmp_dir, world_size, zero_stage, parts)
     if problems:
         raise CheckpointError(f"{tmp_dir}: checkpoint incomplete: " + "; ".join(problems[:8]))
     files = _list_files(tmp_dir)

@@ -27,6 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--photos", action="store_true", help="a camera moving over real photographs (needs scikit-image)"
     )
+    cache = sub.add_parser(
+        "cache-latents",
+        help="run the teacher VAE once over the data and write its latents (resumable; spread over the "
+        "processes of a launch by RANK/WORLD_SIZE)",
+    )
+    cache.add_argument("--run", dest="cache_run", type=Path, required=True, help="the run directory holding run.toml")
+    cache.add_argument("--out", help="cache directory (default: loss.teacher_cache of run.toml)")
+    cache.add_argument("--size", help="canvas HxW the latents cover (default: data.height x data.width); "
+                       "training takes latent-aligned crops of data.height x data.width from it")
+    cache.add_argument("--max-windows", type=int, default=4, help="frame windows cached per clip (default 4)")
     return parser
 
 
@@ -49,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         print(f"wrote {len(paths)} clips of {args.frames} frames at {height}x{width} to {args.dir}")
         return 0
+    if args.command == "cache-latents":
+        from trainer.latent_cache import cache_main
+
+        if args.max_windows < 1:
+            parser.error("--max-windows must be at least 1")
+        return cache_main(args.cache_run, args.out, args.size, args.max_windows)
     if args.run is None:
         parser.error("--run RUN_DIR is required (or use the make-synthetic command)")
     if args.weights_only and not args.resume:

@@ -127,8 +127,27 @@ class LossSection(_Section):
     recon_weight: float = Field(1.0, ge=0)
     teacher: str = Field("", description="a local diffusers AutoencoderKLHunyuanVideo directory ('' = none)")
     teacher_subfolder: str = ""
+    teacher_cache: str = Field(
+        "", description="a latent cache written by `taehv-train cache-latents` ('' = run the teacher online); "
+        "when set, training reads it and never loads the teacher"
+    )
     distill_encoder_weight: float = Field(1.0, ge=0)
     decoder_on_teacher_latents: bool = False
+
+    @property
+    def distilling(self) -> bool:
+        return bool(self.teacher or self.teacher_cache)
+
+
+class AdversarialSection(_Section):
+    """The decoder's adversarial term (the author's notebook): a conditional patch discriminator over
+    groups of 3 decoded frames, trained beside the autoencoder with its own optimizer."""
+
+    weight: float = Field(0.0, ge=0, description="the generator's adversarial loss weight (0 = off)")
+    lr: float = Field(2e-4, gt=0, le=1, description="the discriminator's AdamW learning rate")
+    betas: tuple[float, float] = (0.5, 0.99)
+    width: int = Field(32, ge=4, description="channels of the discriminator's first layer")
+    replay: int = Field(64, ge=0, description="generated frame groups kept to show the discriminator again")
 
 
 class DeepSpeedSection(_Section):
@@ -186,9 +205,18 @@ class TrainConfig(_Section):
     data: DataSection = DataSection()
     optim: OptimSection = OptimSection()
     loss: LossSection = LossSection()
+    adversarial: AdversarialSection = AdversarialSection()
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     schedule: ScheduleSection = ScheduleSection()
     distributed: DistributedSection = DistributedSection()
+
+    @model_validator(mode="after")
+    def _adversarial_has_frame_groups(self) -> "TrainConfig":
+        # T = 4k frames decode to T - 3, and the discriminator judges groups of 3 of them
+        if self.adversarial.weight > 0 and self.data.frames < 8:
+            raise ValueError(f"adversarial.weight > 0 needs data.frames >= 8 (the discriminator sees groups of 3 "
+                             f"decoded frames; {self.data.frames} frames decode to {self.data.frames - 3})")
+        return self
 
     @property
     def effective_batch(self) -> int:

@@ -33,6 +33,8 @@ from trainer.master_weights import MasterEMA, full_fp32_weights
 from trainer.metrics import DeviceMetrics
 
 EXIT_OK = 0
+# the recipe's losses (step events carry them by name; TensorBoard gets them as train/<name>)
+RECIPE_METRICS = ("distill_loss", "decoder_teacher_loss", "adv_g_loss", "adv_d_loss")
 EXIT_CONFIG = 2  # bad config, data or checkpoint: nothing to retry
 EXIT_FAILED = 1
 
@@ -86,9 +88,13 @@ def _set_single_process_env() -> None:
 
 
 class Trainer:
-    def __init__(self, run_dir: Path, cfg: TrainConfig, resume: str | None, weights_only: bool):
+    def __init__(self, run_dir: Path, cfg: TrainConfig, resume: str | None, weights_only: bool,
+                 teacher=None, latent_cache: dict | None = None):  # fmt: skip
         self.run_dir = run_dir
         self.cfg = cfg
+        # checked before any process group: a loaded teacher (CPU) or a cache manifest that matches the data
+        self.teacher_cpu = teacher
+        self.latent_cache = latent_cache
         self.resume_spec = resume
         self.weights_only = weights_only
         self.stop = StopRequest()
@@ -192,7 +198,7 @@ class Trainer:
             self.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
         if cfg.model.compile:
             model.compile()
-        self.teacher = self._load_teacher() if cfg.loss.teacher else None
+        self.teacher = self._teacher_on_device()
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             (no_decay if p.ndim <= 1 else decay).append(p)
@@ -222,8 +228,15 @@ class Trainer:
         self.ema = MasterEMA(self.engine, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
         self.metrics = DeviceMetrics(self.device)
         self._ema_model = None  # a plain copy of the model that validates the EMA weights
+        self.adversary = None
+        if cfg.adversarial.weight > 0:
+            from trainer.discriminator import Adversary
+
+            self.adversary = Adversary(cfg.adversarial, cfg.model.latent_channels, self.device, cfg.run.seed)
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
+        if self.adversary is not None:
+            self.adversary.broadcast_from_rank0()
 
     def _start_timeline(self, source: ckpt.CheckpointStatus) -> None:
         """Resuming from a chosen checkpoint makes its line of history the current one: newer
@@ -239,28 +252,21 @@ class Trainer:
                       f"were moved to {self.abandoned} (kept, never resumed from automatically)", flush=True)
         self._barrier()
 
-    def _load_teacher(self):
+    def _teacher_on_device(self):
+        """The teacher run() loaded and checked, moved to this rank's device; None when the run does
+        not distil or reads cached latents (then no teacher is ever loaded)."""
         import torch
 
-        path = Path(self.cfg.loss.teacher)
-        if not path.is_dir():
-            raise SetupError(f"loss.teacher = {str(path)!r}: no such directory (a teacher is never substituted)")
-        try:
-            from diffusers import AutoencoderKLHunyuanVideo
-
-            teacher = AutoencoderKLHunyuanVideo.from_pretrained(
-                str(path), subfolder=self.cfg.loss.teacher_subfolder or None
-            )
-        except Exception as err:  # noqa: BLE001 - any failure to load is the same user-facing error
-            raise SetupError(f"loss.teacher = {str(path)!r}: cannot load AutoencoderKLHunyuanVideo: {err}") from None
-        lc = teacher.config.latent_channels
-        if lc != self.cfg.model.latent_channels:
-            raise SetupError(
-                f"loss.teacher has {lc} latent channels, model.latent_channels is {self.cfg.model.latent_channels}"
-            )
-        teacher.requires_grad_(False).eval()
+        if self.teacher_cpu is None:
+            return None
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-        return teacher.to(self.device, dtype)
+        teacher, self.teacher_cpu = self.teacher_cpu.to(self.device, dtype), None
+        return teacher
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """Optional parts this run's checkpoints carry (trainer.checkpoint.PART_FILES)."""
+        return ("discriminator",) if self.adversary is not None else ()
 
     # ---------------------------------------------------------------- collectives
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -329,6 +335,8 @@ class Trainer:
             save_file(weights, str(tmp / ckpt.WEIGHTS))
             if ema_weights is not None:
                 save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
+            if self.adversary is not None:
+                self.adversary.save(tmp)  # every rank holds the same discriminator: rank 0's copy is it
             atomic_write_text(
                 tmp / "trainer" / "state.json",
                 _json(
@@ -342,7 +350,8 @@ class Trainer:
         ok, message, final = 1.0, "", None
         if self.is_main:
             try:
-                final = ckpt.finalize(tmp, step, self.world, self.zero_stage, {"preset": self.cfg.run.preset})
+                final = ckpt.finalize(tmp, step, self.world, self.zero_stage,
+                                      {"preset": self.cfg.run.preset, "parts": list(self.parts)}, parts=self.parts)
             except (ckpt.CheckpointError, OSError) as err:
                 ok, message = 0.0, str(err)
         ok = self._all_reduce([ok])[0] if self.world > 1 else ok  # only rank 0 can say 1: sum == 1 means done
@@ -386,6 +395,14 @@ class Trainer:
                     self.ema.load(rank_state["ema"], str(st.path / ckpt.rank_state_name(self.rank)))
                 except ValueError as err:
                     raise ckpt.CheckpointError(str(err)) from None
+        if self.adversary is not None:
+            from trainer.discriminator import WEIGHTS as DISC_WEIGHTS
+
+            if (st.path / DISC_WEIGHTS).is_file():
+                self.adversary.load(st.path)
+            elif self.is_main:
+                print(f"[taehv-train] {st.path} has no discriminator: the adversarial term starts with a fresh one",
+                      flush=True)  # fmt: skip
         state = json.loads((st.path / "trainer" / "state.json").read_text())
         self.step = int(state["step"])
         self.best_psnr = state.get("best_psnr") or -math.inf
@@ -420,12 +437,32 @@ class Trainer:
         cfg = self.cfg
         videos = find_videos(cfg.data.source, cfg.data.root)
         self.train_paths, self.val_paths = split_train_val(videos, cfg.data.val_fraction, cfg.data.val_max_clips)
+        if self.latent_cache is not None:
+            self._build_cached_data()
+            return
         self.train_set = VideoClipDataset(self.train_paths, cfg.data, train=True)
         self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
         if self.rescale_data_from:
             consumed, old_world = self.rescale_data_from
             self.samples_consumed = ckpt.rescaled_data_position(consumed, old_world, self.world, len(self.train_set))
         self.loader = make_train_loader(
+            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
+            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
+        )  # fmt: skip
+        self.batches = iter(self.loader)
+
+    def _build_cached_data(self) -> None:
+        """Training items from the teacher latent cache (run() checked it against the data);
+        validation decodes its clips as usual, since it needs no teacher."""
+        from trainer.latent_cache import CachedLatentDataset, make_cached_loader
+
+        cfg = self.cfg
+        self.train_set = CachedLatentDataset(cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data)
+        if self.is_main and self.train_set.unusable:
+            print(f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
+                  f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}", flush=True)
+        self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
+        self.loader = make_cached_loader(
             self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
             self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
         )  # fmt: skip
@@ -450,16 +487,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- losses
     def _teacher_latents(self, x):
-        import torch
+        from trainer.teacher import encode
 
-        n_dec = x.shape[1] - self.engine.module.frames_to_trim
-        with torch.no_grad():
-            frames = x[:, :n_dec].to(self.teacher.dtype).mul(2).sub(1).permute(0, 2, 1, 3, 4)
-            lat = self.teacher.encode(frames).latent_dist.mode()
-        return lat.permute(0, 2, 1, 3, 4).to(x.dtype)
+        return encode(self.teacher, x, self.engine.module.t_upscale).to(x.dtype)
 
-    def compute_loss(self, x):
-        """Total loss and its parts for one micro-batch x (N×T×3×H×W in [0, 1])."""
+    def compute_loss(self, x, t_lat=None):
+        """Total loss and its parts for one micro-batch x (N×T×3×H×W in [0, 1]); t_lat: the teacher's
+        latents read from the cache (None: the online teacher encodes x, when the run distils)."""
         import torch.nn.functional as F
 
         from trainer.model import reconstruction_target
@@ -470,16 +504,29 @@ class Trainer:
         recon = F.mse_loss(y.float(), target.float())
         total = cfg.recon_weight * recon
         parts = {"recon_loss": recon.detach()}
-        if self.teacher is not None:
+        fake, cond = y, z
+        if t_lat is None and self.teacher is not None:
             t_lat = self._teacher_latents(x)
+        if t_lat is not None:
+            t_lat = t_lat.to(z.dtype)
             enc = F.mse_loss(z.float(), t_lat.float())
             total = total + cfg.distill_encoder_weight * enc
             parts["distill_loss"] = enc.detach()
+            cond = t_lat
             if cfg.decoder_on_teacher_latents:
                 y_t = self.engine.module.decode(t_lat, clamp=False)
                 dec = F.mse_loss(y_t.float(), reconstruction_target(x, y_t.shape[1]).float())
                 total = total + dec
                 parts["decoder_teacher_loss"] = dec.detach()
+                fake = y_t
+        if self.adversary is not None:
+            # the decoder's adversarial correction, on what it decodes from the teacher's latents when
+            # the recipe trains it on them (the author's), else on its own reconstruction
+            real = reconstruction_target(x, fake.shape[1])
+            adv = self.adversary.generator_loss(fake, real, cond)
+            total = total + self.cfg.adversarial.weight * adv
+            parts["adv_g_loss"] = adv.detach()
+            self._adv_inputs = (fake.detach(), real.detach(), cond.detach())
         return total, parts
 
     # ---------------------------------------------------------------- validation
@@ -574,6 +621,7 @@ class Trainer:
             max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
             abandoned=str(self.abandoned) if self.abandoned else None,
+            **self._recipe_fields(),
         )  # fmt: skip
         self.events.heartbeat(self.step)
         if self.is_main:
@@ -604,6 +652,17 @@ class Trainer:
             self.tb.close()
         return EXIT_OK
 
+    def _recipe_fields(self) -> dict:
+        """What the start event says of the recipe: where the teacher's latents come from (a cached run
+        shows it never loaded the teacher) and, with the adversarial term, the discriminator it starts
+        from (its digest equals the checkpoint's after a resume)."""
+        teacher = "cache" if self.latent_cache is not None else ("online" if self.teacher is not None else None)
+        out = {"teacher": teacher, "teacher_loaded": self.teacher is not None}
+        if self.adversary is not None:
+            out["discriminator_digest"] = self.adversary.digest()
+            out["discriminator_steps"] = self.adversary.optimizer_steps()
+        return out
+
     def train_step(self) -> bool:
         """One optimizer step (grad_accum micro-batches). Returns True when all ranks agreed to stop."""
         import torch
@@ -623,7 +682,8 @@ class Trainer:
             batch = self._next_batch()
             self.faults.sleep("delay", self.step)
             x = self._to_input(batch["video"])
-            loss, parts = self.compute_loss(x)
+            t_lat = batch.get("latents")
+            loss, parts = self.compute_loss(x, None if t_lat is None else t_lat.to(self.device, non_blocking=True))
             if self.faults.nan_loss(self.step):
                 loss = loss * float("nan")
             self.faults.sleep("stall", self.step)
@@ -644,6 +704,9 @@ class Trainer:
                 continue
             self.engine.backward(loss)
             self.engine.step()
+            if self.adversary is not None:
+                parts["adv_d_loss"] = self.adversary.discriminator_step(*self._adv_inputs)
+                self._adv_inputs = None
             done += 1
             self.metrics.add_micro_batch({"loss": loss.detach(), **parts})
         if self.ema is not None:
@@ -676,8 +739,9 @@ class Trainer:
         }  # fmt: skip
         self.events.emit("step", **self.last)
         if self.is_main:
-            for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s"):
-                self.tb.add_scalar(f"train/{k}", self.last[k], self.step)
+            for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s", *RECIPE_METRICS):
+                if k in self.last:
+                    self.tb.add_scalar(f"train/{k}", self.last[k], self.step)
             if grad_norm is not None:
                 self.tb.add_scalar("train/grad_norm", grad_norm, self.step)
             print(
@@ -696,16 +760,19 @@ def _json(**fields) -> str:
 def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = False) -> int:
     """Entry for one rank. Config and data problems are reported before any process group starts."""
     from trainer.config import ConfigError
+    from trainer.latent_cache import CacheError
+    from trainer.teacher import TeacherError
 
     run_dir = Path(run_dir)
     try:
         cfg = load_config(run_dir / "run.toml")
         # fail fast, before any collective: every rank checks its own view of the data
         find_videos(cfg.data.source, cfg.data.root)
-    except (ConfigError, DataSourceError) as err:
+        teacher, cache = _recipe_inputs(cfg)
+    except (ConfigError, DataSourceError, TeacherError, CacheError) as err:
         print(f"[taehv-train] error: {err}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
-    trainer = Trainer(run_dir, cfg, resume, weights_only)
+    trainer = Trainer(run_dir, cfg, resume, weights_only, teacher=teacher, latent_cache=cache)
     try:
         trainer.setup()
         trainer.build()
@@ -717,6 +784,25 @@ def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = Fal
     except Exception as err:  # noqa: BLE001 - report, then fail the rank so the launcher sees it
         _report_error(trainer, err)
         return EXIT_FAILED
+
+
+def _recipe_inputs(cfg: TrainConfig):
+    """(teacher on the CPU, None) for online distillation, (None, cache manifest) for cached latents,
+    (None, None) without a teacher. Raises TeacherError/CacheError: a distilling run never falls back
+    to reconstruction-only."""
+    from trainer.latent_cache import open_cache
+    from trainer.teacher import load_teacher, probe_teacher, TeacherError
+
+    if cfg.loss.teacher_cache:
+        return None, open_cache(cfg.loss.teacher_cache, cfg)
+    if not cfg.loss.teacher:
+        return None, None
+    teacher = load_teacher(cfg.loss.teacher, cfg.loss.teacher_subfolder, cfg.model.latent_channels)
+    probe = probe_teacher(teacher, cfg.model.latent_channels)
+    if not probe.ok:
+        raise TeacherError(f"loss.teacher = {cfg.loss.teacher!r}: latents of shape {probe.latent_shape} for a "
+                           f"test clip, the student needs {probe.expected} (T/4 x C x H/8 x W/8)")
+    return teacher, None
 
 
 def _report_error(trainer: Trainer, err: BaseException) -> None:

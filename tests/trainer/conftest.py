@@ -12,3 +12,20 @@ def clip_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("clips")
     make_synthetic(d, clips=8, frames=12, height=64, width=80, seed=7)
     return d
+
+
+def save_tiny_teacher(directory: Path, latent_channels: int = 16, seed: int = 0) -> Path:
+    """A small randomly initialised HunyuanVideo VAE (the real diffusers class) saved as a user would."""
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    torch.manual_seed(seed)
+    teacher = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
+                                        mid_block_add_attention=False, latent_channels=latent_channels)  # fmt: skip
+    teacher.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory) -> Path:
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))

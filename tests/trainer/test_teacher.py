@@ -3,24 +3,14 @@ diffusers directory: a small randomly initialised one that the test saves itself
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from tests.trainer.runs import Launch, base_config, events, run_to_end, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    torch.manual_seed(0)
-    teacher = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-                                        mid_block_add_attention=False)  # fmt: skip
-    d = tmp_path_factory.mktemp("teacher")
-    teacher.save_pretrained(d)
-    return d
 
 
 def test_teacher_latents_align_with_taehv_latents(teacher_dir):
@@ -66,3 +56,91 @@ def test_a_teacher_that_cannot_be_loaded_is_an_error_not_a_substitute(tmp_path, 
     log = launch.log.read_text()
     assert "loss.teacher" in log and str(bad) in log
     assert not events(run, 0, "step")
+
+
+# ------------------------------------------------------------------ the recipe on 2 processes
+
+
+def _run_to_end(run, nprocs: int, args: tuple[str, ...] = ()) -> Launch:
+    # these runs load diffusers and a teacher on every rank: on a shared 2-core machine a launch can
+    # take minutes, so they wait longer than runs.py's default before calling it hung
+    launch = Launch(run, nprocs, args)
+    rc = launch.wait(timeout=900)
+    assert rc == 0, f"launcher exited {rc}:\n{launch.tail()}"
+    return launch
+
+
+def _distill_config(clip_dir, stage: int, **loss):
+    return base_config(
+        clip_dir, deepspeed={"zero_stage": stage}, optim={"max_steps": 8, "lr": 3e-3, "warmup_steps": 1},
+        loss={"decoder_on_teacher_latents": True, **loss},
+        schedule={"checkpoint_every": 100, "val_every": 100, "log_every": 1},
+    )  # fmt: skip
+
+
+def _falls(values: list[float]) -> bool:
+    head, tail = values[:2], values[-2:]
+    return sum(tail) / len(tail) < 0.8 * sum(head) / len(head)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_online_distillation_latent_loss_falls(teacher_dir, tmp_path, clip_dir, stage):
+    run = write_run(tmp_path / "run", _distill_config(clip_dir, stage, teacher=str(teacher_dir)))
+    _run_to_end(run, 2)
+    start = events(run, 0, "start")[0]
+    assert start["teacher"] == "online" and start["teacher_loaded"] is True
+    distill = [e["distill_loss"] for e in events(run, 0, "step")]
+    assert len(distill) == 8 and _falls(distill), distill
+
+
+def test_cached_latents_train_without_the_teacher(teacher_dir, tmp_path, clip_dir):
+    """cache-latents over the run's 2 processes, then the teacher directory is moved away: the
+    ZeRO-3 run trains from the cache alone, and says so."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_dir, teacher)
+    cache = tmp_path / "cache"
+    run = write_run(tmp_path / "run", _distill_config(clip_dir, 3, teacher=str(teacher), teacher_cache=str(cache)))
+    launch = _run_to_end(run, 2, args=("cache-latents", "--run", str(run), "--size", "64x64"))
+    assert "manifest written" in launch.log.read_text()
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert len(manifest["clips"]) == len(list(clip_dir.glob("*.mp4")))
+    teacher.rename(tmp_path / "teacher-gone")
+    _run_to_end(run, 2)
+    for rank in (0, 1):
+        start = events(run, rank, "start")[0]
+        assert start["teacher"] == "cache" and start["teacher_loaded"] is False
+    distill = [e["distill_loss"] for e in events(run, 0, "step")]
+    assert len(distill) == 8 and _falls(distill), distill
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_adversarial_term_is_logged_checkpointed_and_resumed(teacher_dir, tmp_path, clip_dir, stage):
+    from safetensors.torch import load_file
+
+    from trainer.discriminator import state_digest
+
+    raw = _distill_config(clip_dir, stage, teacher=str(teacher_dir))
+    raw["optim"]["max_steps"] = 3
+    raw["schedule"]["checkpoint_every"] = 3
+    raw["adversarial"] = {"weight": 0.1, "width": 8, "replay": 4}
+    run = write_run(tmp_path / "run", raw)
+    _run_to_end(run, 2)
+    steps = events(run, 0, "step")
+    assert len(steps) == 3 and all(e["adv_g_loss"] > 0 and e["adv_d_loss"] > 0 for e in steps)
+    tb = b"".join(p.read_bytes() for p in (run / "tensorboard").glob("events.*"))
+    assert b"train/adv_d_loss" in tb and b"train/adv_g_loss" in tb
+    ckpt = run / "checkpoints" / "step-3"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert "trainer/discriminator.safetensors" in manifest["files"] and manifest["parts"] == ["discriminator"]
+    saved = state_digest(load_file(str(ckpt / "trainer" / "discriminator.safetensors")))
+
+    raw["optim"]["max_steps"] = 4
+    write_run(run, raw)
+    _run_to_end(run, 2, args=("--resume", "latest"))
+    starts = [e for r in (0, 1) for e in events(run, r, "start") if e.get("resumed_from")]
+    assert len(starts) == 2
+    for s in starts:  # every rank starts again from the saved discriminator and its optimizer
+        assert s["discriminator_digest"] == saved
+        assert s["discriminator_steps"] == 3 * raw["optim"]["grad_accum"]

@@ -1,5 +1,6 @@
 """Small checks preflight runs on a node: a token in the runs directory (is it shared?), a TCP
-listener on the master port and connections to it (free? reachable?). Run as
+listener on the master port and connections to it (free? reachable?), the teacher VAE (loads, gives
+the student's latent shape) and a latent cache (present, complete). Run as
 `python -m taehv_console.core.cluster.nodecheck ACTION ...`, each printing one JSON object.
 """
 
@@ -110,6 +111,24 @@ def connect(host: str, port: int, timeout: float) -> dict:
     return {"ok": True, "seconds": round(time.monotonic() - t0, 3)}
 
 
+def teacher(path: str, subfolder: str, channels: int) -> dict:
+    """Load the teacher and encode a tiny clip on this node (torch and diffusers only here, on demand)."""
+    from trainer.teacher import check_teacher
+
+    return check_teacher(path, subfolder, channels)
+
+
+def latent_cache(path: str) -> dict:
+    """Whether a finished latent cache is at `path` on this node (its manifest is written last)."""
+    from trainer.latent_cache import CacheError, read_manifest
+
+    try:
+        manifest = read_manifest(Path(path))
+    except CacheError as err:
+        return {"ok": False, "path": path, "error": str(err)}
+    return {"ok": True, "path": path, "clips": len(manifest.get("clips", [])), "spec": manifest.get("spec", {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.nodecheck")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -126,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--timeout", type=float, default=5.0)
+    p = sub.add_parser("teacher")
+    p.add_argument("path")
+    p.add_argument("--subfolder", default="")
+    p.add_argument("--channels", type=int, default=16)
+    p = sub.add_parser("latent-cache")
+    p.add_argument("path")
     args = parser.parse_args(argv)
     if args.action == "listen":
         return listen(args.port, args.seconds)
@@ -135,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         out = token_read(args.runs_dir, args.token)
     elif args.action == "token-remove":
         out = token_remove(args.runs_dir, args.token)
+    elif args.action == "teacher":
+        out = teacher(args.path, args.subfolder, args.channels)
+    elif args.action == "latent-cache":
+        out = latent_cache(args.path)
     elif args.action == "port-free":
         out = port_free(args.port)
     else:

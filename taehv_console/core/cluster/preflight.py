@@ -217,6 +217,34 @@ def check_data(facts: Mapping[str, NodeFacts], data_source: str) -> list[Finding
     return out
 
 
+def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Finding]:
+    """The teacher (or its latent cache) as each node answered nodecheck `teacher`/`latent-cache`:
+    a dict, or the text of a failure to run it. A distilling run never starts without one."""
+    if not cfg.loss.distilling:
+        return []
+    cached = bool(cfg.loss.teacher_cache)
+    path = cfg.loss.teacher_cache if cached else cfg.loss.teacher
+    what = "latent cache (loss.teacher_cache)" if cached else "teacher VAE (loss.teacher)"
+    fix = ("build it with `taehv-train cache-latents --run RUN` on storage every node mounts, or unset "
+           "loss.teacher_cache to run the teacher online") if cached else (
+           "put a diffusers AutoencoderKLHunyuanVideo directory (save_pretrained) at that path on every node, "
+           "or unset loss.teacher to train by reconstruction only")  # fmt: skip
+    out = []
+    for host, a in answers.items():
+        if isinstance(a, str) or not a:
+            out.append(Finding("teacher-unchecked", E, f"{host}: could not check the {what} {path}: "
+                               f"{a or 'no answer'}", fix, host))  # fmt: skip
+        elif not a.get("ok"):
+            out.append(Finding("teacher-unusable", E, f"{host}: {what} {path}: {a.get('error')}", fix, host))
+        elif not cached:
+            shape = "x".join(str(v) for v in a.get("latent_shape", []))
+            out.append(Finding("teacher-ok", I, f"{host}: teacher {path} loads; an 8-frame 16x16 clip gives "
+                               f"latents {shape} (T/4 x C x H/8 x W/8)", "", host))  # fmt: skip
+        else:
+            out.append(Finding("latent-cache-ok", I, f"{host}: latent cache {path}: {a.get('clips')} clips", "", host))
+    return out
+
+
 def check_runs_shared(shared: Mapping[str, bool] | None, runs_dir: str, writer: str = "") -> list[Finding]:
     """`shared` maps each other node to whether it read the token `writer` wrote; None = not tested."""
     if not shared:
@@ -551,6 +579,18 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
                     findings.append(Finding("bandwidth-failed", E, f"all-reduce between the nodes failed: {err}",
                                             getattr(err, "fix", "") or "check the NCCL/GLOO socket settings"))
 
+    if cfg.loss.distilling and reachable:
+        say("checking the teacher on every node" if not cfg.loss.teacher_cache else "checking the latent cache")
+
+        def recipe_check(r):
+            if cfg.loss.teacher_cache:
+                return r.run([r.python, "-m", NODECHECK, "latent-cache", node_path(cfg.loss.teacher_cache)],
+                             timeout=60)  # fmt: skip
+            return r.run([r.python, "-m", NODECHECK, "teacher", node_path(cfg.loss.teacher), "--subfolder",
+                          cfg.loss.teacher_subfolder, "--channels", str(cfg.model.latent_channels)], timeout=600)
+
+        answers = pool.map(reachable, recipe_check)
+        findings += check_recipe(cfg, {h: _json_of(r) or _why(r) for h, r in answers.items()})
     findings += check_processes_vs_gpus(topology, facts, cfg)
     findings += check_visible_devices(facts)
     if cfg.topology.device == "cuda":

@@ -341,6 +341,55 @@ def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
     return clips, why
 
 
+# The author's recipe (FACTS): the teacher (HunyuanVideo's VAE) encodes each clip, 29.9 TFLOP at
+# 12x480x720, against 6.1 TFLOP for a whole training step of the student (forward 0.628 encoder +
+# 1.413 decoder, backward twice that). Training the decoder on the teacher's latents as well adds a
+# decoder forward and backward: 3 x 1.413 TFLOP. All scale with frames x height x width, so the
+# ratios hold at any clip size; the teacher is assumed to run at the student's share of peak.
+TEACHER_ENCODE_TFLOP = 29.9
+STUDENT_STEP_TFLOP = 6.1
+DECODER_STEP_TFLOP = 3 * 1.413
+CACHE_BUILD_WINDOWS = 100_000  # the cache's one-off cost is quoted per this many clip windows
+
+
+@dataclass(frozen=True)
+class TeacherCost:
+    """Distillation's cost, the teacher run online beside the cached latents. `mode` is what the config
+    runs ("online", "cached", or "off" when it does not distil: then the figures say what it would cost)."""
+
+    mode: str
+    encode_ratio: float  # teacher encode per clip, in student steps (29.9 / 6.1)
+    decoder_ratio: float  # the decoder's extra pass on teacher latents, in student steps
+    online_step_s: float
+    cached_step_s: float
+    online_hours: float
+    cached_hours: float
+    online_gpu_hours: float
+    cached_gpu_hours: float
+    cache_build_gpu_hours: float  # one-off: encoding CACHE_BUILD_WINDOWS clip windows
+
+
+def teacher_cost(cfg: TrainConfig, compute_s: float, comm_s: float, clips_per_s_per_gpu: float) -> TeacherCost:
+    """Step time and GPU-hours with the teacher online and with cached latents, from the student's
+    compute time per step (student-only) and the communication per step (unchanged by the teacher)."""
+    loss = cfg.loss
+    mode = "cached" if loss.teacher_cache else ("online" if loss.teacher else "off")
+    encode = TEACHER_ENCODE_TFLOP / STUDENT_STEP_TFLOP
+    # the GPU presets train the decoder on the teacher's latents (the author's recipe); a what-if for a
+    # config that does not distil assumes the same
+    decoder = DECODER_STEP_TFLOP / STUDENT_STEP_TFLOP if (loss.decoder_on_teacher_latents or mode == "off") else 0.0
+    online = compute_s * (1 + decoder + encode) + comm_s
+    cached = compute_s * (1 + decoder) + comm_s
+    steps, world = cfg.optim.max_steps, cfg.topology.world_size
+    return TeacherCost(
+        mode=mode, encode_ratio=encode, decoder_ratio=decoder,
+        online_step_s=online, cached_step_s=cached,
+        online_hours=online * steps / 3600, cached_hours=cached * steps / 3600,
+        online_gpu_hours=online * steps * world / 3600, cached_gpu_hours=cached * steps * world / 3600,
+        cache_build_gpu_hours=CACHE_BUILD_WINDOWS * encode / clips_per_s_per_gpu / 3600,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class CommEstimate:
     bytes_per_step: float  # per GPU, per optimizer step
@@ -371,6 +420,7 @@ class Plan:
     time: TimeEstimate
     memory: MemoryFit
     assumptions: tuple[str, ...]
+    teacher: TeacherCost | None = None
 
 
 def make_plan(
@@ -445,7 +495,17 @@ def make_plan(
         ),
         target_fraction=target_fraction,
     )
+    teacher = teacher_cost(cfg, compute_s, comm_s, clips_per_s_per_gpu * efficiency)
     step_s = compute_s + comm_s
+    if teacher.mode != "off":
+        step_s = teacher.online_step_s if teacher.mode == "online" else teacher.cached_step_s
+        compute_s = step_s - comm_s
+        assumptions.append(
+            f"teacher VAE {teacher.mode}: its encode ({TEACHER_ENCODE_TFLOP:g} TFLOP per 12x480x720 clip) is "
+            f"{teacher.encode_ratio:.1f}x the student's {STUDENT_STEP_TFLOP:g} TFLOP step, at the student's rate"
+            + (f"; the decoder's pass on teacher latents adds {teacher.decoder_ratio:.2f}x" if teacher.decoder_ratio else "")
+            + ("; cached: paid once by cache-latents" if teacher.mode == "cached" else "")
+        )
     hours = step_s * cfg.optim.max_steps / 3600
     gpu_hours = hours * t.world_size
     time = TimeEstimate(
@@ -464,6 +524,7 @@ def make_plan(
         time=time,
         memory=estimate_memory(cfg),
         assumptions=tuple(assumptions),
+        teacher=teacher,
     )
 
 
@@ -534,7 +595,35 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
         },
         "assumptions": list(plan.assumptions),
     }
+    if plan.teacher is not None:
+        out["teacher"] = teacher_to_dict(plan.teacher)
     if row is not None:
         out["speedup_vs_baseline"] = row.speedup
         out["relative_cost_vs_baseline"] = row.relative_cost
     return out
+
+
+def teacher_to_dict(t: TeacherCost) -> dict:
+    return {
+        "mode": t.mode,
+        "encode_tflop_per_clip_at_12x480x720": TEACHER_ENCODE_TFLOP,
+        "encode_ratio_to_student_step": t.encode_ratio,
+        "decoder_ratio_to_student_step": t.decoder_ratio,
+        "online": {"step_s": t.online_step_s, "hours_to_max_steps": t.online_hours, "gpu_hours": t.online_gpu_hours},
+        "cached": {"step_s": t.cached_step_s, "hours_to_max_steps": t.cached_hours, "gpu_hours": t.cached_gpu_hours,
+                   "build_gpu_hours_per_windows": t.cache_build_gpu_hours, "build_windows": CACHE_BUILD_WINDOWS},
+    }  # fmt: skip
+
+
+def teacher_lines(t: TeacherCost, hours) -> list[str]:
+    """The side-by-side text a plan prints (CLI and wizard): online teacher against cached latents.
+    `hours` formats a number of hours."""
+    head = {"online": "distilling, teacher online", "cached": "distilling from cached latents",
+            "off": "not distilling; with --set loss.teacher=DIR it would cost"}[t.mode]  # fmt: skip
+    return [
+        f"{head}:",
+        f"  teacher online  {t.online_step_s:.3g} s/step, {hours(t.online_hours)}, {t.online_gpu_hours:,.0f} GPU-hours"
+        f" (encode = {t.encode_ratio:.1f}x a student step)",
+        f"  cached latents  {t.cached_step_s:.3g} s/step, {hours(t.cached_hours)}, {t.cached_gpu_hours:,.0f} GPU-hours"
+        f" + {t.cache_build_gpu_hours:,.0f} GPU-hours once per {CACHE_BUILD_WINDOWS:,} clip windows (cache-latents)",
+    ]

@@ -1,6 +1,8 @@
 """Wizard step 3, Preset: the config derived for the detected cluster and every shipped and user
 preset, each with effective batch, LR, ZeRO stage and the memory estimate against the device;
-then the overrides form, each field checked by core's validation as it is typed."""
+then the overrides form, each field checked by core's validation as it is typed, and the recipe:
+reconstruction only, or the author's distillation from HunyuanVideo's VAE (online or from cached
+latents), with or without the adversarial term."""
 
 from __future__ import annotations
 
@@ -20,6 +22,44 @@ from taehv_console.ui.widgets.steps import WizardSteps
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
+# The recipe is a switch on any preset rather than a twin of each: it composes with every shipped,
+# user and derived preset, and is the same one `--set loss.teacher=DIR` headless.
+RECIPE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("loss.teacher", "teacher VAE dir"),
+    ("loss.teacher_cache", "latent cache dir"),
+    ("adversarial.weight", "adversarial weight"),
+)
+RECIPE_HINT = ("recipe: empty teacher = reconstruction only; a diffusers AutoencoderKLHunyuanVideo directory = "
+               "distil to its latents (preflight loads it on every node); a cache dir = latents from "
+               "`taehv-train cache-latents`, the teacher never loaded")
+
+
+def _form_fields() -> tuple[tuple[str, str], ...]:
+    from taehv_console.ui.flow import FORM_FIELDS
+
+    return tuple(FORM_FIELDS) + RECIPE_FIELDS
+
+
+def _override_text(base: Any, key: str, text: str) -> str:
+    """As flow.override_text, with every string field quoted as TOML (paths are strings)."""
+    import json
+
+    from taehv_console.ui.flow import config_value, override_text
+
+    if isinstance(config_value(base, key), str):
+        return f"{key}={json.dumps(text.strip())}"
+    return override_text(key, text)
+
+
+def recipe_summary(cfg: Any) -> str:
+    """One line on what the chosen recipe costs, from the planner (online teacher beside cached)."""
+    from taehv_console.core.plan.planner import make_plan
+
+    t = make_plan(cfg).teacher
+    if t is None or t.mode == "off":
+        return "recipe: reconstruction only (set a teacher VAE dir for the author's distillation)"
+    return (f"recipe: distil, teacher {t.mode}: online {t.online_gpu_hours:,.0f} GPU-h vs cached "
+            f"{t.cached_gpu_hours:,.0f} GPU-h (+{t.cache_build_gpu_hours:,.0f} per 100k windows once)")
 
 
 def choice_row(c: Any) -> tuple[Any, ...]:
@@ -52,13 +92,13 @@ class PresetScreen(Screen):
         self._errors: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
-        from taehv_console.ui.flow import FORM_FIELDS
-
         yield WizardSteps(2, classes="steps")
         yield DataTable(id="choices", cursor_type="row", zebra_stripes=True)
         yield Static("", id="choice-info")
         with VerticalScroll(id="preset-form"):
-            for key, label in FORM_FIELDS:
+            for key, label in _form_fields():
+                if key == RECIPE_FIELDS[0][0]:
+                    yield Static(RECIPE_HINT, id="recipe-hint", classes="form-error")
                 with Horizontal(classes="form-field"):
                     yield Label(label)
                     yield Input(id=f"field-{key.replace('.', '-')}", name=key, compact=True)
@@ -103,7 +143,7 @@ class PresetScreen(Screen):
             self._select(event.row_key.value)
 
     def _select(self, name: str | None, initial: bool = False) -> None:
-        from taehv_console.ui.flow import FORM_FIELDS, check_overrides, field_text
+        from taehv_console.ui.flow import check_overrides, field_text
 
         choice = self._choices.get(name) if name else None
         if choice is None or choice is self._selected:
@@ -123,8 +163,8 @@ class PresetScreen(Screen):
                 rejected.append(o)
             else:
                 shown = applied
-        form_keys = {k for k, _ in FORM_FIELDS}
-        for key, _label in FORM_FIELDS:
+        form_keys = {k for k, _ in _form_fields()}
+        for key, _label in _form_fields():
             self.query_one(f"#field-{key.replace('.', '-')}", Input).value = field_text(shown, key)
         more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys or o in rejected]
         self.query_one("#field-more", Input).value = " ".join(more)
@@ -132,9 +172,7 @@ class PresetScreen(Screen):
 
     # ---------------------------------------------------------------- form
     def _fields(self) -> tuple[dict[str, str], str]:
-        from taehv_console.ui.flow import FORM_FIELDS
-
-        values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in FORM_FIELDS}
+        values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in _form_fields()}
         return values, self.query_one("#field-more", Input).value
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -142,9 +180,7 @@ class PresetScreen(Screen):
             self._validate(event.input.name)
 
     def _validate_all(self) -> None:
-        from taehv_console.ui.flow import FORM_FIELDS
-
-        for key, _ in FORM_FIELDS:
+        for key, _ in _form_fields():
             self._validate(key)
         self._validate(MORE)
 
@@ -152,7 +188,7 @@ class PresetScreen(Screen):
         """Core's own validation, one field at a time, so each message sits under its field."""
         import shlex
 
-        from taehv_console.ui.flow import check_overrides, field_text, override_text
+        from taehv_console.ui.flow import check_overrides, field_text
 
         base = self._selected.config if self._selected is not None else None
         if base is None:
@@ -167,17 +203,27 @@ class PresetScreen(Screen):
         else:
             text = values[key]
             _, err = ("", "") if text.strip() == field_text(base, key) else check_overrides(
-                base, [override_text(key, text)])
+                base, [_override_text(base, key, text)])
         self._errors[key] = err
         dom = key.replace(".", "-")
         box = self.query_one(f"#error-{dom}", Static)
         box.update(err)
         box.set_class(not err, "-hidden")
         self.query_one(f"#field-{dom}", Input).set_class(bool(err), "-invalid")
+        if key in dict(RECIPE_FIELDS):
+            self._show_recipe(base, values)
+
+    def _show_recipe(self, base: Any, values: dict[str, str]) -> None:
+        """The hint under the recipe fields, with the planner's cost of the recipe as typed."""
+        from taehv_console.ui.flow import check_overrides, field_text
+
+        typed = [_override_text(base, k, values[k]) for k, _ in RECIPE_FIELDS if values[k].strip() != field_text(base, k)]
+        cfg, err = check_overrides(base, typed)
+        self.query_one("#recipe-hint", Static).update(RECIPE_HINT + ("" if err else "\n" + recipe_summary(cfg)))
 
     # ---------------------------------------------------------------- navigation
     def action_next_step(self) -> None:
-        from taehv_console.ui.flow import form_overrides
+        from taehv_console.ui.flow import field_text, form_overrides
 
         if self._selected is None or self._selected.config is None:
             self.notify("choose a preset that loads", severity="warning")
@@ -187,7 +233,12 @@ class PresetScreen(Screen):
             self.notify("fix the overrides marked in red first", severity="error")
             return
         values, more = self._fields()
-        overrides = form_overrides(self._selected.config, values, more)
+        base = self._selected.config
+        recipe = {k: values.pop(k) for k, _ in RECIPE_FIELDS}
+        # the form's fields, the recipe's (strings quoted), then the free line: later ones win
+        overrides = (form_overrides(base, values, "")
+                     + [_override_text(base, k, v) for k, v in recipe.items() if v.strip() != field_text(base, k)]
+                     + form_overrides(base, {}, more))  # fmt: skip
         self._build(self._selected.name, overrides)
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)

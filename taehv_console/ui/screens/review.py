@@ -41,6 +41,12 @@ def figures_content(review: Any) -> Content:
         row("memory", f.badge("ok" if m.fits else "failed"),
             f" {m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per device (largest batch that fits: {m.max_batch_per_gpu})"),
     ]
+    if plan.teacher is not None and plan.teacher.mode != "off":
+        from taehv_console.core.plan.planner import teacher_lines
+
+        head, *rest = teacher_lines(plan.teacher, lambda h: f.duration(h * 3600))
+        lines.append(row("recipe", head))
+        lines += [row("", line.strip()) for line in rest]
     if c.fraction > c.target_fraction and c.smallest_accum_under_target:
         lines.append(row("", Content.styled(f"accumulation {c.smallest_accum_under_target} would keep communication "
                                             f"under {100 * c.target_fraction:.0f}%", "$warning")))
