@@ -93,6 +93,9 @@ class Trainer:
         self.weights_only = weights_only
         self.stop = StopRequest()
         self.collective_wait_s = 0.0  # per step: seconds spent in _all_reduce (see there)
+        self.abandoned: Path | None = None  # where a resume --from moved the newer checkpoints
+        self.universal = False  # resuming from step-<N>/universal at another world size
+        self.rescale_data_from: tuple[int, int] | None = None  # (samples per rank, world) of the source
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -157,16 +160,35 @@ class Trainer:
         if self.resume_spec:
             self.resume_from, self.skipped_checkpoints = ckpt.resolve_resume(self.ckpt_root, self.resume_spec)
             if self.resume_from and self.resume_from.world_size != self.world and not self.weights_only:
-                raise ckpt.CheckpointError(
-                    f"{self.resume_from.path} was written by {self.resume_from.world_size} processes, this run has "
-                    f"{self.world}: ZeRO optimizer shards cannot be loaded at another world size. Either convert it "
-                    "with DeepSpeed's universal checkpoint tool (ds_to_universal) and resume from that, or resume "
-                    "weights-only with a fresh optimizer (taehv-train --resume ... --weights-only)."
-                )
+                problem = ckpt.universal_problem(self.resume_from.path)
+                if problem:
+                    import shlex
+
+                    raise ckpt.CheckpointError(
+                        f"{self.resume_from.path} was written by {self.resume_from.world_size} processes, this run "
+                        f"has {self.world}: its ZeRO optimizer shards load only at that world size ({problem}). "
+                        "Either convert it once to DeepSpeed's universal checkpoint, which loads at any world size: "
+                        f"{shlex.join(ckpt.universal_command(self.resume_from.path))} and resume again, or resume "
+                        "weights-only with a fresh optimizer (taehv-train --resume ... --weights-only)."
+                    )
+                self.universal = True
+            if self.resume_from and self.resume_spec != "latest":
+                self._start_timeline(self.resume_from)
             if self.resume_from and self.weights_only:
                 from safetensors.torch import load_file
 
                 model.load_state_dict(load_file(str(self.resume_from.path / ckpt.WEIGHTS)))
+        from deepspeed.checkpoint.constants import (
+            UNIVERSAL_CHECKPOINT_INFO,
+            UNIVERSAL_CHECKPOINT_VERSION_KEY,
+            UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+        )
+
+        # saved into every checkpoint: what ds_to_universal needs to convert it for another world size
+        setattr(model, UNIVERSAL_CHECKPOINT_INFO, {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE})
+        if self.universal:
+            # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
+            self.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
         if cfg.model.compile:
             model.compile()
         self.teacher = self._load_teacher() if cfg.loss.teacher else None
@@ -201,6 +223,20 @@ class Trainer:
         self._ema_model = None  # a plain copy of the model that validates the EMA weights
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
+
+    def _start_timeline(self, source: ckpt.CheckpointStatus) -> None:
+        """Resuming from a chosen checkpoint makes its line of history the current one: newer
+        checkpoints move aside (kept) and `latest` names the source, so neither a later
+        `resume latest` nor retention acts on the abandoned line."""
+        self._barrier()  # every rank has verified the source before anything moves
+        if self.is_main:
+            self.abandoned = ckpt.abandon_newer(self.ckpt_root, source.step)
+            if source.path.parent.resolve() == self.ckpt_root.resolve():
+                ckpt.write_latest(self.ckpt_root, source.path.name)
+            if self.abandoned:
+                print(f"[taehv-train] resuming from {source.path.name}: the newer checkpoints of the old timeline "
+                      f"were moved to {self.abandoned} (kept, never resumed from automatically)", flush=True)
+        self._barrier()
 
     def _load_teacher(self):
         import torch
@@ -305,7 +341,8 @@ class Trainer:
         if self.is_main:
             if ok:
                 # pruning only ever follows a complete save
-                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step)
+                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step,
+                           protect=(self.resume_from.path,) if self.resume_from else ())
                 nbytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
                 self.events.emit("checkpoint", step=step, path=str(final), seconds=round(time.time() - t0, 3),
                                  bytes=nbytes, status="complete", reason=reason)  # fmt: skip
@@ -322,7 +359,9 @@ class Trainer:
 
         import torch
 
-        if not self.weights_only:
+        if self.universal:
+            self._load_universal(st)
+        elif not self.weights_only:
             load_path, _ = self.engine.load_checkpoint(
                 str(st.path), tag=ckpt.DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
             )
@@ -348,6 +387,25 @@ class Trainer:
             # a fresh optimizer on another world size: the data position restarts for this world
             self.samples_consumed = self.step * self.cfg.optim.grad_accum * self.cfg.optim.batch_per_gpu
 
+    def _load_universal(self, st: ckpt.CheckpointStatus) -> None:
+        """Weights and optimizer state from step-<N>/universal at this world size. Step and LR come
+        from state.json as usual; the data position is carried over in build_data; EMA restarts
+        from the loaded weights (its shards follow the old partitioning)."""
+        import torch
+
+        load_path, _ = self.engine.load_checkpoint(
+            str(st.path), tag=ckpt.UNIVERSAL, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if load_path is None:
+            raise ckpt.CheckpointError(f"{st.path / ckpt.UNIVERSAL}: DeepSpeed found nothing to load")
+        rank0 = torch.load(st.path / ckpt.rank_state_name(0), map_location="cpu", weights_only=True)
+        self.rescale_data_from = (int(rank0["samples_consumed"]), int(st.world_size))
+        if self.ema is not None:
+            self.ema = self._init_ema()
+        if self.is_main:
+            print(f"[taehv-train] loaded the universal checkpoint {st.path / ckpt.UNIVERSAL} "
+                  f"(written by {st.world_size} processes) at {self.world}", flush=True)
+
     # ---------------------------------------------------------------- data
     def build_data(self) -> None:
         cfg = self.cfg
@@ -355,6 +413,9 @@ class Trainer:
         self.train_paths, self.val_paths = split_train_val(videos, cfg.data.val_fraction, cfg.data.val_max_clips)
         self.train_set = VideoClipDataset(self.train_paths, cfg.data, train=True)
         self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
+        if self.rescale_data_from:
+            consumed, old_world = self.rescale_data_from
+            self.samples_consumed = ckpt.rescaled_data_position(consumed, old_world, self.world, len(self.train_set))
         self.loader = make_train_loader(
             self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
             self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
@@ -503,6 +564,7 @@ class Trainer:
             preset=cfg.run.preset, resumed_from=str(self.resume_from.path) if self.resume_from else None,
             max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
+            abandoned=str(self.abandoned) if self.abandoned else None,
         )  # fmt: skip
         self.events.heartbeat(self.step)
         if self.is_main:
