@@ -15,6 +15,7 @@ it), never a process name.
 
 from __future__ import annotations
 
+import enum
 import re
 import sys
 from abc import ABC, abstractmethod
@@ -28,7 +29,20 @@ from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
 
 NODE_MODULE = "taehv_console.core.run.node"
-BACKENDS = ("local", "ssh", "platform", "slurm", "sbatch")
+
+
+class BackendKind(str, enum.Enum):
+    """How a run's nodes are started. A str enum: state.json keeps the plain name, and a kind
+    read back from it compares equal to the member."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    PLATFORM = "platform"
+    SLURM = "slurm"
+    SBATCH = "sbatch"
+
+
+BACKENDS = tuple(k.value for k in BackendKind)
 
 
 class BackendError(RuntimeError):
