@@ -9,10 +9,15 @@ released, and the launchers (started detached, in their own sessions) keep train
 
 from __future__ import annotations
 
-import argparse
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from taehv_console.core.flow import FlowOptions, Review, reviewed_run_dir
+from taehv_console.core.run.control import RunController, RunLiveError, create_run
+from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.watch.monitor import Monitor
 
 
 class _Detached(Exception):
@@ -33,20 +38,15 @@ class RunSession:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def launch(cls, args: argparse.Namespace, review: Any, topology: Any, pool: Any,
+    def launch(cls, options: FlowOptions, review: Review, pool: Any,
                facts: dict[str, Any] | None = None) -> RunSession:
-        """Create the reviewed run (the same id and path the review showed) and start every node."""
-        from taehv_console.core.run.control import RunController, create_run
-        from taehv_console.core.run.rundir import create_run_dir
-        from taehv_console.ui.flow import launch_spec
-
-        spec = launch_spec(args, topology, review.backend, review.master_port, pool)
-        run = create_run_dir(args.runs, review.config.run.preset, now=review.created_at)
-        run = create_run(args.runs, review.config, spec, run=run)
+        """Create the reviewed run (the same id, path, hosts, master and environment the review
+        showed) and start every node."""
+        run = create_run(options.runs, review.config, review.spec, run=reviewed_run_dir(options, review))
         ctrl = RunController.open(run, pool, purpose="launch (console)")
         session = cls(run, ctrl, pool, facts)
-        if getattr(args, "grace", None):
-            ctrl.grace_s = args.grace  # before the launch: torchrun's own shutdown wait follows it
+        if options.grace_s:
+            ctrl.grace_s = options.grace_s  # before the launch: torchrun's own shutdown wait follows it
         try:
             ctrl.launch()
         except BaseException:
@@ -58,11 +58,6 @@ class RunSession:
     def attach(cls, run_path: str, pool: Any) -> tuple[RunSession, str]:
         """Take control of an existing run: ('live', session) when its processes run, else the
         attempt is concluded from what it left ('ended'). RunBusyError when another console has it."""
-        from pathlib import Path
-
-        from taehv_console.core.run.control import RunController
-        from taehv_console.core.run.rundir import RunDir
-
         run = RunDir(Path(run_path))
         ctrl = RunController.open(run, pool, purpose="attach (console)")
         session = cls(run, ctrl, pool)
@@ -81,8 +76,6 @@ class RunSession:
         return hosts
 
     def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
-        from taehv_console.core.watch.monitor import Monitor
-
         if self.monitor is None:
             self.monitor = Monitor(self.run.path, hosts=self.monitor_hosts(), pool=self.pool, facts=self.facts,
                                    config=config)
@@ -135,8 +128,6 @@ class RunSession:
     def resume(self, weights_only: bool = False) -> Any:
         """Relaunch from the newest complete checkpoint (RunLiveError while it runs)."""
         if self.following:
-            from taehv_console.core.run.control import RunLiveError
-
             raise RunLiveError(f"{self.run.run_id} is running: stop it before resuming")
         point = self.ctrl.resume_point(weights_only=weights_only)
         self.ctrl.launch(resume=point.spec, weights_only=weights_only)

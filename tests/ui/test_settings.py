@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from taehv_console.ui import flow
+from taehv_console.core import flow
 from taehv_console.ui import formatting as f
-from taehv_console.ui.app import binding_ids, make_app
+from taehv_console.ui.app import binding_ids
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
 from taehv_console.ui.messages import ClusterUpdated, RunProgressed
 from taehv_console.ui.themes import HEALTH_STATES, ThemeFileError, load_themes, parse_theme, shipped_theme_dir
 from tests.ui import samples
-from tests.ui.conftest import sample_app
+from tests.ui.conftest import app_for, sample_app
 
 
 def run(coro):
@@ -55,12 +55,12 @@ def test_user_themes_load_beside_the_shipped_ones_and_a_broken_one_is_reported_n
 
 
 def test_theme_from_the_command_line_wins_over_the_settings_file(console_env):
-    app = make_app(argv=["--theme", "light"], startup="none", config=ConsoleConfig(theme="high-contrast"))
+    app = app_for(["--theme", "light"], startup="none", config=ConsoleConfig(theme="high-contrast"))
     assert app.initial_theme == "light"
-    app = make_app(argv=[], startup="none", config=ConsoleConfig(theme="high-contrast"))
+    app = app_for([], startup="none", config=ConsoleConfig(theme="high-contrast"))
     assert app.initial_theme == "high-contrast"
     with pytest.raises(ConsoleConfigError, match="unknown theme 'neon'.*dark, light, high-contrast"):
-        make_app(argv=["--theme", "neon"], startup="none", config=ConsoleConfig())
+        app_for(["--theme", "neon"], startup="none", config=ConsoleConfig())
 
 
 def test_t_cycles_through_the_themes():

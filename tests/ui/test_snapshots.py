@@ -11,7 +11,8 @@ import pytest
 
 from taehv_console.core.plan.derive import auto_select
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.ui import flow
+from taehv_console.core import flow
+from taehv_console.core.flow import BackendKind, ChosenConfig
 from taehv_console.ui.messages import LogChunk, LogRead
 from tests.ui import samples
 from tests.ui.conftest import sample_app
@@ -24,11 +25,11 @@ def _argv(n: int) -> list[str]:
     return ["--hosts", "/shared/hostfile"] if n > 1 else []
 
 
-def _config(n: int):
+def _config(n: int) -> ChosenConfig:
     if n == 1:
-        return load_preset("8gpu-h100").config, "preset 8gpu-h100 (shipped)"
+        return ChosenConfig(load_preset("8gpu-h100").config, "preset 8gpu-h100 (shipped)")
     resolved = auto_select(n, samples.GPUS, gpu_name=samples.H100, gpu_memory_gb=85.9)
-    return resolved.config, f"auto: {resolved.summary}"
+    return ChosenConfig(resolved.config, f"auto: {resolved.summary}")
 
 
 def _wizard(app, n: int, step: int) -> None:
@@ -36,13 +37,12 @@ def _wizard(app, n: int, step: int) -> None:
     w = app.wizard
     w.topology, w.probes = samples.topology(n), samples.probes(n)
     if step >= 1:
-        cfg, chosen = _config(n)
-        w.preflight = flow.PreflightResult(config=cfg, chosen=chosen, report=samples.report(n),
-                                           backend="local" if n == 1 else "ssh", master_port=29500)
-        w.config, w.chosen = cfg, chosen
+        chosen = _config(n)
+        w.preflight = flow.PreflightResult(config=chosen.config, chosen=chosen.chosen, report=samples.report(n),
+                                           backend=BackendKind.LOCAL if n == 1 else BackendKind.SSH, master_port=29500)
+        w.chosen = chosen
     if step >= 3:
-        w.review = flow.review(app.args, w.topology, w.probes, w.preflight, w.config, w.chosen, app.pool,
-                               now=samples.T0)
+        w.review = flow.review(app.options, w.topology, w.probes, w.preflight, w.chosen, app.pool, now=samples.T0)
 
 
 async def _settle(pilot) -> None:

@@ -4,6 +4,8 @@ then the overrides form, each field checked by core's validation as it is typed.
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from typing import Any, ClassVar
 
 from textual import work
@@ -14,9 +16,21 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
+from taehv_console.core.flow import (
+    FORM_FIELDS,
+    check_overrides,
+    field_text,
+    form_overrides,
+    override_text,
+    preset_choices,
+    review,
+    run_config,
+)
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
+from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
+from trainer.config import ConfigError
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
@@ -52,8 +66,6 @@ class PresetScreen(Screen):
         self._errors: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
-        from taehv_console.ui.flow import FORM_FIELDS
-
         yield WizardSteps(2, classes="steps")
         yield DataTable(id="choices", cursor_type="row", zebra_stripes=True)
         yield Static("", id="choice-info")
@@ -78,10 +90,8 @@ class PresetScreen(Screen):
 
     @work(thread=True, exclusive=True, group="presets", exit_on_error=False)
     def _load(self) -> None:
-        from taehv_console.ui.flow import preset_choices
-
         w = self.app.wizard
-        self.post_message(PresetChoicesReady(preset_choices(self.app.args, w.topology, w.probes)))
+        self.post_message(PresetChoicesReady(preset_choices(self.app.options, w.topology, w.probes)))
 
     def on_preset_choices_ready(self, message: PresetChoicesReady) -> None:
         table = self.query_one("#choices", DataTable)
@@ -92,7 +102,7 @@ class PresetScreen(Screen):
                 continue
             self._choices[c.name] = c
             table.add_row(*f.table_row(choice_row(c)), key=c.name)
-        wanted = self.app.wizard.preset or getattr(self.app.args, "preset", "auto") or "auto"
+        wanted = self.app.wizard.preset or self.app.options.preset
         names = list(self._choices)
         table.move_cursor(row=names.index(wanted) if wanted in names else 0)
         table.focus()
@@ -103,8 +113,6 @@ class PresetScreen(Screen):
             self._select(event.row_key.value)
 
     def _select(self, name: str | None, initial: bool = False) -> None:
-        from taehv_console.ui.flow import FORM_FIELDS, check_overrides, field_text
-
         choice = self._choices.get(name) if name else None
         if choice is None or choice is self._selected:
             return
@@ -113,7 +121,7 @@ class PresetScreen(Screen):
         if choice.config is None:
             return
         w = self.app.wizard
-        overrides = w.overrides if (initial and w.overrides) else list(getattr(self.app.args, "overrides", []) or [])
+        overrides = w.overrides if (initial and w.overrides) else list(self.app.options.overrides)
         # each override applied on its own: the valid ones fill the form, a bad one stays in
         # "more overrides" with its message under it
         shown, rejected = choice.config, []
@@ -132,8 +140,6 @@ class PresetScreen(Screen):
 
     # ---------------------------------------------------------------- form
     def _fields(self) -> tuple[dict[str, str], str]:
-        from taehv_console.ui.flow import FORM_FIELDS
-
         values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in FORM_FIELDS}
         return values, self.query_one("#field-more", Input).value
 
@@ -142,18 +148,12 @@ class PresetScreen(Screen):
             self._validate(event.input.name)
 
     def _validate_all(self) -> None:
-        from taehv_console.ui.flow import FORM_FIELDS
-
         for key, _ in FORM_FIELDS:
             self._validate(key)
         self._validate(MORE)
 
     def _validate(self, key: str) -> None:
         """Core's own validation, one field at a time, so each message sits under its field."""
-        import shlex
-
-        from taehv_console.ui.flow import check_overrides, field_text, override_text
-
         base = self._selected.config if self._selected is not None else None
         if base is None:
             return
@@ -177,8 +177,6 @@ class PresetScreen(Screen):
 
     # ---------------------------------------------------------------- navigation
     def action_next_step(self) -> None:
-        from taehv_console.ui.flow import form_overrides
-
         if self._selected is None or self._selected.config is None:
             self.notify("choose a preset that loads", severity="warning")
             return
@@ -192,26 +190,25 @@ class PresetScreen(Screen):
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
     def _build(self, preset: str, overrides: list[str]) -> None:
-        from taehv_console.ui import flow
-        from trainer.config import ConfigError
-
         w = self.app.wizard
-        note = lambda text: self.post_message(NoteAdded(text))
+        options = dataclasses.replace(self.app.options, preset=preset, overrides=tuple(overrides))
+
+        def note(text: str) -> None:
+            self.post_message(NoteAdded(text))
+
         try:
-            cfg, chosen = flow.config_for(self.app.args, w.topology, w.probes, note, preset=preset, overrides=overrides)
-            review = flow.review(self.app.args, w.topology, w.probes, w.preflight, cfg, chosen, self.app.pool, note)
+            chosen = run_config(options, w.topology, w.probes, note=note)
+            reviewed = review(options, w.topology, w.probes, w.preflight, chosen, self.app.pool, note)
         except ConfigError as err:
             self.post_message(NoteAdded(f"error: {err}"))
             return
-        w.preset, w.overrides, w.config, w.chosen = preset, overrides, cfg, chosen
-        self.post_message(ReviewReady(review))
+        w.preset, w.overrides, w.chosen = preset, overrides, chosen
+        self.post_message(ReviewReady(reviewed))
 
     def on_note_added(self, message: NoteAdded) -> None:
         self.notify(message.text, severity="error" if message.text.startswith("error:") else "information")
 
     def on_review_ready(self, message: ReviewReady) -> None:
-        from taehv_console.ui.screens.review import ReviewScreen
-
         self.app.wizard.review = message.review
         self.app.push_screen(ReviewScreen())
 

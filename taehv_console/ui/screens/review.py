@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from taehv_console.ui import formatting as f
-from taehv_console.ui.screens.preflight import findings_content
+from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
 
 
@@ -51,7 +51,7 @@ def figures_content(review: Any) -> Content:
 
 def commands_content(review: Any) -> Content:
     lines: list[Content] = [Content.assemble(Content.styled("run directory ", "dim"), review.run_path),
-                            Content.assemble(Content.styled("backend ", "dim"), review.backend,
+                            Content.assemble(Content.styled("backend ", "dim"), review.backend.value,
                                              Content.styled("  master ", "dim"), f"{review.master}:{review.master_port}"),
                             Content("")]
     for n in review.commands:

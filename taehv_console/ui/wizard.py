@@ -1,0 +1,20 @@
+"""What the wizard has found so far (core's values, kept for the screens to draw); each step's
+screen fills in its part. The steps themselves are core's flow (taehv_console.core.flow)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taehv_console.core.flow import ChosenConfig, PreflightResult, Review
+from taehv_console.core.models import ProbeResult, Topology
+
+
+@dataclass
+class WizardState:
+    topology: Topology | None = None
+    probes: tuple[ProbeResult, ...] = ()
+    preflight: PreflightResult | None = None
+    preset: str | None = None  # chosen on the preset screen ("auto" or a name)
+    overrides: list[str] = field(default_factory=list)
+    chosen: ChosenConfig | None = None  # the config the review was made for
+    review: Review | None = None
