@@ -32,7 +32,7 @@ NODES = 64
 def child(seconds: float, interval: float | None) -> None:
     """The console on this terminal, showing the sample; exits after `seconds` of measurement."""
     sys.path.insert(0, str(ROOT))
-    from taehv_console.core.flow import FlowOptions
+    from taehv_console.core.flow.options import FlowOptions
     from taehv_console.ui.app import make_app
     from taehv_console.ui.config import ConsoleConfig
     from taehv_console.ui.messages import ClusterUpdated

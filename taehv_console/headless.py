@@ -10,13 +10,13 @@ Progress: a rich progress bar when stdout is a terminal, timestamped lines other
 logs), and with --json one JSON object per line (trainer events as they are, plus the console's
 own `phase`, `note` and a final `result`).
 
-Nothing heavy (torch, Textual) is imported here: `taehv-console --help` imports this file.
+Imported on the --no-tui path and by the commands that follow a run, not by `taehv-console --help`
+(its exit codes live in exit_codes.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import os
 import signal
@@ -26,37 +26,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from taehv_console.core import flow
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow import BackendKind, FlowOptions, PlatformRunError
+from taehv_console.core.flow.config import run_config
+from taehv_console.core.flow.detect import detect
+from taehv_console.core.flow.launch import PlatformNode, PlatformRunError, launch_spec, prepare_platform_node
+from taehv_console.core.flow.options import FlowOptions
+from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
+from taehv_console.core.flow.runs import find_live_run
+from taehv_console.core.run.backends import BackendKind
 from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
+from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  # noqa: F401 - re-exported
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
-
-
-class ExitCode(enum.IntEnum):
-    """How `taehv-console --no-tui` (and attach/resume) ended. An API: scripts match on it."""
-
-    DONE = 0  # every rank reached max_steps; final weights written
-    TRAINING_FAILED = 1  # a rank or launcher failed; state.json names the node and rank
-    USAGE = 2  # the command line, a config or the environment is wrong (argparse uses 2 too)
-    PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
-    STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
-    BUSY = 5  # another console controls the run, or it is already running (attach instead)
-    INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
-
-
-def exit_code_for(phase: Any) -> ExitCode:
-    value = getattr(phase, "value", phase)
-    return {"done": ExitCode.DONE, "stopped": ExitCode.STOPPED, "failed": ExitCode.TRAINING_FAILED}.get(
-        value, ExitCode.TRAINING_FAILED)
-
-
-EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
 
 
 # --------------------------------------------------------------------------------------- views
@@ -319,41 +304,41 @@ def _run(options: FlowOptions, view: Any) -> ExitCode:
                 return _fail(view, ExitCode.USAGE, str(err))
         try:
             view.note("detecting the cluster")
-            found = flow.detect(options)
+            found = detect(options)
         except (TopologyError, InvalidHostError, HostfileError) as err:
             return _fail(view, ExitCode.USAGE, str(err))
         topology, probes = found.topology, found.probes
-        backend = flow.backend_for(options, topology)
+        backend = backend_for(options, topology)
         if backend is None:
-            return _fail(view, ExitCode.USAGE, flow.NOT_PER_PROCESS)
+            return _fail(view, ExitCode.USAGE, NOT_PER_PROCESS)
         try:
             # 1. a run that is already live: attach to it, never launch it twice
             if backend is not BackendKind.PLATFORM:
                 candidate = existing if existing is not None and existing.has_state() else None
                 if existing is None:
                     hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
-                    live = flow.find_live_run(options.runs, pool, hosts=hosts)
+                    live = find_live_run(options.runs, pool, hosts=hosts)
                     candidate = RunDir(Path(live.path)) if live is not None else None
                 if candidate is not None:
                     code = _attach_if_live(candidate, pool, view, options, named=existing is not None)
                     if code is not None:
                         return code
             # 2. config, preflight
-            chosen = flow.run_config(options, topology, probes, existing, view.note)
+            chosen = run_config(options, topology, probes, existing, view.note)
             if backend is BackendKind.SBATCH:
                 # SLURM picks the nodes after submission: nothing here to check them against
                 view.note("sbatch: preflight skipped (run `taehv-console preflight` inside an allocation)")
-                spec = flow.launch_spec(options, topology, backend, options.master_port or 29500, pool)
+                spec = launch_spec(options, topology, backend, options.master_port or 29500, pool)
                 return _launch_new(options, chosen.config, spec, pool, view, existing)
-            checked = flow.preflight(options, topology, probes, chosen, pool, view.note)
+            checked = preflight(options, topology, probes, chosen, pool, view.note)
             _print_findings(view, checked.report, checked.chosen)
             if not checked.report.ok:
                 return ExitCode.PREFLIGHT_FAILED
             # 3. launch
             if backend is BackendKind.PLATFORM:
-                node = flow.prepare_platform_node(options, topology, checked.config, existing, checked.master_port)
+                node = prepare_platform_node(options, topology, checked.config, existing, checked.master_port)
                 return _platform(node, options, pool, view)
-            spec = flow.launch_spec(options, topology, backend, checked.master_port, pool)
+            spec = launch_spec(options, topology, backend, checked.master_port, pool)
             return _launch_new(options, checked.config, spec, pool, view, existing)
         except RunBusyError as err:
             return _fail(view, ExitCode.BUSY, str(err))
@@ -418,7 +403,7 @@ def _launch_new(options: FlowOptions, cfg: Any, spec: LaunchSpec, pool: SshPool,
         ctrl.close()
 
 
-def _platform(node: flow.PlatformNode, options: FlowOptions, pool: SshPool, view: Any) -> ExitCode:
+def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: Any) -> ExitCode:
     """A pod/container: launch this node (machine rank = the platform's node index); node 0 also
     records the run's state and reports on every node, the others follow their own node."""
     run, rank = node.run, node.rank

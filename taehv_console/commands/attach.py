@@ -14,7 +14,7 @@ import sys
 from taehv_console.commands.options import ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow import newest_unended_run
+from taehv_console.core.flow.runs import newest_unended_run
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunNotFoundError

@@ -14,7 +14,7 @@ from rich.table import Table
 from taehv_console.commands.options import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_ssh_options, flow_options
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
-from taehv_console.core.flow import detect
+from taehv_console.core.flow.detect import detect
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from taehv_console.core.cluster.ssh import SshSettings
-from taehv_console.core.flow import BackendKind, FlowOptions, parse_env
+from taehv_console.core.flow.options import FlowOptions, parse_env
+from taehv_console.core.run.backends import BackendKind
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 

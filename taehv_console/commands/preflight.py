@@ -22,7 +22,10 @@ from taehv_console.commands.options import (
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow import EnvError, choose_config, detect, preflight
+from taehv_console.core.flow.config import choose_config
+from taehv_console.core.flow.detect import detect
+from taehv_console.core.flow.options import EnvError
+from taehv_console.core.flow.preflight import preflight
 from trainer.config import ConfigError
 
 

@@ -18,7 +18,7 @@ import sys
 from taehv_console.commands.options import ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow import EnvError, parse_env
+from taehv_console.core.flow.options import EnvError, parse_env
 from taehv_console.core.run.control import (
     LaunchError,
     NothingToResumeError,

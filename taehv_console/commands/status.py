@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from taehv_console.commands.options import add_ssh_options, ssh_settings
-from taehv_console.core.flow import any_alive
+from taehv_console.core.flow.runs import any_alive
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:

@@ -15,7 +15,7 @@ import sys
 from taehv_console.commands.options import ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow import newest_unended_run
+from taehv_console.core.flow.runs import newest_unended_run
 from taehv_console.core.run.control import ControlError, request_stop
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError

@@ -11,7 +11,7 @@ import sys
 from taehv_console.commands.options import add_ssh_options, ssh_settings
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
 from taehv_console.core.cluster.ssh import SshError, SshSettings, sha256_fingerprint
-from taehv_console.core.flow import TrustOutcome, offer_host_key, trust_offered_key
+from taehv_console.core.flow.trust import TrustOutcome, offer_host_key, trust_offered_key
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taehv_console.core.flow import FlowOptions, Review, reviewed_run_dir
+from taehv_console.core.flow.launch import Review, reviewed_run_dir
+from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.run.control import RunController, RunLiveError, create_run
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.watch.monitor import Monitor

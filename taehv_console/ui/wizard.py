@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taehv_console.core.flow import ChosenConfig, PreflightResult, Review
+from taehv_console.core.flow.config import ChosenConfig
+from taehv_console.core.flow.launch import Review
+from taehv_console.core.flow.preflight import PreflightResult
 from taehv_console.core.models import ProbeResult, Topology
 
 

@@ -32,7 +32,9 @@ def main(out: str = "docs") -> int:
     os.environ["TZ"] = "UTC"
     os.environ["XDG_CONFIG_HOME"] = "/nonexistent/home/.config"
     time.tzset()
-    from taehv_console.core import flow
+    from taehv_console.core.flow.launch import review as make_review
+    from taehv_console.core.flow.preflight import PreflightResult
+    from taehv_console.core.run.backends import BackendKind
     from taehv_console.ui.messages import LogChunk, LogRead
     from taehv_console.ui.screens.dashboard import DashboardScreen
     from taehv_console.ui.screens.node import NodeScreen
@@ -51,10 +53,10 @@ def main(out: str = "docs") -> int:
         report = samples.report(16)
         ok = type(report)(report.topology, report.probes, tuple(x for x in report.findings
                                                                if x.severity.value != "error"))
-        w.preflight = flow.PreflightResult(chosen.config, chosen.chosen, ok, flow.BackendKind.SSH, 29500)
+        w.preflight = PreflightResult(chosen.config, chosen.chosen, ok, BackendKind.SSH, 29500)
         w.chosen = chosen
         if step >= 3:
-            w.review = flow.review(app.options, w.topology, w.probes, w.preflight, chosen, app.pool, now=samples.T0)
+            w.review = make_review(app.options, w.topology, w.probes, w.preflight, chosen, app.pool, now=samples.T0)
 
     async def dashboard(app, pilot):
         app.cluster_state = samples.cluster_state(16, trouble=True)

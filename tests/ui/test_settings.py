@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from taehv_console.core import flow
+from taehv_console.core.flow import config as flow_config
+from taehv_console.core.flow.runs import RunEntry
 from taehv_console.ui import formatting as f
 from taehv_console.ui.app import binding_ids
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
@@ -161,7 +162,7 @@ def test_the_command_palette_offers_theme_nodes_and_runs():
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
             app.cluster_state = samples.cluster_state(16, trouble=True)
-            app.run_entries = (flow.RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived",
+            app.run_entries = (RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived",
                                              "running", True),)
             await app.push_screen(DashboardScreen())
             await pilot.pause()
@@ -247,15 +248,15 @@ def test_form_overrides_are_the_fields_that_changed_plus_the_free_line():
     from taehv_console.core.plan.presets import load_preset
 
     cfg = load_preset("cpu-smoke").config
-    fields = {k: flow.field_text(cfg, k) for k, _ in flow.FORM_FIELDS}
-    assert flow.form_overrides(cfg, fields, "") == []
+    fields = {k: flow_config.field_text(cfg, k) for k, _ in flow_config.FORM_FIELDS}
+    assert flow_config.form_overrides(cfg, fields, "") == []
     fields["optim.max_steps"] = "12"
     fields["data.source"] = "/data/my videos"
-    got = flow.form_overrides(cfg, fields, "schedule.val_every=5")
+    got = flow_config.form_overrides(cfg, fields, "schedule.val_every=5")
     assert got == ["optim.max_steps=12", 'data.source="/data/my videos"', "schedule.val_every=5"]
-    new, err = flow.check_overrides(cfg, got)
+    new, err = flow_config.check_overrides(cfg, got)
     assert not err and new.optim.max_steps == 12 and new.data.source == "/data/my videos"
-    _, err = flow.check_overrides(cfg, ["optim.batch_per_gpu=0"])
+    _, err = flow_config.check_overrides(cfg, ["optim.batch_per_gpu=0"])
     assert "optim.batch_per_gpu" in err
 
 

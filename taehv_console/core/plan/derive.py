@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.plan.planner import estimate_memory
-from taehv_console.core.plan.presets import Preset, list_presets, override_config
+from taehv_console.core.plan.planner import estimate_memory, gpu_family
+from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from trainer.config import ConfigError, TrainConfig, config_from_dict
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
@@ -37,12 +37,6 @@ NCCL_ENV = {
 }
 
 # GPU families: presets tuned for one model serve its close relatives
-GPU_FAMILIES = {
-    "H100": ("H100", "H800", "H200", "H20", "GH200"),
-    "A800": ("A800", "A100"),
-}
-
-
 class DeriveError(ConfigError):
     """No valid config exists for the request (e.g. one clip does not fit in GPU memory)."""
 
@@ -351,15 +345,6 @@ def _get(cfg: TrainConfig, dotted: str) -> Any:
 # auto
 
 
-def gpu_family(gpu_name: str) -> str | None:
-    """'NVIDIA H100 80GB HBM3' -> 'H100'; None when the model is not one a preset is tuned for."""
-    upper = gpu_name.upper()
-    for family, members in GPU_FAMILIES.items():
-        if any(m in upper for m in members):
-            return family
-    return None
-
-
 def auto_select(
     nodes: int,
     gpus_per_node: int,
@@ -482,8 +467,6 @@ def resolve_config(
             gpu_memory_gb=gpu_memory_gb,
             overrides=overrides,
         )
-    from taehv_console.core.plan.presets import load_preset
-
     if nodes is None or gpus_per_node is None:
         loaded = load_preset(preset, overrides=overrides)
         cfg = loaded.config

@@ -302,6 +302,22 @@ def smallest_accumulation(
 # ---------------------------------------------------------------------------------------------
 # Time and cost
 
+# GPU models each preset family is tuned for (by name fragment, as NVML reports it)
+GPU_FAMILIES = {
+    "H100": ("H100", "H800", "H200", "H20", "GH200"),
+    "A800": ("A800", "A100"),
+}
+
+
+def gpu_family(gpu_name: str) -> str | None:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; None when the model is not one a preset is tuned for."""
+    upper = gpu_name.upper()
+    for family, members in GPU_FAMILIES.items():
+        if any(m in upper for m in members):
+            return family
+    return None
+
+
 # Throughput per GPU at the reference clip (12 x 480 x 720), scaled by pixel-frames for other
 # clip sizes (the cost of every layer is linear in frames x height x width).
 REFERENCE_CLIP = (12, 480, 720)
@@ -319,8 +335,6 @@ INTRA_NODE_CPU_BYTES_PER_S = 2 * GB  # gloo over shared memory / loopback
 
 def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
     """Clips per second per GPU (or CPU process) for cfg's clip size, and where the figure comes from."""
-    from taehv_console.core.plan.derive import gpu_family  # derive imports this module
-
     family = "cpu" if cfg.topology.device == "cpu" else (gpu_family(gpu) or "H100")
     ref = CLIPS_PER_S_PER_GPU[family]
     f, h, w = REFERENCE_CLIP

@@ -19,15 +19,12 @@ from taehv_console.commands.detect import gpu_summary as gpu_list
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshError
-from taehv_console.core.flow import (
+from taehv_console.core.flow.detect import detect, hostfile_topology, probe_each, probe_paths
+from taehv_console.core.flow.trust import (
     HostKeyOffer,
     TrustOutcome,
-    detect,
-    hostfile_topology,
     needs_trust,
     offer_host_key,
-    probe_each,
-    probe_paths,
     trust_offered_key,
 )
 from taehv_console.ui import formatting as f

@@ -13,7 +13,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from taehv_console.core.flow import preflight, run_config
+from taehv_console.core.flow.config import run_config
+from taehv_console.core.flow.preflight import preflight
 from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.messages import NoteAdded, PreflightFinished

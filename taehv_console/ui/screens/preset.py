@@ -16,16 +16,16 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
-from taehv_console.core.flow import (
+from taehv_console.core.flow.config import (
     FORM_FIELDS,
     check_overrides,
     field_text,
     form_overrides,
     override_text,
     preset_choices,
-    review,
     run_config,
 )
+from taehv_console.core.flow.launch import review
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.review import ReviewScreen

@@ -9,9 +9,9 @@ from taehv_console.core.plan.derive import (
     auto_select,
     collective_timeout_s,
     derive_run_config,
-    gpu_family,
     lr_for,
 )
+from taehv_console.core.plan.planner import gpu_family
 from taehv_console.core.plan.presets import list_presets, load_preset
 
 
