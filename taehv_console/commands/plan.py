@@ -245,6 +245,7 @@ def _print_plan(resolved, plan, row) -> None:
             f" {'fits' if m.fits else 'DOES NOT FIT'} (at most {m.max_batch_per_gpu} clips per GPU)"
         ),
         f"              {breakdown} (GB)",
+        f"timeout       {plan.collective_timeout}",
     ]
     for line in lines:
         console.print(line, highlight=False)

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from taehv_console.core.plan.planner import estimate_memory, gpu_family
+from taehv_console.core.plan.timeouts import (
+    DERIVED_TIMEOUT_RULE,
+    collective_timeout_s,
+    derived_collective_timeout_s,
+)
 from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from trainer.config import ConfigError, TrainConfig, config_from_dict
 
@@ -65,15 +70,6 @@ class ResolvedConfig:
         return None
 
 
-def collective_timeout_s(nodes: int) -> int:
-    """The public rule: 1 node 3600 s, 2-5 nodes 7200 s, 6-7 nodes 10800 s, 8 or more 14400 s."""
-    if nodes <= 1:
-        return 3600
-    if nodes <= 5:
-        return 7200
-    if nodes <= 7:
-        return 10800
-    return 14400
 
 
 def target_effective_batch(world: int) -> float:
@@ -285,11 +281,13 @@ def derive_run_config(
     )
 
     # --- the process group -------------------------------------------------------------------------
-    timeout = collective_timeout_s(nodes)
+    timeout = derived_collective_timeout_s(nodes)
     put(
         "distributed.collective_timeout_s",
         timeout,
-        f"{timeout} s for {nodes} node(s): 1 node 3600, 2-5 nodes 7200, 6-7 nodes 10800, 8+ nodes 14400",
+        f"{timeout} s for {nodes} node(s) ({DERIVED_TIMEOUT_RULE}); the published presets wait "
+        f"{collective_timeout_s(nodes)} s, but the console names a stalled rank within ~30 s, so a hang "
+        "need not hold the cluster for hours",
     )
     env = {**NCCL_ENV, **src.distributed.nccl_env}
     kept = sorted(set(src.distributed.nccl_env) - set(NCCL_ENV))

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from taehv_console.core.plan.footprint import activation_elements, parameter_count
+from taehv_console.core.plan.timeouts import explain_collective_timeout
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision
 
@@ -385,6 +386,7 @@ class Plan:
     time: TimeEstimate
     memory: MemoryFit
     assumptions: tuple[str, ...]
+    collective_timeout: str = ""  # the timeout and why (derived configs wait minutes, not hours)
 
 
 def make_plan(
@@ -478,6 +480,7 @@ def make_plan(
         time=time,
         memory=estimate_memory(cfg),
         assumptions=tuple(assumptions),
+        collective_timeout=explain_collective_timeout(cfg),
     )
 
 
@@ -519,6 +522,7 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
             "effective": c.effective_batch,
         },
         "zero_stage": c.deepspeed.zero_stage,
+        "collective_timeout": {"seconds": c.distributed.collective_timeout_s, "why": plan.collective_timeout},
         "communication": {
             "bytes_per_step": plan.comm.bytes_per_step,
             "link": plan.comm.link,

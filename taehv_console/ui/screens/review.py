@@ -13,6 +13,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from taehv_console.core.plan.timeouts import collective_timeout_brief
 from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
@@ -40,6 +41,7 @@ def figures_content(review: Any) -> Content:
             f"   {t.gpu_hours:,.0f} GPU-hours" + (f"   cost {t.cost:,.0f}" if t.cost is not None else "")),
         row("memory", f.badge("ok" if m.fits else "failed"),
             f" {m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per device (largest batch that fits: {m.max_batch_per_gpu})"),
+        row("coll. timeout", collective_timeout_brief(cfg)),
     ]
     if c.fraction > c.target_fraction and c.smallest_accum_under_target:
         lines.append(row("", Content.styled(f"accumulation {c.smallest_accum_under_target} would keep communication "
