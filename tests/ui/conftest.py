@@ -52,3 +52,13 @@ def no_color(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     yield
     os.environ.pop("NO_COLOR", None)
+
+
+async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
+    """Pause the app's pilot until `predicate()` holds (conditions, not fixed sleeps: CI is loaded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}")

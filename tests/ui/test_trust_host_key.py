@@ -8,26 +8,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import LoopbackSshd, find_sshd
-from tests.ui.conftest import sample_app
+from tests.ui.conftest import sample_app, wait_until
 
 pytestmark = [pytest.mark.timeout(180)]
 
 ADDRESS_OCTET = 157  # an address of this test's own: the shared fixture uses 127.0.0.2-5
-
-
-async def _wait(pilot, predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}")
 
 
 def _host_key(server: LoopbackSshd) -> str:
@@ -55,11 +45,11 @@ def test_the_tui_trusts_the_key_it_showed_not_one_served_after_the_confirmation(
             nonlocal second
             async with app.run_test(size=(120, 40)) as pilot:
                 await app.push_screen(DetectScreen())
-                await _wait(pilot, lambda: app.wizard.topology is not None, 120, "detection")
+                await wait_until(pilot, lambda: app.wizard.topology is not None, 120, "detection")
                 detect = app.screen
                 assert not app.wizard.probes[0].ok and "taehv-console trust" in app.wizard.probes[0].fix
                 await pilot.press("T")
-                await _wait(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
+                await wait_until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
                 shown = str(app.screen.body)
                 assert "SHA256:" in shown and host in shown
 
@@ -72,7 +62,7 @@ def test_the_tui_trusts_the_key_it_showed_not_one_served_after_the_confirmation(
                 assert _host_key(second) != _host_key(first)
 
                 await pilot.press("y")
-                await _wait(pilot, lambda: detect._results.get(host) is not None
+                await wait_until(pilot, lambda: detect._results.get(host) is not None
                             and detect._results[host] is not app.wizard.probes[0], 60, "the probe after trusting")
                 after = detect._results[host]
                 # the shown key was trusted, so the server now answering is refused as a changed key
