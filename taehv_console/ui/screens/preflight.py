@@ -15,7 +15,6 @@ from textual.widgets import Footer, Static
 
 from taehv_console.core.flow.config import run_config
 from taehv_console.core.flow.preflight import preflight
-from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.messages import NoteAdded, PreflightFinished
 from taehv_console.ui.screens.preset import PresetScreen
