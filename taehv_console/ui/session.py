@@ -12,12 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.flow.launch import Review, reviewed_run_dir
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.run.control import RunController, RunLiveError, create_run
-from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.rundir import RunDir, create_run_dir
+
+if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic models
+    from taehv_console.core.flow.launch import Review
 from taehv_console.core.watch.monitor import Monitor
 
 
@@ -43,7 +45,9 @@ class RunSession:
                facts: dict[str, Any] | None = None) -> RunSession:
         """Create the reviewed run (the same id, path, hosts, master and environment the review
         showed) and start every node."""
-        run = create_run(options.runs, review.config, review.spec, run=reviewed_run_dir(options, review))
+        # the id the review showed is made from the review's time
+        run_dir = create_run_dir(options.runs, review.config.run.preset, now=review.created_at)
+        run = create_run(options.runs, review.config, review.spec, run=run_dir)
         ctrl = RunController.open(run, pool, purpose="launch (console)")
         session = cls(run, ctrl, pool, facts)
         if options.grace_s:

@@ -4,11 +4,14 @@ screen fills in its part. The steps themselves are core's flow (taehv_console.co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from taehv_console.core.flow.config import ChosenConfig
-from taehv_console.core.flow.launch import Review
-from taehv_console.core.flow.preflight import PreflightResult
 from taehv_console.core.models import ProbeResult, Topology
+
+if TYPE_CHECKING:  # annotations only: these modules load the planner's pydantic models (~0.5 s)
+    from taehv_console.core.flow.config import ChosenConfig
+    from taehv_console.core.flow.launch import Review
+    from taehv_console.core.flow.preflight import PreflightResult
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.core.flow import config as flow_config
+from taehv_console.core.flow import form
 from taehv_console.core.flow.runs import RunEntry
 from taehv_console.ui import formatting as f
 from taehv_console.ui.app import binding_ids
@@ -248,11 +249,11 @@ def test_form_overrides_are_the_fields_that_changed_plus_the_free_line():
     from taehv_console.core.plan.presets import load_preset
 
     cfg = load_preset("cpu-smoke").config
-    fields = {k: flow_config.field_text(cfg, k) for k, _ in flow_config.FORM_FIELDS}
-    assert flow_config.form_overrides(cfg, fields, "") == []
+    fields = {k: form.field_text(cfg, k) for k, _ in form.FORM_FIELDS}
+    assert form.form_overrides(cfg, fields, "") == []
     fields["optim.max_steps"] = "12"
     fields["data.source"] = "/data/my videos"
-    got = flow_config.form_overrides(cfg, fields, "schedule.val_every=5")
+    got = form.form_overrides(cfg, fields, "schedule.val_every=5")
     assert got == ["optim.max_steps=12", 'data.source="/data/my videos"', "schedule.val_every=5"]
     new, err = flow_config.check_overrides(cfg, got)
     assert not err and new.optim.max_steps == 12 and new.data.source == "/data/my videos"

@@ -117,11 +117,6 @@ def review(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResul
                   bandwidth=link, spec=spec)
 
 
-def reviewed_run_dir(options: FlowOptions, reviewed: Review) -> RunDir:
-    """The run directory the review named (its id was made from the review's time)."""
-    return create_run_dir(options.runs, reviewed.config.run.preset, now=reviewed.created_at)
-
-
 # ------------------------------------------------------------------------------------ platform
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ model), and communicator set-up, which grows with the node count."""
 
 from __future__ import annotations
 
-from trainer.config import TrainConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the Review screen imports this before pydantic is loaded
+    from trainer.config import TrainConfig
 
 PUBLISHED_TIMEOUT_RULE = "published: 1 node 3600 s, 2-5 nodes 7200 s, 6-7 nodes 10800 s, 8+ nodes 14400 s"
 DERIVED_TIMEOUT_RULE = "derived: 600 s up to 10 nodes, +30 s per node beyond, at most 1800 s"

@@ -13,8 +13,6 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from taehv_console.core.flow.config import run_config
-from taehv_console.core.flow.preflight import preflight
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.messages import NoteAdded, PreflightFinished
 from taehv_console.ui.screens.preset import PresetScreen
@@ -59,6 +57,10 @@ class PreflightScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
     def _run(self, bandwidth: bool = False) -> None:
+        # the planner's pydantic models (~0.5 s) load here, in the worker: the first frame never waits
+        from taehv_console.core.flow.config import run_config
+        from taehv_console.core.flow.preflight import preflight
+
         w = self.app.wizard
         options = self.app.options
 

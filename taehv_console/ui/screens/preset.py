@@ -1,6 +1,10 @@
 """Wizard step 3, Preset: the config derived for the detected cluster and every shipped and user
 preset, each with effective batch, LR, ZeRO stage and the memory estimate against the device;
-then the overrides form, each field checked by core's validation as it is typed."""
+then the overrides form, each field checked by core's validation as it is typed.
+
+The config modules (the planner's pydantic models, ~0.5 s to import) are imported in the thread
+workers and in the handlers that only run after them: the console's first frame, which builds the
+key map from every screen's bindings, never waits for them."""
 
 from __future__ import annotations
 
@@ -16,21 +20,11 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
-from taehv_console.core.flow.config import (
-    FORM_FIELDS,
-    check_overrides,
-    field_text,
-    form_overrides,
-    override_text,
-    preset_choices,
-    run_config,
-)
-from taehv_console.core.flow.launch import review
+from taehv_console.core.flow.form import FORM_FIELDS, field_text, form_overrides, override_text
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
-from trainer.config import ConfigError
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
@@ -90,6 +84,8 @@ class PresetScreen(Screen):
 
     @work(thread=True, exclusive=True, group="presets", exit_on_error=False)
     def _load(self) -> None:
+        from taehv_console.core.flow.config import preset_choices  # start-up: see the module's docstring
+
         w = self.app.wizard
         self.post_message(PresetChoicesReady(preset_choices(self.app.options, w.topology, w.probes)))
 
@@ -113,6 +109,8 @@ class PresetScreen(Screen):
             self._select(event.row_key.value)
 
     def _select(self, name: str | None, initial: bool = False) -> None:
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
+
         choice = self._choices.get(name) if name else None
         if choice is None or choice is self._selected:
             return
@@ -154,6 +152,8 @@ class PresetScreen(Screen):
 
     def _validate(self, key: str) -> None:
         """Core's own validation, one field at a time, so each message sits under its field."""
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
+
         base = self._selected.config if self._selected is not None else None
         if base is None:
             return
@@ -190,6 +190,10 @@ class PresetScreen(Screen):
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
     def _build(self, preset: str, overrides: list[str]) -> None:
+        from taehv_console.core.flow.config import run_config  # start-up: see the module's docstring
+        from taehv_console.core.flow.launch import review
+        from trainer.config import ConfigError
+
         w = self.app.wizard
         options = dataclasses.replace(self.app.options, preset=preset, overrides=tuple(overrides))
 
