@@ -304,7 +304,7 @@ def _run(options: FlowOptions, view: Any) -> ExitCode:
                 return _fail(view, ExitCode.USAGE, str(err))
         try:
             view.note("detecting the cluster")
-            found = detect(options)
+            found = detect(options, pool)
         except (TopologyError, InvalidHostError, HostfileError) as err:
             return _fail(view, ExitCode.USAGE, str(err))
         topology, probes = found.topology, found.probes
