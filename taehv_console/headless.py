@@ -35,7 +35,7 @@ from taehv_console.core.flow.launch import PlatformNode, PlatformRunError, launc
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
 from taehv_console.core.flow.runs import find_live_run
-from taehv_console.core.run.backends import BackendKind
+from taehv_console.core.models import BackendKind
 from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run

@@ -7,7 +7,7 @@ import argparse
 
 from taehv_console.core.cluster.ssh import SshSettings
 from taehv_console.core.flow.options import FlowOptions, parse_env
-from taehv_console.core.run.backends import BackendKind
+from taehv_console.core.models import BackendKind
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 

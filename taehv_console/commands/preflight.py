@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -27,6 +28,7 @@ from taehv_console.core.flow.detect import detect
 from taehv_console.core.flow.options import EnvError
 from taehv_console.core.flow.preflight import preflight
 from trainer.config import ConfigError
+from trainer.events import atomic_write_text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=float, default=64.0, metavar="MB",
                         help="all-reduce buffer size for --bandwidth (default 64)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="FILE",
+                        help="also write the JSON report to FILE (what an sbatch job's preflight leaves in the run)")
     add_ssh_options(parser)
 
 
@@ -61,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         result = preflight(options, found.topology, found.probes, chosen, pool, say, bandwidth=args.bandwidth,
                            bandwidth_megabytes=args.bandwidth_mb)
     report = result.report
+    if args.report:
+        atomic_write_text(Path(args.report), json.dumps({**report.to_dict(), "config": result.chosen,
+                                                         "master_port": result.master_port}, indent=2) + "\n")
     if args.json:
         json.dump({**report.to_dict(), "config": result.chosen, "master_port": result.master_port},
                   sys.stdout, indent=2)
@@ -71,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(report: Any, chosen: str) -> None:
-    console = Console()
+    # unwrapped when written to a file (an sbatch job's node log): a finding stays one line to grep,
+    # and a path is never cut in two
+    console = Console(soft_wrap=not sys.stdout.isatty())
     render_topology(console, report.topology)
     console.print(f"[bold]config[/]: {chosen}")
     ok = sum(1 for p in report.probes if p.ok)

@@ -155,6 +155,17 @@ def _only(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in known}
 
 
+class BackendKind(str, enum.Enum):
+    """How a run's nodes are started. A str enum: state.json keeps the plain name, and a kind
+    read back from it compares equal to the member."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    PLATFORM = "platform"
+    SLURM = "slurm"
+    SBATCH = "sbatch"
+
+
 class TopologySource(str, enum.Enum):
     """Where the list of nodes came from, in the order detection tries them."""
 

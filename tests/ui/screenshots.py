@@ -34,7 +34,7 @@ def main(out: str = "docs") -> int:
     time.tzset()
     from taehv_console.core.flow.launch import review as make_review
     from taehv_console.core.flow.preflight import PreflightResult
-    from taehv_console.core.run.backends import BackendKind
+    from taehv_console.core.models import BackendKind
     from taehv_console.ui.messages import LogChunk, LogRead
     from taehv_console.ui.screens.dashboard import DashboardScreen
     from taehv_console.ui.screens.node import NodeScreen

@@ -15,7 +15,7 @@ from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.launch import review as make_review
 from taehv_console.core.flow.preflight import PreflightResult
 from taehv_console.core.flow.runs import RunEntry
-from taehv_console.core.run.backends import BackendKind
+from taehv_console.core.models import BackendKind
 from taehv_console.ui.messages import LogChunk, LogRead
 from tests.ui import samples
 from tests.ui.conftest import sample_app

@@ -16,7 +16,7 @@ from taehv_console.core.cluster.ssh import SshPool, resolve_target
 from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, PreflightResult, preflight
-from taehv_console.core.models import Finding, ProbeResult, Topology
+from taehv_console.core.models import BackendKind, Finding, ProbeResult, Topology
 from taehv_console.core.plan.planner import Plan, format_bandwidth, make_plan
 from taehv_console.core.plan.render import (
     RenderOptions,
@@ -25,7 +25,6 @@ from taehv_console.core.plan.render import (
     launch_env,
     render_accelerate_yaml,
 )
-from taehv_console.core.run.backends import BackendKind
 from taehv_console.core.run.control import LaunchSpec
 from taehv_console.core.run.rundir import RunDir, create_run_dir, new_run_id
 from taehv_console.core.run.state import Phase, RunState

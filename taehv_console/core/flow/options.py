@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from taehv_console.core.cluster.ssh import SshSettings
-from taehv_console.core.run.backends import BackendKind
+from taehv_console.core.models import BackendKind
 
 
 class EnvError(ValueError):

@@ -12,10 +12,9 @@ from taehv_console.core.cluster.preflight import NODECHECK, PreflightOptions, ru
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.options import FlowOptions
-from taehv_console.core.models import PreflightReport, ProbeResult, Topology, TopologySource
+from taehv_console.core.models import BackendKind, PreflightReport, ProbeResult, Topology, TopologySource
 from taehv_console.core.plan.planner import INTER_NODE_DEFAULT, parse_bandwidth
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.core.run.backends import BackendKind
 from trainer.config import ConfigError, TrainConfig
 
 Note = Callable[[str], None]

@@ -13,9 +13,8 @@ from taehv_console.core.flow.detect import detect
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import master_port, preflight
 from taehv_console.core.flow.runs import find_live_run, list_run_entries
-from taehv_console.core.models import TopologySource
+from taehv_console.core.models import BackendKind, TopologySource
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.core.run.backends import BackendKind
 from tests.core.run.conftest import make_run
 
 
