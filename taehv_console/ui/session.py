@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.run.control import RunController, RunLiveError, create_run
 from taehv_console.core.run.rundir import RunDir, create_run_dir
+from taehv_console.core.watch.runwatch import RunWatch, monitor_hosts
 
 if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic models
     from taehv_console.core.flow.launch import Review
-from taehv_console.core.watch.monitor import Monitor
 
 
 class _Detached(Exception):
@@ -34,6 +34,7 @@ class RunSession:
         self.pool = pool
         self.facts = dict(facts or {})
         self.monitor: Any = None
+        self.watch: Any = None
         self._stop = threading.Event()
         self._detach = threading.Event()
         self._following = threading.Lock()
@@ -75,17 +76,15 @@ class RunSession:
 
     # ------------------------------------------------------------------ watching
     def monitor_hosts(self) -> list[str] | None:
-        hosts = list(self.ctrl.state.hosts)
-        if self.ctrl.state.backend == "local" or len(set(hosts)) != len(hosts) or not hosts:
-            return None  # this machine only (local mode names it by its hostname)
-        return hosts
+        return monitor_hosts(self.ctrl.state.backend, self.ctrl.state.hosts)
 
     def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
+        """The run's one watch pipeline (with stall forensics), as --no-tui follows it."""
         if self.monitor is None:
-            self.monitor = Monitor(self.run.path, hosts=self.monitor_hosts(), pool=self.pool, facts=self.facts,
-                                   config=config)
+            self.watch = RunWatch.for_controller(self.ctrl, config=config, facts=self.facts)
+            self.monitor = self.watch.monitor
             self.monitor.subscribe(on_state)
-            self.monitor.start()
+            self.watch.start()
         return self.monitor
 
     def node_index(self, name: str) -> int | None:
@@ -149,7 +148,7 @@ class RunSession:
         """Stop watching and release the run (nothing of the run itself is stopped)."""
         self._detach.set()
         if self.monitor is not None:
-            self.monitor.stop()
+            self.watch.stop()
             self.monitor = None
         # the follow loop leaves at its next callback (within ~2 s); the lock goes with it
         with self._following:
