@@ -32,6 +32,7 @@ NODES = 64
 def child(seconds: float, interval: float | None) -> None:
     """The console on this terminal, showing the sample; exits after `seconds` of measurement."""
     sys.path.insert(0, str(ROOT))
+    from taehv_console.core.flow.options import FlowOptions
     from taehv_console.ui.app import make_app
     from taehv_console.ui.config import ConsoleConfig
     from taehv_console.ui.messages import ClusterUpdated
@@ -39,7 +40,7 @@ def child(seconds: float, interval: float | None) -> None:
     from tests.ui import samples
 
     base = samples.cluster_state(NODES, trouble=True)
-    app = make_app(argv=["--runs", "/nonexistent"], startup="none", config=ConsoleConfig())
+    app = make_app(FlowOptions(runs="/nonexistent"), startup="none", config=ConsoleConfig())
 
     def varied(i: int):
         # every node's sample and the header change, as on a busy cluster

@@ -1,7 +1,19 @@
-"""Entry point of `taehv-console`: parses the command line and hands over to one command module.
+"""Entry point of `taehv-console`: parses the command line and hands over to one command module,
+the headless flow or the TUI. Below this file and commands/ nothing sees an argparse Namespace:
+the flow gets a FlowOptions value.
 
 Each subcommand lives in `taehv_console.commands.<name>` with `register(parser)` and `run(args) -> int`.
-Those modules import nothing heavy at module level, so `taehv-console --help` never imports torch.
+
+Imports sit at module top everywhere, except these places, where start-up time needs laziness
+(`taehv-console --help` must import neither torch nor Textual, and stays ~0.4 s instead of ~2 s
+with the planner's pydantic models: tests/core/test_cli_startup.py and test_cluster_commands.py):
+- here, `build_parser`: only the chosen subcommand's module is imported (its own imports are at
+  its top); `--help` lists the commands from COMMANDS without importing any;
+- here, `main`: headless (the whole flow) on the --no-tui path only, the TUI (taehv_console.ui,
+  Textual) on the TUI path only;
+- core/flow/config.py `generated_clips`: trainer.synthetic (PyAV, numpy) only when clips are made;
+- core/cluster/ssh.py: paramiko where a connection or host key is handled;
+- trainer/: torch, DeepSpeed and accelerate where training needs them.
 """
 
 from __future__ import annotations
@@ -9,6 +21,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from taehv_console.commands.options import add_launch_options, add_ssh_options, flow_options
+from taehv_console.core.flow.options import EnvError, FlowOptions
+from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode
 
 # name -> (module, one-line help). Order is the order `--help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,47 +41,79 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _top_level(add_help: bool = True) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(
-        prog="taehv-console",
+        prog="taehv-console", add_help=add_help,
         description="Train TAEHV with DeepSpeed across GPU nodes: detect, check, plan, launch, watch.",
     )
     parser.add_argument("--no-tui", action="store_true",
                         help="run the whole flow headless (containers, CI): detect, preflight, launch or attach, "
                              "progress until the run ends")
     # the headless flow's options live on the top level: `taehv-console --no-tui --hosts FILE ...`
-    from taehv_console.commands.detect import add_ssh_options
-    from taehv_console.headless import EXIT_CODES_HELP, add_launch_options
-
     add_launch_options(parser)
     add_ssh_options(parser)
     parser.add_argument("--theme", metavar="NAME",
                         help="console colour theme: dark (default), light, high-contrast, or a file's name in "
                              "~/.config/taehv-console/themes/; NO_COLOR is respected")
     parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand a command line names, as argparse reads it (options' values are skipped)."""
+    parser, sub = _top_level(add_help=False)
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    try:
+        return parser.parse_known_args(argv)[0].command
+    except SystemExit:
+        return None  # a wrong top-level option: the full parse below reports it
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, with `command`'s own options registered (every command's when
+    command is "*", as documentation tools want)."""
+    parser, sub = _top_level()
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.register(p)
-        p.set_defaults(_run=module.run)
+        if command in (name, "*"):
+            module = importlib.import_module(module_name)
+            module.register(p)
+            p.set_defaults(_run=module.run)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def console_options(argv: list[str]) -> tuple[FlowOptions, str | None]:
+    """The flow's options and the theme of a `taehv-console [options]` command line (the TUI's
+    and tests' way in). SystemExit for a wrong command line, as argparse does."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return flow_options(args), args.theme
+    except EnvError as err:
+        parser.error(str(err))  # exits with status 2
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(chosen_command(argv)).parse_args(argv)
     run = getattr(args, "_run", None)
-    if run is None:
-        if args.no_tui:
-            from taehv_console import headless
+    if run is not None:
+        return int(run(args) or 0)
+    try:
+        options = flow_options(args)
+    except EnvError as err:
+        print(f"taehv-console: {err}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    if args.no_tui:
+        from taehv_console import headless
 
-            return headless.run(args)
-        # the console (Textual) is imported on this path only: --help and subcommands stay light
-        from taehv_console.ui.app import run_console
+        return headless.run(options, json_mode=args.json)
+    # the console (Textual) is imported on this path only: --help and subcommands stay light
+    from taehv_console.ui.app import run_console
 
-        return run_console(args)
-    return int(run(args) or 0)
+    return run_console(options, theme=args.theme)
 
 
 if __name__ == "__main__":

@@ -10,74 +10,38 @@ Progress: a rich progress bar when stdout is a terminal, timestamped lines other
 logs), and with --json one JSON object per line (trainer events as they are, plus the console's
 own `phase`, `note` and a final `result`).
 
-Nothing heavy is imported at module level: `taehv-console --help` imports this file.
+Imported on the --no-tui path and by the commands that follow a run, not by `taehv-console --help`
+(its exit codes live in exit_codes.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import enum
+import dataclasses
 import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
-
-class ExitCode(enum.IntEnum):
-    """How `taehv-console --no-tui` (and attach/resume) ended. An API: scripts match on it."""
-
-    DONE = 0  # every rank reached max_steps; final weights written
-    TRAINING_FAILED = 1  # a rank or launcher failed; state.json names the node and rank
-    USAGE = 2  # the command line, a config or the environment is wrong (argparse uses 2 too)
-    PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
-    STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
-    BUSY = 5  # another console controls the run, or it is already running (attach instead)
-    INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
-
-
-def exit_code_for(phase: Any) -> ExitCode:
-    value = getattr(phase, "value", phase)
-    return {"done": ExitCode.DONE, "stopped": ExitCode.STOPPED, "failed": ExitCode.TRAINING_FAILED}.get(
-        value, ExitCode.TRAINING_FAILED)
-
-
-EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
-
-
-# ----------------------------------------------------------------------------------- arguments
-
-def add_launch_options(parser: argparse.ArgumentParser) -> None:
-    """Options of the headless flow (also shown in `taehv-console --help`)."""
-    g = parser.add_argument_group("headless run (--no-tui)")
-    g.add_argument("--hosts", metavar="FILE", help="DeepSpeed hostfile ('host slots=N' per line): launch over SSH")
-    g.add_argument("--preset", default="auto", metavar="NAME|PATH|auto",
-                   help="preset, or a run's run.toml (a platform pod's run); default auto")
-    g.add_argument("--data", metavar="DIR", help="data source (sets data.source); without it and without GPUs "
-                                                 "the cpu-smoke preset trains on generated clips")
-    g.add_argument("--runs", metavar="DIR", default="runs", help="runs directory on shared storage (default ./runs)")
-    g.add_argument("--run", metavar="RUN", help="an existing run directory or id: attach if live, else launch it")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. optim.max_steps=100; repeatable")
-    g.add_argument("--env", dest="launch_env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment for every node's launcher; repeatable")
-    g.add_argument("--master-port", type=int, metavar="PORT", help="rendezvous port on node 0 (default: a free one)")
-    g.add_argument("--backend", choices=("auto", "local", "ssh", "platform", "slurm", "sbatch"), default="auto",
-                   help="how nodes are started (auto: from the detected topology)")
-    g.add_argument("--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint (default 120)")
-    g.add_argument("--json", action="store_true", help="stream JSON lines instead of a progress display")
-
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ValueError(f"--env {item!r}: expected KEY=VALUE with a plain variable name")
-        env[key] = value
-    return env
+from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
+from taehv_console.core.cluster.platform import TopologyError
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.config import run_config
+from taehv_console.core.flow.detect import detect
+from taehv_console.core.flow.launch import PlatformNode, PlatformRunError, launch_spec, prepare_platform_node
+from taehv_console.core.flow.options import FlowOptions
+from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
+from taehv_console.core.flow.runs import find_live_run
+from taehv_console.core.models import BackendKind
+from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
+from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
+from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  # noqa: F401 - re-exported
+from trainer import checkpoint as ckpt
+from trainer.config import ConfigError
 
 
 # --------------------------------------------------------------------------------------- views
@@ -401,11 +365,11 @@ def _fail(view: Any, code: ExitCode, message: str) -> ExitCode:
     return code
 
 
-def run(args: argparse.Namespace) -> int:
+def run(options: FlowOptions, json_mode: bool = False) -> int:
     """The whole headless flow; returns an ExitCode."""
-    view = make_view(args.json)
+    view = make_view(json_mode)
     try:
-        return int(_run(args, view))
+        return int(_run(options, view))
     except KeyboardInterrupt:
         # before `follow` took over the signals: detection, preflight or the launch itself
         return _fail(view, ExitCode.INTERRUPTED, "interrupted; a run already launched keeps running "
@@ -414,111 +378,72 @@ def run(args: argparse.Namespace) -> int:
         view.close()
 
 
-def _run(args: argparse.Namespace, view: Any) -> ExitCode:
-    from taehv_console.commands.detect import detect, ssh_settings
-    from taehv_console.core.cluster.hosts import InvalidHostError
-    from taehv_console.core.cluster.platform import TopologyError
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.lock import RunBusyError
-    from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-    from trainer.config import ConfigError
-
-    try:
-        env = parse_env(args.launch_env)
-    except ValueError as err:
-        return _fail(view, ExitCode.USAGE, str(err))
-    run_ref = args.run
-    if not run_ref and args.preset.endswith("run.toml") and os.path.isfile(args.preset):
-        run_ref = os.path.dirname(os.path.abspath(args.preset))  # a platform pod: the rendered run
-    settings = ssh_settings(args)
-    with SshPool(settings) as pool:
-        existing = None
-        if run_ref:
-            try:
-                existing = resolve_run(run_ref, args.runs)
-            except RunNotFoundError as err:
-                return _fail(view, ExitCode.USAGE, str(err))
-        try:
-            view.note("detecting the cluster")
-            topology, probes = detect(args)
-        except (TopologyError, InvalidHostError) as err:
-            return _fail(view, ExitCode.USAGE, str(err))
-        backend = args.backend if args.backend != "auto" else _backend_for(topology.source)
-        if backend is None:
-            return _fail(view, ExitCode.USAGE, "taehv-console runs once per node, not once per process: start it "
-                                               "outside torchrun/accelerate (the per-process variables are set)")
-        try:
-            # 1. a run that is already live: attach to it, never launch it twice
-            if backend != "platform":
-                candidate = existing if existing is not None and existing.has_state() else \
-                    (_live_run_on(args.runs, topology, pool) if existing is None else None)
-                if candidate is not None:
-                    code = _attach_if_live(candidate, pool, view, args, named=existing is not None)
-                    if code is not None:
-                        return code
-            # 2. preflight, config
-            cfg, chosen = _config(args, topology, probes, existing, view)
-            if backend == "sbatch":
-                # SLURM picks the nodes after submission: nothing here to check them against
-                view.note("sbatch: preflight skipped (run `taehv-console preflight` inside an allocation)")
-                return _launch_new(args, topology, cfg, backend, env, pool, view, existing)
-            report = _preflight(args, topology, probes, cfg, pool, view)
-            if not report.ok:
-                _print_findings(view, report, chosen)
-                return ExitCode.PREFLIGHT_FAILED
-            _print_findings(view, report, chosen)
-            # 3. launch
-            if backend == "platform":
-                return _platform(args, topology, cfg, existing, env, pool, view)
-            return _launch_new(args, topology, cfg, backend, env, pool, view, existing)
-        except RunBusyError as err:
-            return _fail(view, ExitCode.BUSY, str(err))
-        except ConfigError as err:
-            return _fail(view, ExitCode.USAGE, str(err))
-        except _Refused as err:
-            return _fail(view, err.code, str(err))
-
-
 class _Refused(Exception):
     def __init__(self, code: ExitCode, message: str):
         super().__init__(message)
         self.code = code
 
 
-def _backend_for(source: Any) -> str | None:
-    from taehv_console.core.models import TopologySource as S
-
-    return {S.HOSTFILE: "ssh", S.LOCAL: "local", S.SLURM: "slurm", S.PAI_DLC: "platform", S.KUBEFLOW: "platform",
-            S.NODE_ENV: "platform", S.K8S_INDEXED_JOB: "platform"}.get(source)
-
-
-def _live_run_on(runs_dir: str, topology: Any, pool: Any) -> Any:
-    """The newest run under runs_dir that is still running on these same nodes, if any: the run a
-    second `--no-tui` should attach to instead of starting another on busy machines."""
-    from taehv_console.core.run.control import probe_live
-    from taehv_console.core.run.rundir import list_runs
-    from taehv_console.core.run.state import StateError
-
-    hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
-    for run in list_runs(runs_dir)[:20]:
-        if not run.has_state():
-            continue
+def _run(options: FlowOptions, view: Any) -> ExitCode:
+    if not options.run and options.preset.endswith("run.toml") and os.path.isfile(options.preset):
+        # a platform pod: the rendered run's directory is the run
+        options = dataclasses.replace(options, run=os.path.dirname(os.path.abspath(options.preset)))
+    with SshPool(options.ssh) as pool:
+        existing = None
+        if options.run:
+            try:
+                existing = resolve_run(options.run, options.runs)
+            except RunNotFoundError as err:
+                return _fail(view, ExitCode.USAGE, str(err))
         try:
-            state, procs = probe_live(run, pool)
-        except (StateError, OSError):
-            continue
-        if state.phase.ended or tuple(state.hosts) != hosts:
-            continue
-        if any(isinstance(p, Exception) or p for p in procs.values()):
-            return run
-    return None
+            view.note("detecting the cluster")
+            found = detect(options, pool)
+        except (TopologyError, InvalidHostError, HostfileError) as err:
+            return _fail(view, ExitCode.USAGE, str(err))
+        topology, probes = found.topology, found.probes
+        backend = backend_for(options, topology)
+        if backend is None:
+            return _fail(view, ExitCode.USAGE, NOT_PER_PROCESS)
+        try:
+            # 1. a run that is already live: attach to it, never launch it twice
+            if backend is not BackendKind.PLATFORM:
+                candidate = existing if existing is not None and existing.has_state() else None
+                if existing is None:
+                    hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
+                    live = find_live_run(options.runs, pool, hosts=hosts)
+                    candidate = RunDir(Path(live.path)) if live is not None else None
+                if candidate is not None:
+                    code = _attach_if_live(candidate, pool, view, options, named=existing is not None)
+                    if code is not None:
+                        return code
+            # 2. config, preflight
+            chosen = run_config(options, topology, probes, existing, view.note)
+            if backend is BackendKind.SBATCH:
+                # SLURM picks the nodes after submission: nothing here to check them against
+                view.note("sbatch: preflight skipped (run `taehv-console preflight` inside an allocation)")
+                spec = launch_spec(options, topology, backend, options.master_port or 29500, pool)
+                return _launch_new(options, chosen.config, spec, pool, view, existing)
+            checked = preflight(options, topology, probes, chosen, pool, view.note)
+            _print_findings(view, checked.report, checked.chosen)
+            if not checked.report.ok:
+                return ExitCode.PREFLIGHT_FAILED
+            # 3. launch
+            if backend is BackendKind.PLATFORM:
+                node = prepare_platform_node(options, topology, checked.config, existing, checked.master_port)
+                return _platform(node, options, pool, view)
+            spec = launch_spec(options, topology, backend, checked.master_port, pool)
+            return _launch_new(options, checked.config, spec, pool, view, existing)
+        except RunBusyError as err:
+            return _fail(view, ExitCode.BUSY, str(err))
+        except (ConfigError, PlatformRunError) as err:
+            return _fail(view, ExitCode.USAGE, str(err))
+        except _Refused as err:
+            return _fail(view, err.code, str(err))
 
 
-def _attach_if_live(run: Any, pool: Any, view: Any, args: argparse.Namespace, named: bool) -> ExitCode | None:
+def _attach_if_live(run: RunDir, pool: SshPool, view: Any, options: FlowOptions, named: bool) -> ExitCode | None:
     """Attach when the run's processes are alive (RunBusyError when another console has it);
     None when the run should be launched (not live, never started)."""
-    from taehv_console.core.run.control import RunController
-
     ctrl = RunController.open(run, pool, purpose="attach (--no-tui)")
     try:
         if ctrl.attempt is None:
@@ -529,76 +454,9 @@ def _attach_if_live(run: Any, pool: Any, view: Any, args: argparse.Namespace, na
                 return report_ended(ctrl, view)
             return None
         view.note(f"{run.run_id} is running: attaching to it instead of launching")
-        return follow(ctrl, view, args.grace)
+        return follow(ctrl, view, options.grace_s)
     finally:
         ctrl.close()
-
-
-def _config(args: argparse.Namespace, topology: Any, probes: Any, existing: Any, view: Any) -> tuple[Any, str]:
-    """The run's config: an existing run's run.toml, else --preset/auto with --set and --data;
-    a CPU config without data gets generated clips (the embedded default)."""
-    from taehv_console.commands.preflight import choose_config
-
-    if existing is not None:
-        cfg = existing.load_config()
-        return cfg, f"run {existing.run_id} ({existing.run_toml})"
-    cfg, chosen = choose_config(args, topology, probes)
-    if not cfg.data.source and not args.data and cfg.topology.device == "cpu":
-        clips = _generated_clips(args.runs, cfg, view)
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": clips})})
-        chosen += f"; no GPU and no --data: training on generated clips in {clips}"
-    return cfg, chosen
-
-
-def _generated_clips(runs_dir: str, cfg: Any, view: Any) -> str:
-    """Real video files for the smoke preset, made once per size under the runs directory (shared
-    storage, so every node reads the same clips) and reused by later runs."""
-    from pathlib import Path
-
-    d = cfg.data
-    folder = Path(runs_dir).absolute() / "generated-clips" / f"{d.frames}x{d.height}x{d.width}"
-    done = folder / ".complete"
-    if not done.exists():
-        from trainer.synthetic import make_synthetic
-
-        view.note(f"generating demo clips in {folder}")
-        # enough frames for the largest frame step, and enough clips for a validation split
-        make_synthetic(folder, clips=12, frames=d.frames * d.max_delta + 4, height=d.height, width=d.width, seed=0)
-        done.write_text("")
-    return str(folder)
-
-
-def _preflight(args: argparse.Namespace, topology: Any, probes: Any, cfg: Any, pool: Any, view: Any) -> Any:
-    from taehv_console.core.cluster.preflight import PreflightOptions, run_preflight
-
-    if args.master_port:
-        port = args.master_port
-    elif topology.source.value in ("local", "hostfile"):
-        port = _free_port(topology, pool)
-    else:
-        port = topology.master_port  # the platform's MASTER_PORT: every pod uses the same one
-    args.master_port = port
-    options = PreflightOptions(runs_dir=args.runs, data_source=cfg.data.source, master_port=port)
-    return run_preflight(topology, cfg, pool, options, progress=view.note, probes=probes)
-
-
-def _free_port(topology: Any, pool: Any, first: int | None = None) -> int:
-    """The topology's port (29500 unless MASTER_PORT says otherwise) if node 0 has it free, else
-    the next free one: a laptop or a shared head node often has 29500 taken."""
-    from taehv_console.core.cluster.preflight import NODECHECK
-
-    port = first or topology.master_port
-    host = topology.hosts[0] if topology.uses_ssh else "localhost"
-    runner = pool.runner(host)
-    for candidate in range(port, port + 50):
-        try:
-            res = runner.run([runner.python, "-m", NODECHECK, "port-free", "--port", str(candidate)], timeout=30)
-            answer = json.loads(res.stdout.strip().splitlines()[-1])
-        except Exception:  # noqa: BLE001 - preflight reports an unreachable node properly
-            return port
-        if answer.get("free"):
-            return candidate
-    return port
 
 
 def _print_findings(view: Any, report: Any, chosen: str) -> None:
@@ -615,33 +473,14 @@ def _print_findings(view: Any, report: Any, chosen: str) -> None:
         view.note(f"preflight: {len(report.errors)} error(s); nothing was started")
 
 
-def _launch_new(args: argparse.Namespace, topology: Any, cfg: Any, backend: str, env: dict[str, str], pool: Any,
-                view: Any, existing: Any) -> ExitCode:
-    from taehv_console.core.cluster.ssh import resolve_target
-    from taehv_console.core.run.control import (
-        LaunchError,
-        LaunchSpec,
-        RunController,
-        RunLiveError,
-        create_run,
-    )
-
-    if backend == "ssh":
-        hosts = tuple(topology.hosts)
-        first = hosts[0]
-        master = first if first in ("localhost", "127.0.0.1") else resolve_target(first, pool.settings).hostname
-    elif backend == "local":
-        hosts, master = ("localhost",), "127.0.0.1"
-    else:  # slurm / sbatch
-        hosts, master = tuple(topology.hosts), topology.master_addr
-    spec = LaunchSpec(backend=backend, hosts=hosts, master_addr=master, master_port=args.master_port or 29500,
-                      env=env)
-    run = create_run(args.runs, cfg, spec, run=existing)
+def _launch_new(options: FlowOptions, cfg: Any, spec: LaunchSpec, pool: SshPool, view: Any,
+                existing: RunDir | None) -> ExitCode:
+    run = create_run(options.runs, cfg, spec, run=existing)
     view.note(f"run {run.run_id} in {run.path}")
     ctrl = RunController.open(run, pool, purpose="launch (--no-tui)")
     try:
-        if args.grace:
-            ctrl.grace_s = args.grace  # before the launch: torchrun's own shutdown wait follows it
+        if options.grace_s:
+            ctrl.grace_s = options.grace_s  # before the launch: torchrun's own shutdown wait follows it
         try:
             ctrl.launch()
         except RunLiveError as err:
@@ -651,58 +490,21 @@ def _launch_new(args: argparse.Namespace, topology: Any, cfg: Any, backend: str,
             return report_outcome(ctrl, ctrl.outcome(), view)
         for line in ctrl.backend.describe(ctrl.attempt):
             view.note(line)
-        return follow(ctrl, view, args.grace)
+        return follow(ctrl, view, options.grace_s)
     finally:
         ctrl.close()
 
 
-def _platform(args: argparse.Namespace, topology: Any, cfg: Any, existing: Any, env: dict[str, str], pool: Any,
-              view: Any) -> ExitCode:
+def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: Any) -> ExitCode:
     """A pod/container: launch this node (machine rank = the platform's node index); node 0 also
     records the run's state and reports on every node, the others follow their own node."""
-    import dataclasses
-
-    from taehv_console.core.plan.render import RenderOptions, accelerate_config_name, render_accelerate_yaml
-    from taehv_console.core.run.control import LaunchError, RunController
-    from taehv_console.core.run.rundir import create_run_dir
-    from taehv_console.core.run.state import Phase, RunState
-
-    rank = topology.this_node_rank or 0
-    nodes = topology.node_count
-    if nodes > 1 and existing is None:
-        raise _Refused(ExitCode.USAGE, f"{topology.source.value}: node {rank} of {nodes}: every pod must name the "
-                                       "same run: --run DIR on shared storage, or --preset DIR/run.toml as the "
-                                       "rendered Kubernetes Job does")
-    if cfg.topology.nodes != nodes:
-        raise _Refused(ExitCode.USAGE, f"the run's config has {cfg.topology.nodes} node(s) but the platform started "
-                                       f"{nodes}: render the run for {nodes} node(s)")
-    run = existing or create_run_dir(args.runs, cfg.run.preset)
-    run.logs.mkdir(parents=True, exist_ok=True)
-    if existing is None:
-        from trainer.config import config_to_toml
-
-        run.run_toml.write_text(config_to_toml(cfg))
-    # this node's accelerate config, with the master the platform gave (a temp name of our own:
-    # every pod writes into the same shared directory)
-    opts = RenderOptions(run_dir=str(run.path), main_process_ip=topology.master_addr,
-                         main_process_port=args.master_port or topology.master_port)
-    target = run.path / accelerate_config_name(rank)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(render_accelerate_yaml(cfg, rank, opts))
-    os.replace(tmp, target)
-    state = RunState(run_id=run.run_id, phase=Phase.CREATED, backend="platform", hosts=(),
-                     master_addr=topology.master_addr, master_port=opts.main_process_port, created=time.time(),
-                     env=tuple(sorted(env.items())), controlled=(rank,))
-    if rank == 0 and run.has_state():
-        state = dataclasses.replace(run.read_state(), controlled=(0,), backend="platform")
+    run, rank = node.run, node.rank
     ctrl = RunController.open(run, pool, purpose=f"platform node {rank}",
-                              lock_name=None if rank == 0 else f"lock.node-{rank}", state=state)
+                              lock_name=None if rank == 0 else f"lock.node-{rank}", state=node.state)
     try:
-        if args.grace:
-            ctrl.grace_s = args.grace
+        if options.grace_s:
+            ctrl.grace_s = options.grace_s
         resume = None
-        from trainer import checkpoint as ckpt
-
         if ckpt.scan(run.checkpoints).newest is not None:
             resume = "latest"  # a re-run Job continues where the last one stopped
             view.note("resuming from the newest complete checkpoint")
@@ -711,8 +513,8 @@ def _platform(args: argparse.Namespace, topology: Any, cfg: Any, existing: Any, 
         except LaunchError as err:
             view.note(f"launch failed: {err}")
             return report_outcome(ctrl, ctrl.outcome(), view)
-        view.note(f"node {rank} of {nodes} started (machine rank {rank}, master {opts.main_process_ip}:"
-                  f"{opts.main_process_port})")
-        return follow(ctrl, view, args.grace)
+        view.note(f"node {rank} of {node.nodes} started (machine rank {rank}, master {node.master_addr}:"
+                  f"{node.master_port})")
+        return follow(ctrl, view, options.grace_s)
     finally:
         ctrl.close()

@@ -88,7 +88,9 @@ class LoopbackSshd:
         self.hosts: list[SshdHost] = []
         self._proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20.0) -> LoopbackSshd:
+    def start(self, timeout: float = 20.0, port: int | None = None) -> LoopbackSshd:
+        """`port`: listen there (a test that replaces one server by another on the same
+        address and port); default a port free on every address."""
         sshd = find_sshd()
         if sshd is None:
             raise RuntimeError("sshd not found: install openssh-server (.ci/run does)")
@@ -101,7 +103,7 @@ class LoopbackSshd:
         if os.geteuid() == 0:
             # sshd's privilege separation needs this directory; it is root's to create.
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        self.port = _port_free_on(self.addresses)
+        self.port = port or _port_free_on(self.addresses)
         config = self.dir / "sshd_config"
         config.write_text("\n".join([
             *(f"ListenAddress {a}:{self.port}" for a in self.addresses),

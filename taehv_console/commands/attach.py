@@ -11,28 +11,26 @@ from __future__ import annotations
 import argparse
 import sys
 
+from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.status import add_run_arguments
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.runs import newest_unended_run
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.rundir import RunNotFoundError
+from taehv_console.core.run.state import StateError
+from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view, report_ended
+
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from taehv_console.commands.status import add_run_arguments
-    from taehv_console.headless import EXIT_CODES_HELP
-
     add_run_arguments(parser, "default: the newest running run")
     parser.add_argument("--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint")
     parser.epilog = EXIT_CODES_HELP
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.commands.detect import ssh_settings
-    from taehv_console.commands.status import pick_run
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.control import RunController
-    from taehv_console.core.run.lock import RunBusyError
-    from taehv_console.core.run.rundir import RunNotFoundError
-    from taehv_console.core.run.state import StateError
-    from taehv_console.headless import ExitCode, follow, make_view, report_ended
-
     try:
-        target = pick_run(args, prefer_live=True)
+        target = newest_unended_run(args.run, args.runs)
     except RunNotFoundError as err:
         print(f"taehv-console attach: {err}", file=sys.stderr)
         return ExitCode.USAGE

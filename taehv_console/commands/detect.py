@@ -1,40 +1,20 @@
-"""`taehv-console detect`: which topology source applies and the facts of every node.
-
-Also home of the SSH options `preflight` and `trust` share. Nothing heavy is imported at module
-level: `taehv-console --help` imports this file.
-"""
+"""`taehv-console detect`: which topology source applies and the facts of every node."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
 from typing import Any
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+from rich.console import Console
+from rich.table import Table
 
-
-def add_ssh_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("SSH")
-    g.add_argument("--ssh-config", metavar="FILE", help="ssh client config (default ~/.ssh/config, $TAEHV_SSH_CONFIG)")
-    g.add_argument("--known-hosts", metavar="FILE",
-                   help="known_hosts file (default ~/.ssh/known_hosts, $TAEHV_KNOWN_HOSTS)")
-    g.add_argument("--python", metavar="PATH",
-                   help="the nodes' python with taehv-console installed (default: this console's, "
-                        "$TAEHV_REMOTE_PYTHON)")
-    g.add_argument("--connect-timeout", type=float, metavar="S", help="seconds to connect to a node (default 10)")
-    g.add_argument("--parallel", type=int, metavar="N", help="nodes contacted at once (default 64)")
-
-
-def ssh_settings(args: argparse.Namespace):
-    from taehv_console.core.cluster.ssh import SshSettings
-
-    return SshSettings.from_env(
-        config_path=getattr(args, "ssh_config", None), known_hosts_path=getattr(args, "known_hosts", None),
-        python=getattr(args, "python", None), connect_timeout_s=getattr(args, "connect_timeout", None),
-        max_parallel=getattr(args, "parallel", None),
-    )
+from taehv_console.commands.options import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_ssh_options, flow_options
+from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
+from taehv_console.core.cluster.platform import TopologyError
+from taehv_console.core.flow.detect import detect
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -45,36 +25,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_ssh_options(parser)
 
 
-def detect(args: argparse.Namespace):
-    """(topology, probe results) for the command line's hosts/env; raises TopologyError."""
-    from taehv_console.core.cluster.gather import node_path, probe_hosts
-    from taehv_console.core.cluster.platform import detect_topology
-    from taehv_console.core.cluster.probe import probe_node
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.models import ProbeResult
-
-    settings = ssh_settings(args)
-    paths = {k: node_path(v) for k, v in (("runs", getattr(args, "runs", None)),
-                                          ("data", getattr(args, "data", None))) if v}
-    if args.hosts:
-        topology = detect_topology(os.environ, args.hosts)
-        with SshPool(settings) as pool:
-            return topology, probe_hosts(topology.hosts, pool, paths)
-    # This machine is probed in-process: no subprocess, and its clock is ours by definition.
-    facts = probe_node(paths)
-    local = ProbeResult(host="localhost", facts=facts, seconds=facts.probe_seconds, clock_offset_s=0.0)
-    return detect_topology(os.environ, None, local_gpus=facts.visible_gpu_count or None), (local,)
-
-
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.core.cluster.hosts import InvalidHostError
-    from taehv_console.core.cluster.platform import TopologyError
-
+    options = dataclasses.replace(flow_options(args), runs=args.runs or "")  # no --runs: no runs path checked
     try:
-        topology, probes = detect(args)
-    except (TopologyError, InvalidHostError) as err:
+        found = detect(options)
+    except (TopologyError, InvalidHostError, HostfileError) as err:
         print(f"taehv-console detect: {err}", file=sys.stderr)
         return EXIT_USAGE
+    topology, probes = found.topology, found.probes
     if args.json:
         json.dump({"ok": all(p.ok for p in probes), "topology": topology.to_dict(),
                    "nodes": [p.to_dict() for p in probes]}, sys.stdout, indent=2)
@@ -107,9 +65,6 @@ def render_topology(console: Any, topology: Any) -> None:
 
 
 def render(topology: Any, probes: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     render_topology(console, topology)
     slots = {n.host: n.slots for n in topology.nodes}

@@ -1,7 +1,7 @@
 """`taehv-console plan`: communication, time, cost and memory figures for a preset or topology.
 
 Without --preset and topology: the comparison table of the shipped GPU presets against the 8-GPU
-baseline (the shape of the public project's table). Imports nothing heavy at module level.
+baseline (the shape of the public project's table). Imports nothing heavy (torch, Textual).
 """
 
 from __future__ import annotations
@@ -9,6 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from taehv_console.core.plan.derive import resolve_config
+from taehv_console.core.plan.planner import compare_plans, make_plan, parse_bandwidth, plan_to_dict
+from taehv_console.core.plan.presets import list_presets, load_preset
+from trainer.config import ConfigError
 
 BASELINE = "8gpu-h100"
 
@@ -35,8 +44,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.config import ConfigError
-
     try:
         return _run(args)
     except (ConfigError, ValueError) as err:
@@ -45,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
-    from taehv_console.core.plan.planner import parse_bandwidth
-
     if not 0 < args.target_comm < 1:
         raise ValueError(f"--target-comm {args.target_comm}: a fraction between 0 and 1, e.g. 0.1")
     if args.throughput is not None and args.throughput <= 0:
@@ -61,10 +66,6 @@ def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from taehv_console.core.plan.derive import resolve_config
-    from taehv_console.core.plan.planner import compare_plans, make_plan, plan_to_dict
-    from taehv_console.core.plan.presets import load_preset
-
     if args.preset is None and args.nodes is None and args.gpus_per_node is None:
         return _comparison(args)
 
@@ -95,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
             "preset": resolved.preset,
             "reasons": [{"key": r.key, "value": r.value, "reason": r.reason} for r in resolved.reasons],
             "plan": plan_to_dict(plan, row),
+            # the whole resolved configuration (what a launch would run), not only the derived keys
+            "config": cfg.model_dump(mode="json"),
             "baseline": BASELINE,
         }
         print(json.dumps(out, indent=2, default=str))
@@ -104,9 +107,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _comparison(args: argparse.Namespace) -> int:
-    from taehv_console.core.plan.planner import compare_plans, make_plan, plan_to_dict
-    from taehv_console.core.plan.presets import list_presets
-
     listing = list_presets()
     presets = [p for p in listing.presets if p.config.topology.device == "cuda"]
     plans = []
@@ -119,9 +119,6 @@ def _comparison(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"baseline": BASELINE, "plans": [plan_to_dict(r.plan, r) for r in rows]}, indent=2))
         return 0
-    from rich import box
-    from rich.table import Table
-
     table = Table(
         title=f"Time and cost to max steps, against {BASELINE}",
         title_justify="left",
@@ -180,17 +177,12 @@ def _print_shared_lines(console, label: str, per_plan: list[tuple[str, tuple[str
 
 
 def _console():
-    from rich.console import Console
-
     # piped or logged output is read in files and CI logs, not an 80-column window: keep it whole
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
 def _meta(name_or_path: str | None):
     """The [preset] table (GPU model, advised network) of a preset, when it can be read."""
-    from taehv_console.core.plan.presets import load_preset
-    from trainer.config import ConfigError
-
     if not name_or_path or name_or_path == "auto":
         return None
     try:
@@ -204,8 +196,6 @@ def _hours(h: float) -> str:
 
 
 def _print_plan(resolved, plan, row) -> None:
-    from rich.table import Table
-
     console = _console()
     c = plan.config
     t = c.topology
@@ -260,6 +250,7 @@ def _print_plan(resolved, plan, row) -> None:
             f" {'fits' if m.fits else 'DOES NOT FIT'} (at most {m.max_batch_per_gpu} clips per GPU)"
         ),
         f"              {breakdown} (GB)",
+        f"timeout       {plan.collective_timeout}",
     ]
     if plan.teacher is not None:
         from taehv_console.core.plan.planner import teacher_lines

@@ -7,9 +7,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from taehv_console.commands.detect import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_ssh_options, ssh_settings
+from rich.console import Console
+
+from taehv_console.commands.detect import render_topology
+from taehv_console.commands.options import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_ssh_options,
+    flow_options,
+)
+from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
+from taehv_console.core.cluster.platform import TopologyError
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.config import choose_config
+from taehv_console.core.flow.detect import detect
+from taehv_console.core.flow.options import EnvError
+from taehv_console.core.flow.preflight import preflight
+from trainer.config import ConfigError
+from trainer.events import atomic_write_text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +39,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", metavar="DIR", default="runs", help="runs directory (default ./runs)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. optim.batch_per_gpu=4; repeatable")
-    parser.add_argument("--master-port", type=int, metavar="PORT", help="port the run's master will use")
+    parser.add_argument("--master-port", type=int, metavar="PORT",
+                        help="port the run's master will use (default: a free one, as a launch picks)")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also measure all-reduce bandwidth between the nodes (a few seconds)")
     parser.add_argument("--bandwidth-mb", type=float, default=64.0, metavar="MB",
@@ -31,89 +51,33 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_ssh_options(parser)
 
 
-def choose_config(args: argparse.Namespace, topology: Any, probes: Any) -> tuple[Any, str]:
-    """(TrainConfig, how it was chosen) for --preset, --set and --data on this cluster."""
-    from taehv_console.core.plan.derive import auto_select
-    from taehv_console.core.plan.presets import load_preset
-
-    overrides = list(args.overrides)
-    if args.data:
-        overrides.append(f"data.source={json.dumps(args.data)}")
-    if args.preset != "auto":
-        preset = load_preset(args.preset, overrides=overrides)
-        return preset.config, f"preset {preset.name} ({preset.path})"
-    facts = [p.facts for p in probes if p.facts is not None]
-    gpus = [f.visible_gpu_count for f in facts]
-    device = "cuda" if facts and all(gpus) else "cpu"
-    slots = [n.slots for n in topology.nodes if n.slots]
-    if device == "cuda":
-        per_node = min(gpus)
-        if slots:
-            per_node = min(per_node, min(slots))
-        if topology.processes_per_node:
-            per_node = min(per_node, topology.processes_per_node)
-        g = facts[0].visible_gpus[0]
-        resolved = auto_select(topology.node_count, per_node, device="cuda", gpu_name=g.name,
-                               gpu_memory_gb=round(min(x.memory_gb for f in facts for x in f.visible_gpus)
-                                                   * 1.073741824, 1), overrides=overrides)
-    else:
-        per_node = min(slots) if slots else (topology.processes_per_node or 2)
-        resolved = auto_select(topology.node_count, per_node, device="cpu", overrides=overrides)
-    return resolved.config, f"auto: {resolved.summary}"
-
-
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.commands.detect import detect
-    from taehv_console.core.cluster.hosts import InvalidHostError
-    from taehv_console.core.cluster.platform import TopologyError
-    from taehv_console.core.cluster.preflight import PreflightOptions, run_preflight
-    from taehv_console.core.cluster.ssh import SshPool
-    from trainer.config import ConfigError
-
     try:
-        topology, probes = detect(args)  # probes runs/data paths too, so preflight can reuse them
-        cfg, chosen = choose_config(args, topology, probes)
-    except (TopologyError, InvalidHostError, ConfigError) as err:
+        options = flow_options(args)
+        # detection probes the runs/data paths too, so preflight reuses those probes
+        found = detect(options)
+        chosen = choose_config(options, found.topology, found.probes)
+    except (TopologyError, InvalidHostError, HostfileError, ConfigError, EnvError) as err:
         print(f"taehv-console preflight: {err}", file=sys.stderr)
         return EXIT_USAGE
-    options = PreflightOptions(runs_dir=args.runs, data_source=cfg.data.source, master_port=args.master_port,
-                               bandwidth=args.bandwidth, bandwidth_megabytes=args.bandwidth_mb,
-                               assumed_gbps=_assumed_gbps(cfg))
     say = None if args.json else (lambda msg: print(f"… {msg}", file=sys.stderr))
-    with SshPool(ssh_settings(args)) as pool:
-        report = run_preflight(topology, cfg, pool, options, progress=say, probes=probes)
+    with SshPool(options.ssh) as pool:
+        result = preflight(options, found.topology, found.probes, chosen, pool, say, bandwidth=args.bandwidth,
+                           bandwidth_megabytes=args.bandwidth_mb)
+    report = result.report
     if args.report:
-        from pathlib import Path
-
-        from trainer.events import atomic_write_text
-
-        atomic_write_text(Path(args.report), json.dumps({**report.to_dict(), "config": chosen}, indent=2) + "\n")
+        atomic_write_text(Path(args.report), json.dumps({**report.to_dict(), "config": result.chosen,
+                                                         "master_port": result.master_port}, indent=2) + "\n")
     if args.json:
-        json.dump({**report.to_dict(), "config": chosen}, sys.stdout, indent=2)
+        json.dump({**report.to_dict(), "config": result.chosen, "master_port": result.master_port},
+                  sys.stdout, indent=2)
         print()
     else:
-        render(report, chosen)
+        render(report, result.chosen)
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
-def _assumed_gbps(cfg: Any) -> float:
-    """The inter-node link (Gbit/s) the plan assumed: the preset's `network` note (e.g. '25Gbit'),
-    else the planner's default for a multi-node run."""
-    from taehv_console.core.plan.planner import INTER_NODE_DEFAULT, parse_bandwidth
-    from taehv_console.core.plan.presets import load_preset
-    from trainer.config import ConfigError
-
-    try:
-        return parse_bandwidth(load_preset(cfg.run.preset).meta.network) / 1e9
-    except (ConfigError, ValueError):  # a custom config, or a preset without a network note
-        return parse_bandwidth(INTER_NODE_DEFAULT) / 1e9
-
-
 def render(report: Any, chosen: str) -> None:
-    from rich.console import Console
-
-    from taehv_console.commands.detect import render_topology
-
     # unwrapped when written to a file (an sbatch job's node log): a finding stays one line to grep,
     # and a path is never cut in two
     console = Console(soft_wrap=not sys.stdout.isatty())

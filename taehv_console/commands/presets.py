@@ -1,6 +1,6 @@
 """`taehv-console presets`: list the shipped and user presets (a table, or --json).
 
-Nothing heavy at module level: this module is imported whenever `taehv-console --help` runs.
+Nothing heavy (torch, Textual) is imported: `taehv-console --help` imports this module.
 """
 
 from __future__ import annotations
@@ -8,6 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from taehv_console.core.plan.presets import list_presets, user_preset_dir
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +43,6 @@ def preset_to_dict(p) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.core.plan.presets import list_presets, user_preset_dir
-
     listing = list_presets()
     # smallest world first, CPU presets last: the order a reader compares them in
     ordered = sorted(
@@ -58,9 +61,6 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        from rich.console import Console
-        from rich.table import Table
-
         table = Table(title="Presets", title_justify="left")
         for col in ("name", "topology", "GPU", "batch", "LR", "ZeRO", "clip", "description"):
             table.add_column(col, no_wrap=col != "description")

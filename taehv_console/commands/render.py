@@ -1,6 +1,6 @@
 """`taehv-console render`: write the launch files of a preset (or a derived config) into a folder.
 
-Imports nothing heavy at module level (this module is imported by `taehv-console --help`).
+Imports nothing heavy (torch, Textual): `taehv-console --help` imports this module.
 """
 
 from __future__ import annotations
@@ -9,6 +9,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from taehv_console.core.cluster.hosts import read_hostfile
+from taehv_console.core.plan.derive import resolve_config
+from taehv_console.core.plan.render import RenderOptions, write_launch_files
+from trainer.config import ConfigError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +39,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.config import ConfigError
-
     try:
         return _run(args)
     except (ConfigError, ValueError) as err:
@@ -47,10 +50,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from taehv_console.core.cluster.hosts import read_hostfile
-    from taehv_console.core.plan.derive import resolve_config
-    from taehv_console.core.plan.render import RenderOptions, write_launch_files
-
     hosts: tuple[str, ...] = ()
     nodes, gpus = args.nodes, args.gpus_per_node
     if args.hosts:

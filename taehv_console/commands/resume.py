@@ -12,13 +12,27 @@ Exit status: the headless ExitCode (0 done, 1 failed, 2 usage or nothing to resu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+
+from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.status import add_run_arguments
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.options import EnvError, parse_env
+from taehv_console.core.run.control import (
+    LaunchError,
+    NothingToResumeError,
+    RunController,
+    RunLiveError,
+    WorldSizeChangedError,
+)
+from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
+from taehv_console.core.run.state import StateError
+from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view, report_outcome
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from taehv_console.commands.status import add_run_arguments
-    from taehv_console.headless import EXIT_CODES_HELP
-
     add_run_arguments(parser, "default: the newest run")
     parser.add_argument("--weights-only", action="store_true",
                         help="load the checkpoint's weights with a fresh optimizer (e.g. at another world size)")
@@ -34,31 +48,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from taehv_console.commands.detect import ssh_settings
-    from taehv_console.commands.status import pick_run
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.control import (
-        LaunchError,
-        NothingToResumeError,
-        RunController,
-        RunLiveError,
-        WorldSizeChangedError,
-    )
-    from taehv_console.core.run.lock import RunBusyError
-    from taehv_console.core.run.rundir import RunNotFoundError
-    from taehv_console.core.run.state import StateError
-    from taehv_console.headless import ExitCode, follow, make_view, parse_env, report_outcome
-
     def fail(code: ExitCode, message: str) -> int:
         print(f"taehv-console resume: {message}", file=sys.stderr)
         return int(code)
 
     try:
-        target = pick_run(args, prefer_live=False)
+        target = resolve_run(args.run, args.runs)
         extra_env = parse_env(args.launch_env)
-    except (RunNotFoundError, ValueError) as err:
+    except (RunNotFoundError, EnvError) as err:
         return fail(ExitCode.USAGE, str(err))
     view = make_view(args.json)
     try:

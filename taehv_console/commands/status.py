@@ -12,30 +12,15 @@ import json
 import sys
 from typing import Any
 
+from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.core.flow.runs import any_alive
+
 
 def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    from taehv_console.commands.detect import add_ssh_options
-
     parser.add_argument("run", nargs="?", metavar="RUN", help=f"run directory or id ({what})")
     parser.add_argument("--runs", default="runs", metavar="DIR", help="runs directory (default ./runs)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     add_ssh_options(parser)
-
-
-def pick_run(args: argparse.Namespace, prefer_live: bool) -> Any:
-    """RUN as given, else the newest run whose state is not ended (prefer_live), else the newest."""
-    from taehv_console.core.run.rundir import list_runs, resolve_run
-    from taehv_console.core.run.state import StateError
-
-    if args.run or not prefer_live:
-        return resolve_run(args.run, args.runs)
-    for run in list_runs(args.runs):
-        try:
-            if run.has_state() and not run.read_state().phase.ended:
-                return run
-        except StateError:
-            continue
-    return resolve_run(None, args.runs)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +31,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.commands.detect import ssh_settings
     from taehv_console.core.cluster.ssh import SshPool
     from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
     from taehv_console.core.run.state import StateError
@@ -131,7 +115,7 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
     if live and check:
         alive = {n: (str(p) if isinstance(p, Exception) else list(p)) for n, p in procs.items()}
         info["alive"] = alive
-        info["live"] = any(isinstance(p, Exception) or p for p in procs.values())
+        info["live"] = any_alive(procs)
     if brief:
         return info
     plain = view.to_dict()

@@ -12,26 +12,25 @@ import argparse
 import json
 import sys
 
+from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.status import add_run_arguments
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.runs import newest_unended_run
+from taehv_console.core.run.control import ControlError, request_stop
+from taehv_console.core.run.rundir import RunNotFoundError
+from taehv_console.core.run.state import StateError
+from taehv_console.headless import make_view
+
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from taehv_console.commands.status import add_run_arguments
-
     add_run_arguments(parser, "default: the newest running run")
     parser.add_argument("--grace", type=float, metavar="S",
                         help="seconds to wait for the checkpoint before SIGKILL (default: 120)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.commands.detect import ssh_settings
-    from taehv_console.commands.status import pick_run
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.control import ControlError, request_stop
-    from taehv_console.core.run.rundir import RunNotFoundError
-    from taehv_console.core.run.state import StateError
-    from taehv_console.headless import make_view
-
     try:
-        target = pick_run(args, prefer_live=True)
+        target = newest_unended_run(args.run, args.runs)
     except RunNotFoundError as err:
         print(f"taehv-console stop: {err}", file=sys.stderr)
         return 2

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taehv_console.commands.detect import add_ssh_options, ssh_settings
+from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
+from taehv_console.core.cluster.ssh import SshError, SshSettings, sha256_fingerprint
+from taehv_console.core.flow.trust import TrustOutcome, offer_host_key, trust_offered_key
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -27,43 +30,37 @@ def _ask(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def trust_one(host: str, settings, *, yes: bool, replace: bool) -> int:
-    from taehv_console.core.cluster.ssh import add_known_host, fetch_host_key, known_keys, sha256_fingerprint
-
-    target, key = fetch_host_key(host, settings)
-    fp = sha256_fingerprint(key)
+def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> int:
+    offer = offer_host_key(host, settings)
     where = settings.known_hosts
-    print(f"{host} ({target.hostname} port {target.port}) presents {key.get_name()} {fp}")
-    known = known_keys(settings, target.known_name)
-    same = known.get(key.get_name())
-    if same is not None and same == key:
+    print(offer.line)
+    if offer.already_trusted:
         print(f"  already trusted in {where}")
         return 0
-    changed = same is not None
-    if changed:
-        print(f"  WARNING: {where} holds a different {key.get_name()} key for {target.known_name}: "
-              f"{sha256_fingerprint(same)}")
+    if offer.changed:
+        print(f"  WARNING: {where} holds a different {offer.key_type} key for {offer.target.known_name}: "
+              f"{sha256_fingerprint(offer.known)}")
         if not replace:
             print("  refused: a changed host key means a reinstalled node or someone in the middle. "
                   "Check with the node's admin, then rerun with --replace.")
             return 1
-    elif known:
-        print(f"  {where} has other key types for it ({', '.join(known)}); this one is new")
+    elif offer.other_types:
+        print(f"  {where} has other key types for it ({', '.join(offer.other_types)}); this one is new")
     else:
         print(f"  not in {where}")
-    print(f"  compare with the node's own: ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub")
-    if not yes and not _ask(f"Add this key for {target.known_name} to {where}? [y/N]"):
+    print(f"  compare with the node's own: ssh-keygen -lf /etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub")
+    if not yes and not _ask(f"Add this key for {offer.target.known_name} to {where}? [y/N]"):
         print("  not added")
         return 1
-    add_known_host(where, target.known_name, key, replace=changed)
-    print(f"  added {target.known_name} to {where}")
+    outcome = trust_offered_key(offer, settings, replace=replace)
+    if outcome is TrustOutcome.REFUSED_CHANGED:
+        print(f"  refused: {where} gained a different key for {offer.target.known_name} meanwhile; run again")
+        return 1
+    print(f"  added {offer.target.known_name} to {where}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
-    from taehv_console.core.cluster.ssh import SshError
-
     hosts = list(args.host)
     try:
         if args.hosts:

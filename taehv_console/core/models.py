@@ -155,6 +155,22 @@ def _only(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in known}
 
 
+class BackendKind(str, enum.Enum):
+    """How a run's nodes are started; state.json stores the value (a str enum: a kind read back
+    compares equal to the member). The controller and the flow dispatch on this, never on strings."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    PLATFORM = "platform"  # one pod per node, each starting its own (Kubernetes, PAI-DLC ...)
+    SLURM = "slurm"  # inside an allocation: srun starts every node
+    SBATCH = "sbatch"  # from a login node: the submitted job is the launcher
+
+    @property
+    def slurm(self) -> bool:
+        """SLURM starts every node: this console expects every node's exit status."""
+        return self in (BackendKind.SLURM, BackendKind.SBATCH)
+
+
 class TopologySource(str, enum.Enum):
     """Where the list of nodes came from, in the order detection tries them."""
 

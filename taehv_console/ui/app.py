@@ -1,24 +1,32 @@
 """The Textual app: start-up (attach to a live run, or the wizard), the run this console controls
 (launch, follow, stop, resume, attach, all in thread workers over core), themes and keymap.
 
-`make_app()` builds it for the CLI and the tests alike. Screens read the newest values from the
-app (`cluster_state`, `console_phase`, `run_entries`) and draw them; they never do I/O.
+`make_app()` builds it for the CLI and the tests alike, from the flow's options (core's
+FlowOptions: the app never sees the command line). Screens read the newest values from the app
+(`cluster_state`, `console_phase`, `run_entries`) and draw them; they never do I/O.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import var
+from textual.theme import BUILTIN_THEMES
 from textual.worker import Worker, WorkerState
 
+from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.flow.options import FlowOptions
+from taehv_console.core.flow.runs import find_live_run, list_run_entries
+from taehv_console.core.run.control import ControlError
+from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
+from taehv_console.core.run.state import StateError
 from taehv_console.ui.commands import ConsoleCommands
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
 from taehv_console.ui.messages import (
@@ -31,7 +39,16 @@ from taehv_console.ui.messages import (
 )
 from taehv_console.ui.screens.dashboard import DashboardScreen
 from taehv_console.ui.screens.detect import DetectScreen
+from taehv_console.ui.screens.dialogs import ConfirmScreen, MessageScreen, RunPickerScreen, StartScreen
+from taehv_console.ui.screens.help import HelpScreen
+from taehv_console.ui.screens.node import NodeScreen
+from taehv_console.ui.screens.preflight import PreflightScreen
+from taehv_console.ui.screens.preset import PresetScreen
+from taehv_console.ui.screens.review import ReviewScreen
+from taehv_console.ui.session import RunSession
 from taehv_console.ui.themes import DEFAULT_THEME, HEALTH_DEFAULTS, ThemeSet, health_variables, load_themes
+from taehv_console.ui.widgets.node_grid import NodeGrid
+from taehv_console.ui.wizard import WizardState
 
 
 class TaehvConsole(App):
@@ -52,10 +69,10 @@ class TaehvConsole(App):
     console_phase: var[str | None] = var(None)
     run_entries: var[tuple[Any, ...]] = var(())
 
-    def __init__(self, args: argparse.Namespace, config: ConsoleConfig, themes: ThemeSet, theme: str,
+    def __init__(self, options: FlowOptions, config: ConsoleConfig, themes: ThemeSet, theme: str,
                  startup: str = "auto", pool: Any = None) -> None:
         super().__init__()
-        self.args = args
+        self.options = options
         self.console_config = config
         self.themes = themes
         self.initial_theme = theme
@@ -65,16 +82,12 @@ class TaehvConsole(App):
         self.notes: list[str] = []
         self.started_at = time.monotonic()
         self.first_frame_s: float | None = None
-        from taehv_console.ui.flow import WizardState
-
         self.wizard = WizardState()
         self._wizard_shown = False
-        self.startup_text = f"looking for a live run in {args.runs} …"
+        self.startup_text = f"looking for a live run in {options.runs} …"
 
     # ------------------------------------------------------------------ set-up
     def get_default_screen(self) -> Any:
-        from taehv_console.ui.screens.dialogs import StartScreen
-
         return StartScreen()
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -87,10 +100,7 @@ class TaehvConsole(App):
     @property
     def pool(self) -> Any:
         if self._pool is None:
-            from taehv_console.commands.detect import ssh_settings
-            from taehv_console.core.cluster.ssh import SshPool
-
-            self._pool = SshPool(ssh_settings(self.args))
+            self._pool = SshPool(self.options.ssh)
         return self._pool
 
     def on_mount(self) -> None:
@@ -103,8 +113,8 @@ class TaehvConsole(App):
             self.notify(err, title="theme file skipped", severity="warning", timeout=10)
         self.call_after_refresh(self._first_frame)
         if self.startup == "auto":
-            if getattr(self.args, "run", None):
-                self.attach_run(self.args.run)
+            if self.options.run:
+                self.attach_run(self.options.run)
             else:
                 self._look_for_live_run()
         elif self.startup == "wizard":
@@ -116,9 +126,7 @@ class TaehvConsole(App):
 
     @work(thread=True, group="startup", exit_on_error=False)
     def _look_for_live_run(self) -> None:
-        from taehv_console.ui.flow import find_live_run
-
-        entry = find_live_run(self.args.runs, self.pool)
+        entry = find_live_run(self.options.runs, self.pool)
         self.call_from_thread(self._startup_decided, entry)
 
     def _startup_decided(self, entry: Any) -> None:
@@ -134,8 +142,6 @@ class TaehvConsole(App):
             self.notify("a run is being followed here: stop it (x) or quit (q) before starting another",
                         severity="warning")
             return
-        from taehv_console.ui.flow import WizardState
-
         self.wizard = WizardState()
         if self.current_mode == "wizard":
             return
@@ -155,16 +161,12 @@ class TaehvConsole(App):
                 self.pop_screen()
 
     def open_node(self, name: str) -> None:
-        from taehv_console.ui.screens.node import NodeScreen
-
         self.show_dashboard()
         self.push_screen(NodeScreen(name))
 
     def action_help(self) -> None:
-        from taehv_console.ui.screens.help import HelpScreen
-
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(all_bindings()))
 
     def action_next_theme(self) -> None:
         names = self.theme_names
@@ -176,8 +178,6 @@ class TaehvConsole(App):
         self.notify(f"theme: {name}", timeout=2)
 
     def action_attach(self) -> None:
-        from taehv_console.ui.screens.dialogs import RunPickerScreen
-
         def chosen(path: str | None) -> None:
             if path:
                 self.attach_run(path)
@@ -185,8 +185,6 @@ class TaehvConsole(App):
         self.push_screen(RunPickerScreen(), chosen)
 
     async def action_quit_console(self) -> None:
-        import asyncio
-
         session = self.session
         if session is not None:
             session.detach()
@@ -204,9 +202,7 @@ class TaehvConsole(App):
 
     @work(thread=True, group="runs", exclusive=True, exit_on_error=False)
     def _list_runs(self) -> None:
-        from taehv_console.ui.flow import list_run_entries
-
-        self.post_message(RunsListed(list_run_entries(self.args.runs, self.pool)))
+        self.post_message(RunsListed(list_run_entries(self.options.runs, self.pool)))
 
     def on_runs_listed(self, message: RunsListed) -> None:
         self.run_entries = message.runs
@@ -220,14 +216,10 @@ class TaehvConsole(App):
 
     @work(thread=True, group="control", exit_on_error=False)
     def _launch(self, review: Any) -> None:
-        from taehv_console.core.run.control import ControlError
-        from taehv_console.core.run.lock import RunBusyError
-        from taehv_console.ui.session import RunSession
-
         self._close_session_from_thread()
         facts = {p.host: p.facts for p in self.wizard.probes if p.facts is not None}
         try:
-            session = RunSession.launch(self.args, review, self.wizard.topology, self.pool, facts)
+            session = RunSession.launch(self.options, review, self.pool, facts)
         except (ControlError, RunBusyError, OSError, ValueError) as err:
             self.post_message(ControlFailed("launch", str(err)))
             return
@@ -246,15 +238,9 @@ class TaehvConsole(App):
 
     @work(thread=True, group="control", exit_on_error=False)
     def _attach(self, path: str) -> None:
-        from taehv_console.core.run.control import ControlError
-        from taehv_console.core.run.lock import RunBusyError
-        from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-        from taehv_console.core.run.state import StateError
-        from taehv_console.ui.session import RunSession
-
         self._close_session_from_thread()
         try:
-            run = resolve_run(path, self.args.runs)
+            run = resolve_run(path, self.options.runs)
             session, how = RunSession.attach(str(run.path), self.pool)
         except (RunBusyError, RunNotFoundError, StateError, ControlError, OSError) as err:
             self.post_message(ControlFailed("attach", str(err)))
@@ -280,8 +266,6 @@ class TaehvConsole(App):
 
     @work(thread=True, group="control", exit_on_error=False)
     def _resume(self, session: Any) -> None:
-        from taehv_console.core.run.control import ControlError
-
         try:
             point = session.resume()
         except ControlError as err:
@@ -293,8 +277,6 @@ class TaehvConsole(App):
         self._follow(session)
 
     def confirm_stop(self) -> None:
-        from taehv_console.ui.screens.dialogs import ConfirmScreen
-
         session = self.session
         if session is None or not session.following:
             self.notify("no run is being followed here: nothing to stop", severity="warning")
@@ -355,8 +337,6 @@ class TaehvConsole(App):
         outcome = message.outcome
         self.console_phase = outcome.phase.value
         if outcome.failure is not None:
-            from taehv_console.ui.screens.dialogs import MessageScreen
-
             self.push_screen(MessageScreen("The run failed", outcome.failure.summary()
                                            + ("\n\n" + "\n".join(outcome.failure.log_lines[-12:])
                                               if outcome.failure.log_lines else "")
@@ -369,23 +349,17 @@ class TaehvConsole(App):
             self.notify(f"done; weights in {outcome.final_weights or 'final/'}", title="run finished", timeout=10)
 
     def on_control_failed(self, message: ControlFailed) -> None:
-        from taehv_console.ui.screens.dialogs import MessageScreen
-
         self.console_phase = self.session.phase.value if self.session is not None else None
         self.push_screen(MessageScreen(f"Could not {message.action}", message.message))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Every worker's unexpected failure ends here, as a dialog naming what failed."""
         if event.state is WorkerState.ERROR:
-            from taehv_console.ui.screens.dialogs import MessageScreen
-
             err = event.worker.error
             self.push_screen(MessageScreen(f"{event.worker.name or 'a background task'} failed",
                                            f"{type(err).__name__}: {err}"))
 
     async def on_unmount(self) -> None:
-        import asyncio
-
         session, self.session = self.session, None
         if session is not None:
             await asyncio.to_thread(session.close)
@@ -397,15 +371,6 @@ class TaehvConsole(App):
 
 def all_bindings() -> list[tuple[str, Any]]:
     """(where, Binding) for every binding of the console, in help-screen order."""
-    from taehv_console.ui.screens.dashboard import DashboardScreen
-    from taehv_console.ui.screens.detect import DetectScreen
-    from taehv_console.ui.screens.dialogs import ConfirmScreen
-    from taehv_console.ui.screens.node import NodeScreen
-    from taehv_console.ui.screens.preflight import PreflightScreen
-    from taehv_console.ui.screens.preset import PresetScreen
-    from taehv_console.ui.screens.review import ReviewScreen
-    from taehv_console.ui.widgets.node_grid import NodeGrid
-
     out = []
     for where, cls in (("everywhere", TaehvConsole), ("dashboard", DashboardScreen), ("node grid", NodeGrid),
                        ("node", NodeScreen), ("detect", DetectScreen), ("preflight", PreflightScreen),
@@ -421,8 +386,6 @@ def binding_ids() -> set[str]:
 
 
 def resolve_theme(requested: str | None, themes: ThemeSet) -> str:
-    from textual.theme import BUILTIN_THEMES
-
     name = requested or DEFAULT_THEME
     if name not in themes.names and name not in BUILTIN_THEMES:
         raise ConsoleConfigError(f"unknown theme {name!r}; themes: {', '.join(themes.names)} "
@@ -430,28 +393,25 @@ def resolve_theme(requested: str | None, themes: ThemeSet) -> str:
     return name
 
 
-def make_app(args: argparse.Namespace | None = None, argv: Sequence[str] = (), *, startup: str = "auto",
+def make_app(options: FlowOptions | None = None, *, theme: str | None = None, startup: str = "auto",
              config: ConsoleConfig | None = None, pool: Any = None) -> TaehvConsole:
-    """The console for these command-line options (the CLI's parser reads `argv` when no `args`).
+    """The console for these flow options (`cli.console_options(argv)` makes them from a command
+    line); `theme` as given on the command line wins over the settings file's.
     `startup`: auto (attach to a live run, else the wizard), wizard, or none (tests push screens)."""
-    if args is None:
-        from taehv_console.cli import build_parser
-
-        args = build_parser().parse_args(list(argv))
     if config is None:
         config = load_console_config(binding_ids=binding_ids())
     themes = load_themes()
-    theme = resolve_theme(getattr(args, "theme", None) or config.theme, themes)
-    return TaehvConsole(args, config, themes, theme, startup=startup, pool=pool)
+    chosen_theme = resolve_theme(theme or config.theme, themes)
+    return TaehvConsole(options or FlowOptions(), config, themes, chosen_theme, startup=startup, pool=pool)
 
 
-def run_console(args: argparse.Namespace) -> int:
+def run_console(options: FlowOptions, theme: str | None = None) -> int:
     """`taehv-console` with no subcommand: the TUI. Returns the process exit status."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("taehv-console: no terminal here; use --no-tui for the headless flow", file=sys.stderr)
         return 2
     try:
-        app = make_app(args)
+        app = make_app(options, theme=theme)
     except ConsoleConfigError as err:
         print(f"taehv-console: {err}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
+from taehv_console.core.toml_compat import tomllib
 
 
 class ConsoleConfigError(ValueError):

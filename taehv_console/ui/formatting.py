@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.text import Text
 from textual.content import Content
 
+from taehv_console.core.models import Finding
 from taehv_console.core.watch.view import duration_text, number_text
 
 # durations and numbers read the same in every front end (headless and status use these too)
@@ -126,8 +128,6 @@ def rank_span(ranks: Sequence[int]) -> str:
 def table_cell(value: object) -> object:
     """A DataTable cell: plain strings stay plain (DataTable would read '[rank41]' as markup) and
     Content becomes rich Text with the theme's colours resolved (Text is measured for width)."""
-    from rich.text import Text
-
     if isinstance(value, str):
         return Text(value, no_wrap=True)
     if isinstance(value, Content):
@@ -137,3 +137,28 @@ def table_cell(value: object) -> object:
 
 def table_row(values: Sequence[object]) -> list[object]:
     return [table_cell(v) for v in values]
+
+
+SEVERITY_TITLES = (("error", "Errors: a launch is refused until they are fixed"),
+                   ("warning", "Warnings: the run may start, but read them"),
+                   ("info", "Information"))
+
+
+def findings_content(findings: Sequence[Finding]) -> Content:
+    """Preflight findings grouped by severity, each with its node, id and fix."""
+    blocks: list[Content] = []
+    for severity, title in SEVERITY_TITLES:
+        group = [x for x in findings if x.severity.value == severity]
+        if not group:
+            continue
+        lines = [Content.assemble(badge(severity), Content.styled(f" {len(group)} — {title}", "bold"))]
+        for x in group:
+            where = Content.styled(f"{x.node} ", "bold") if x.node else Content("")
+            message = x.message.removeprefix(f"{x.node}: ") if x.node else x.message
+            lines.append(Content.assemble("  ", where, Content.styled(f"({x.id}) ", "dim"), message))
+            if x.fix:
+                lines.append(Content.assemble(Content.styled("      fix: ", "$accent"), x.fix))
+        blocks.append(Content("\n").join(lines))
+    if not blocks:
+        return Content.assemble(badge("ok"), " nothing to report")
+    return Content("\n\n").join(blocks)

@@ -102,9 +102,10 @@ class HostTrusted(Message):
 
 
 class PreflightFinished(Message):
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: Any, chosen: Any) -> None:
         super().__init__()
-        self.result = result  # flow.PreflightResult
+        self.result = result  # core.flow.PreflightResult
+        self.chosen = chosen  # core.flow.ChosenConfig it checked
 
 
 class PresetChoicesReady(Message):
@@ -116,7 +117,7 @@ class PresetChoicesReady(Message):
 class ReviewReady(Message):
     def __init__(self, review: Any) -> None:
         super().__init__()
-        self.review = review  # flow.Review
+        self.review = review  # core.flow.Review
 
 
 @dataclass(frozen=True)
@@ -135,4 +136,4 @@ class LogRead(Message):
 class RunsListed(Message):
     def __init__(self, runs: tuple[Any, ...]) -> None:
         super().__init__()
-        self.runs = runs  # flow.RunEntry
+        self.runs = runs  # core.flow.RunEntry

@@ -9,10 +9,18 @@ released, and the launchers (started detached, in their own sessions) keep train
 
 from __future__ import annotations
 
-import argparse
 import threading
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from taehv_console.core.flow.options import FlowOptions
+from taehv_console.core.run.control import RunController, RunLiveError, create_run
+from taehv_console.core.run.rundir import RunDir, create_run_dir
+from taehv_console.core.watch.runwatch import RunWatch, monitor_hosts
+
+if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic models
+    from taehv_console.core.flow.launch import Review
 
 
 class _Detached(Exception):
@@ -34,20 +42,17 @@ class RunSession:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def launch(cls, args: argparse.Namespace, review: Any, topology: Any, pool: Any,
+    def launch(cls, options: FlowOptions, review: Review, pool: Any,
                facts: dict[str, Any] | None = None) -> RunSession:
-        """Create the reviewed run (the same id and path the review showed) and start every node."""
-        from taehv_console.core.run.control import RunController, create_run
-        from taehv_console.core.run.rundir import create_run_dir
-        from taehv_console.ui.flow import launch_spec
-
-        spec = launch_spec(args, topology, review.backend, review.master_port, pool)
-        run = create_run_dir(args.runs, review.config.run.preset, now=review.created_at)
-        run = create_run(args.runs, review.config, spec, run=run)
+        """Create the reviewed run (the same id, path, hosts, master and environment the review
+        showed) and start every node."""
+        # the id the review showed is made from the review's time
+        run_dir = create_run_dir(options.runs, review.config.run.preset, now=review.created_at)
+        run = create_run(options.runs, review.config, review.spec, run=run_dir)
         ctrl = RunController.open(run, pool, purpose="launch (console)")
         session = cls(run, ctrl, pool, facts)
-        if getattr(args, "grace", None):
-            ctrl.grace_s = args.grace  # before the launch: torchrun's own shutdown wait follows it
+        if options.grace_s:
+            ctrl.grace_s = options.grace_s  # before the launch: torchrun's own shutdown wait follows it
         try:
             ctrl.launch()
         except BaseException:
@@ -59,11 +64,6 @@ class RunSession:
     def attach(cls, run_path: str, pool: Any) -> tuple[RunSession, str]:
         """Take control of an existing run: ('live', session) when its processes run, else the
         attempt is concluded from what it left ('ended'). RunBusyError when another console has it."""
-        from pathlib import Path
-
-        from taehv_console.core.run.control import RunController
-        from taehv_console.core.run.rundir import RunDir
-
         run = RunDir(Path(run_path))
         ctrl = RunController.open(run, pool, purpose="attach (console)")
         session = cls(run, ctrl, pool)
@@ -76,14 +76,10 @@ class RunSession:
 
     # ------------------------------------------------------------------ watching
     def monitor_hosts(self) -> list[str] | None:
-        from taehv_console.core.watch.runwatch import monitor_hosts
-
         return monitor_hosts(self.ctrl.state.backend, self.ctrl.state.hosts)
 
     def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
         """The run's one watch pipeline (with stall forensics), as --no-tui follows it."""
-        from taehv_console.core.watch.runwatch import RunWatch
-
         if self.monitor is None:
             self.watch = RunWatch.for_controller(self.ctrl, config=config, facts=self.facts)
             self.monitor = self.watch.monitor
@@ -136,8 +132,6 @@ class RunSession:
     def resume(self, weights_only: bool = False) -> Any:
         """Relaunch from the newest complete checkpoint (RunLiveError while it runs)."""
         if self.following:
-            from taehv_console.core.run.control import RunLiveError
-
             raise RunLiveError(f"{self.run.run_id} is running: stop it before resuming")
         point = self.ctrl.resume_point(weights_only=weights_only)
         self.ctrl.launch(resume=point.spec, weights_only=weights_only)

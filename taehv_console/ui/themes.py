@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import tomllib
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
+
+from taehv_console.core.toml_compat import tomllib
 
 DEFAULT_THEME = "dark"
 COLOR_FIELDS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success",

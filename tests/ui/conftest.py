@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from taehv_console.cli import console_options
 from taehv_console.ui.app import TaehvConsole, make_app
 from taehv_console.ui.config import ConsoleConfig
 
@@ -35,9 +36,15 @@ def console_env(tmp_path_factory, monkeypatch):
     time.tzset()
 
 
+def app_for(argv: list[str], **kwargs) -> TaehvConsole:
+    """The console for a command line, built as the CLI builds it."""
+    options, theme = console_options(argv)
+    return make_app(options, theme=theme, **kwargs)
+
+
 def sample_app(*argv: str, config: ConsoleConfig | None = None, startup: str = "none") -> TaehvConsole:
     """The console as the CLI builds it, without start-up work (tests push screens themselves)."""
-    return make_app(argv=["--runs", "/shared/runs", *argv], startup=startup, config=config or ConsoleConfig())
+    return app_for(["--runs", "/shared/runs", *argv], startup=startup, config=config or ConsoleConfig())
 
 
 @pytest.fixture
@@ -45,3 +52,13 @@ def no_color(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     yield
     os.environ.pop("NO_COLOR", None)
+
+
+async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
+    """Pause the app's pilot until `predicate()` holds (conditions, not fixed sleeps: CI is loaded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}")

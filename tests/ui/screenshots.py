@@ -16,10 +16,9 @@ from taehv_console.ui.config import ConsoleConfig
 
 
 async def _shot(path: Path, size: tuple[int, int], setup) -> None:
-    from taehv_console.ui.app import make_app
+    from tests.ui.conftest import app_for
 
-    app = make_app(argv=["--runs", "/shared/runs", "--hosts", "/shared/hostfile"], startup="none",
-                   config=ConsoleConfig())
+    app = app_for(["--runs", "/shared/runs", "--hosts", "/shared/hostfile"], startup="none", config=ConsoleConfig())
     async with app.run_test(size=size) as pilot:
         await setup(app, pilot)
         await app.workers.wait_for_complete()
@@ -33,7 +32,9 @@ def main(out: str = "docs") -> int:
     os.environ["TZ"] = "UTC"
     os.environ["XDG_CONFIG_HOME"] = "/nonexistent/home/.config"
     time.tzset()
-    from taehv_console.ui import flow
+    from taehv_console.core.flow.launch import review as make_review
+    from taehv_console.core.flow.preflight import PreflightResult
+    from taehv_console.core.models import BackendKind
     from taehv_console.ui.messages import LogChunk, LogRead
     from taehv_console.ui.screens.dashboard import DashboardScreen
     from taehv_console.ui.screens.node import NodeScreen
@@ -48,14 +49,14 @@ def main(out: str = "docs") -> int:
     def wizard(app, step: int) -> None:
         w = app.wizard
         w.topology, w.probes = samples.topology(16), samples.probes(16)
-        cfg, chosen = _config(16)
+        chosen = _config(16)
         report = samples.report(16)
         ok = type(report)(report.topology, report.probes, tuple(x for x in report.findings
                                                                if x.severity.value != "error"))
-        w.preflight = flow.PreflightResult(cfg, chosen, ok, "ssh", 29500)
-        w.config, w.chosen = cfg, chosen
+        w.preflight = PreflightResult(chosen.config, chosen.chosen, ok, BackendKind.SSH, 29500)
+        w.chosen = chosen
         if step >= 3:
-            w.review = flow.review(app.args, w.topology, w.probes, w.preflight, cfg, chosen, app.pool, now=samples.T0)
+            w.review = make_review(app.options, w.topology, w.probes, w.preflight, chosen, app.pool, now=samples.T0)
 
     async def dashboard(app, pilot):
         app.cluster_state = samples.cluster_state(16, trouble=True)

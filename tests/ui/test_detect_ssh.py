@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import sample_app
+from tests.ui.conftest import sample_app, wait_until
 
 pytestmark = [pytest.mark.timeout(180)]
-
-
-async def _wait(pilot, predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}")
 
 
 def test_detect_over_ssh_offers_to_trust_an_unknown_host_key(sshd, tmp_path, monkeypatch):
@@ -41,7 +31,7 @@ def test_detect_over_ssh_offers_to_trust_an_unknown_host_key(sshd, tmp_path, mon
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
             await app.push_screen(DetectScreen())
-            await _wait(pilot, lambda: app.wizard.topology is not None, 120, "detection")
+            await wait_until(pilot, lambda: app.wizard.topology is not None, 120, "detection")
             probes = {p.host: p for p in app.wizard.probes}
             assert probes[known].ok and not probes[unknown].ok
             assert "taehv-console trust" in probes[unknown].fix
@@ -49,12 +39,12 @@ def test_detect_over_ssh_offers_to_trust_an_unknown_host_key(sshd, tmp_path, mon
             assert "host key unknown" in str(table.get_row(unknown)[2])
             table.move_cursor(row=1)
             await pilot.press("T")
-            await _wait(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
+            await wait_until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
             body = str(app.screen.body)
             assert "SHA256:" in body and unknown in body and str(known_hosts) in body
             await pilot.press("y")
             detect = app.screen_stack[-1]
-            await _wait(pilot, lambda: getattr(detect, "_results", {}).get(unknown) is not None
+            await wait_until(pilot, lambda: getattr(detect, "_results", {}).get(unknown) is not None
                         and detect._results[unknown].ok, 60, "the trusted node to answer")
             assert f"[{unknown}]:{sshd.port}" in known_hosts.read_text()
 

@@ -8,7 +8,9 @@ import asyncio
 from textual.widgets import Input, Static
 
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.ui import flow
+from taehv_console.core.flow.config import ChosenConfig, check_overrides
+from taehv_console.core.flow.preflight import PreflightResult
+from taehv_console.core.models import BackendKind
 from tests.ui import samples
 from tests.ui.conftest import sample_app
 
@@ -28,9 +30,9 @@ async def _recipe_form(monkeypatch):
         w = app.wizard
         w.topology, w.probes = samples.topology(1), samples.probes(1)
         cfg = load_preset("8gpu-h100").config
-        w.preflight = flow.PreflightResult(config=cfg, chosen="preset 8gpu-h100", report=samples.report(1),
-                                           backend="local", master_port=29500)
-        w.config, w.chosen = cfg, "preset 8gpu-h100"
+        w.preflight = PreflightResult(config=cfg, chosen="preset 8gpu-h100", report=samples.report(1),
+                                      backend=BackendKind.LOCAL, master_port=29500)
+        w.chosen = ChosenConfig(cfg, "preset 8gpu-h100")
         await app.push_screen(PresetScreen())
         await app.workers.wait_for_complete()
         await pilot.pause()
@@ -53,7 +55,7 @@ async def _recipe_form(monkeypatch):
         screen.action_next_step()
         base = screen._selected.config
     [(_preset, overrides)] = built
-    chosen, err = flow.check_overrides(base, overrides)
+    chosen, err = check_overrides(base, overrides)
     assert not err
     assert chosen.loss.teacher == "/models/hunyuan video/vae" and chosen.loss.teacher_cache == "/cache/latents"
     assert chosen.adversarial.weight == 0.1 and chosen.loss.decoder_on_teacher_latents

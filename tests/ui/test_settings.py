@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from taehv_console.ui import flow
+from taehv_console.core.flow import config as flow_config
+from taehv_console.core.flow import form
+from taehv_console.core.flow.runs import RunEntry
 from taehv_console.ui import formatting as f
-from taehv_console.ui.app import binding_ids, make_app
+from taehv_console.ui.app import binding_ids
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
 from taehv_console.ui.messages import ClusterUpdated, RunProgressed
 from taehv_console.ui.themes import HEALTH_STATES, ThemeFileError, load_themes, parse_theme, shipped_theme_dir
 from tests.ui import samples
-from tests.ui.conftest import sample_app
+from tests.ui.conftest import app_for, sample_app
 
 
 def run(coro):
@@ -55,12 +57,12 @@ def test_user_themes_load_beside_the_shipped_ones_and_a_broken_one_is_reported_n
 
 
 def test_theme_from_the_command_line_wins_over_the_settings_file(console_env):
-    app = make_app(argv=["--theme", "light"], startup="none", config=ConsoleConfig(theme="high-contrast"))
+    app = app_for(["--theme", "light"], startup="none", config=ConsoleConfig(theme="high-contrast"))
     assert app.initial_theme == "light"
-    app = make_app(argv=[], startup="none", config=ConsoleConfig(theme="high-contrast"))
+    app = app_for([], startup="none", config=ConsoleConfig(theme="high-contrast"))
     assert app.initial_theme == "high-contrast"
     with pytest.raises(ConsoleConfigError, match="unknown theme 'neon'.*dark, light, high-contrast"):
-        make_app(argv=["--theme", "neon"], startup="none", config=ConsoleConfig())
+        app_for(["--theme", "neon"], startup="none", config=ConsoleConfig())
 
 
 def test_t_cycles_through_the_themes():
@@ -161,7 +163,7 @@ def test_the_command_palette_offers_theme_nodes_and_runs():
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
             app.cluster_state = samples.cluster_state(16, trouble=True)
-            app.run_entries = (flow.RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived",
+            app.run_entries = (RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived",
                                              "running", True),)
             await app.push_screen(DashboardScreen())
             await pilot.pause()
@@ -247,15 +249,15 @@ def test_form_overrides_are_the_fields_that_changed_plus_the_free_line():
     from taehv_console.core.plan.presets import load_preset
 
     cfg = load_preset("cpu-smoke").config
-    fields = {k: flow.field_text(cfg, k) for k, _ in flow.FORM_FIELDS}
-    assert flow.form_overrides(cfg, fields, "") == []
+    fields = {k: form.field_text(cfg, k) for k, _ in form.FORM_FIELDS}
+    assert form.form_overrides(cfg, fields, "") == []
     fields["optim.max_steps"] = "12"
     fields["data.source"] = "/data/my videos"
-    got = flow.form_overrides(cfg, fields, "schedule.val_every=5")
+    got = form.form_overrides(cfg, fields, "schedule.val_every=5")
     assert got == ["optim.max_steps=12", 'data.source="/data/my videos"', "schedule.val_every=5"]
-    new, err = flow.check_overrides(cfg, got)
+    new, err = flow_config.check_overrides(cfg, got)
     assert not err and new.optim.max_steps == 12 and new.data.source == "/data/my videos"
-    _, err = flow.check_overrides(cfg, ["optim.batch_per_gpu=0"])
+    _, err = flow_config.check_overrides(cfg, ["optim.batch_per_gpu=0"])
     assert "optim.batch_per_gpu" in err
 
 

@@ -11,7 +11,11 @@ import pytest
 
 from taehv_console.core.plan.derive import auto_select
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.ui import flow
+from taehv_console.core.flow.config import ChosenConfig
+from taehv_console.core.flow.launch import review as make_review
+from taehv_console.core.flow.preflight import PreflightResult
+from taehv_console.core.flow.runs import RunEntry
+from taehv_console.core.models import BackendKind
 from taehv_console.ui.messages import LogChunk, LogRead
 from tests.ui import samples
 from tests.ui.conftest import sample_app
@@ -24,11 +28,11 @@ def _argv(n: int) -> list[str]:
     return ["--hosts", "/shared/hostfile"] if n > 1 else []
 
 
-def _config(n: int):
+def _config(n: int) -> ChosenConfig:
     if n == 1:
-        return load_preset("8gpu-h100").config, "preset 8gpu-h100 (shipped)"
+        return ChosenConfig(load_preset("8gpu-h100").config, "preset 8gpu-h100 (shipped)")
     resolved = auto_select(n, samples.GPUS, gpu_name=samples.H100, gpu_memory_gb=85.9)
-    return resolved.config, f"auto: {resolved.summary}"
+    return ChosenConfig(resolved.config, f"auto: {resolved.summary}")
 
 
 def _wizard(app, n: int, step: int) -> None:
@@ -36,13 +40,12 @@ def _wizard(app, n: int, step: int) -> None:
     w = app.wizard
     w.topology, w.probes = samples.topology(n), samples.probes(n)
     if step >= 1:
-        cfg, chosen = _config(n)
-        w.preflight = flow.PreflightResult(config=cfg, chosen=chosen, report=samples.report(n),
-                                           backend="local" if n == 1 else "ssh", master_port=29500)
-        w.config, w.chosen = cfg, chosen
+        chosen = _config(n)
+        w.preflight = PreflightResult(config=chosen.config, chosen=chosen.chosen, report=samples.report(n),
+                                           backend=BackendKind.LOCAL if n == 1 else BackendKind.SSH, master_port=29500)
+        w.chosen = chosen
     if step >= 3:
-        w.review = flow.review(app.args, w.topology, w.probes, w.preflight, w.config, w.chosen, app.pool,
-                               now=samples.T0)
+        w.review = make_review(app.options, w.topology, w.probes, w.preflight, w.chosen, app.pool, now=samples.T0)
 
 
 async def _settle(pilot) -> None:
@@ -205,9 +208,9 @@ def test_run_picker(snap_compare, size, monkeypatch):
 
     async def run_before(pilot):
         app.run_entries = (
-            flow.RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived", "running", True),
-            flow.RunEntry("20251230-080000-8gpu-h100", "/shared/runs/20251230-080000-8gpu-h100", "stopped", False),
-            flow.RunEntry("20251229-190000-cpu-smoke", "/shared/runs/20251229-190000-cpu-smoke", "done", False))
+            RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived", "running", True),
+            RunEntry("20251230-080000-8gpu-h100", "/shared/runs/20251230-080000-8gpu-h100", "stopped", False),
+            RunEntry("20251229-190000-cpu-smoke", "/shared/runs/20251229-190000-cpu-smoke", "done", False))
         await app.push_screen(RunPickerScreen())
         await _settle(pilot)
 

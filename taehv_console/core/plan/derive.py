@@ -12,8 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.plan.planner import estimate_memory
-from taehv_console.core.plan.presets import Preset, list_presets, override_config
+from taehv_console.core.plan.planner import estimate_memory, gpu_family
+from taehv_console.core.plan.timeouts import (
+    DERIVED_TIMEOUT_RULE,
+    collective_timeout_s,
+    derived_collective_timeout_s,
+)
+from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from trainer.config import ConfigError, TrainConfig, config_from_dict
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
@@ -37,12 +42,6 @@ NCCL_ENV = {
 }
 
 # GPU families: presets tuned for one model serve its close relatives
-GPU_FAMILIES = {
-    "H100": ("H100", "H800", "H200", "H20", "GH200"),
-    "A800": ("A800", "A100"),
-}
-
-
 class DeriveError(ConfigError):
     """No valid config exists for the request (e.g. one clip does not fit in GPU memory)."""
 
@@ -71,15 +70,6 @@ class ResolvedConfig:
         return None
 
 
-def collective_timeout_s(nodes: int) -> int:
-    """The public rule: 1 node 3600 s, 2-5 nodes 7200 s, 6-7 nodes 10800 s, 8 or more 14400 s."""
-    if nodes <= 1:
-        return 3600
-    if nodes <= 5:
-        return 7200
-    if nodes <= 7:
-        return 10800
-    return 14400
 
 
 def target_effective_batch(world: int) -> float:
@@ -291,11 +281,13 @@ def derive_run_config(
     )
 
     # --- the process group -------------------------------------------------------------------------
-    timeout = collective_timeout_s(nodes)
+    timeout = derived_collective_timeout_s(nodes)
     put(
         "distributed.collective_timeout_s",
         timeout,
-        f"{timeout} s for {nodes} node(s): 1 node 3600, 2-5 nodes 7200, 6-7 nodes 10800, 8+ nodes 14400",
+        f"{timeout} s for {nodes} node(s) ({DERIVED_TIMEOUT_RULE}); the published presets wait "
+        f"{collective_timeout_s(nodes)} s, but the console names a stalled rank within ~30 s, so a hang "
+        "need not hold the cluster for hours",
     )
     env = {**NCCL_ENV, **src.distributed.nccl_env}
     kept = sorted(set(src.distributed.nccl_env) - set(NCCL_ENV))
@@ -349,15 +341,6 @@ def _get(cfg: TrainConfig, dotted: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # auto
-
-
-def gpu_family(gpu_name: str) -> str | None:
-    """'NVIDIA H100 80GB HBM3' -> 'H100'; None when the model is not one a preset is tuned for."""
-    upper = gpu_name.upper()
-    for family, members in GPU_FAMILIES.items():
-        if any(m in upper for m in members):
-            return family
-    return None
 
 
 def auto_select(
@@ -482,8 +465,6 @@ def resolve_config(
             gpu_memory_gb=gpu_memory_gb,
             overrides=overrides,
         )
-    from taehv_console.core.plan.presets import load_preset
-
     if nodes is None or gpus_per_node is None:
         loaded = load_preset(preset, overrides=overrides)
         cfg = loaded.config

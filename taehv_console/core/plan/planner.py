@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from taehv_console.core.plan.footprint import activation_elements, parameter_count
+from taehv_console.core.plan.timeouts import explain_collective_timeout
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision
 
@@ -302,6 +303,22 @@ def smallest_accumulation(
 # ---------------------------------------------------------------------------------------------
 # Time and cost
 
+# GPU models each preset family is tuned for (by name fragment, as NVML reports it)
+GPU_FAMILIES = {
+    "H100": ("H100", "H800", "H200", "H20", "GH200"),
+    "A800": ("A800", "A100"),
+}
+
+
+def gpu_family(gpu_name: str) -> str | None:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; None when the model is not one a preset is tuned for."""
+    upper = gpu_name.upper()
+    for family, members in GPU_FAMILIES.items():
+        if any(m in upper for m in members):
+            return family
+    return None
+
+
 # Throughput per GPU at the reference clip (12 x 480 x 720), scaled by pixel-frames for other
 # clip sizes (the cost of every layer is linear in frames x height x width).
 REFERENCE_CLIP = (12, 480, 720)
@@ -319,8 +336,6 @@ INTRA_NODE_CPU_BYTES_PER_S = 2 * GB  # gloo over shared memory / loopback
 
 def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
     """Clips per second per GPU (or CPU process) for cfg's clip size, and where the figure comes from."""
-    from taehv_console.core.plan.derive import gpu_family  # derive imports this module
-
     family = "cpu" if cfg.topology.device == "cpu" else (gpu_family(gpu) or "H100")
     ref = CLIPS_PER_S_PER_GPU[family]
     f, h, w = REFERENCE_CLIP
@@ -421,6 +436,7 @@ class Plan:
     memory: MemoryFit
     assumptions: tuple[str, ...]
     teacher: TeacherCost | None = None
+    collective_timeout: str = ""  # the timeout and why (derived configs wait minutes, not hours)
 
 
 def make_plan(
@@ -525,6 +541,7 @@ def make_plan(
         memory=estimate_memory(cfg),
         assumptions=tuple(assumptions),
         teacher=teacher,
+        collective_timeout=explain_collective_timeout(cfg),
     )
 
 
@@ -566,6 +583,7 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
             "effective": c.effective_batch,
         },
         "zero_stage": c.deepspeed.zero_stage,
+        "collective_timeout": {"seconds": c.distributed.collective_timeout_s, "why": plan.collective_timeout},
         "communication": {
             "bytes_per_step": plan.comm.bytes_per_step,
             "link": plan.comm.link,

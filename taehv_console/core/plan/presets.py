@@ -9,7 +9,6 @@ can be given by path. `--set section.key=value` overrides go through the same va
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -18,12 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from taehv_console.core.toml_compat import tomllib
 from trainer.config import ConfigError, TrainConfig, config_from_dict, format_validation_error
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SECTIONS = tuple(TrainConfig.model_fields)  # run, topology, model, data, optim, ...
 

@@ -193,14 +193,15 @@ def _env_lines(cfg: TrainConfig, run_dir: str) -> list[str]:
 
 
 PREFLIGHT_DIR = "preflight"
+# The node wrapper every launcher runs under (core/run/node.py): named here, below the launch
+# backends that also start it, so the rendered sbatch script and the backends say the same.
+NODE_MODULE = "taehv_console.core.run.node"
 
 
 def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on_bad_exit: bool) -> list[str]:
     """One srun step with one task per node, each under the node wrapper: it records the task's
     identity and exit status in `status` (`{node}` filled from SLURM_NODEID, as for the in-allocation
     backend), and its output goes to the node's log, where the console reads why a node failed."""
-    from taehv_console.core.run.backends import NODE_MODULE
-
     q = shlex.quote
     flags = "--kill-on-bad-exit=1 " if kill_on_bad_exit else ""
     return [

@@ -16,7 +16,6 @@ it), never a process name.
 
 from __future__ import annotations
 
-import enum
 
 import re
 import sys
@@ -27,29 +26,11 @@ from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out
+from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.flight_recorder import prepare_dirs
-from taehv_console.core.plan.render import flight_recorder_launch_env
+from taehv_console.core.plan.render import NODE_MODULE, SBATCH, flight_recorder_launch_env
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
-
-NODE_MODULE = "taehv_console.core.run.node"
-
-
-class BackendKind(str, enum.Enum):
-    """How a run's nodes are started; state.json stores the value. The controller dispatches on
-    this, never on strings."""
-
-    LOCAL = "local"
-    SSH = "ssh"
-    PLATFORM = "platform"  # one pod per node, each starting its own (Kubernetes, PAI-DLC ...)
-    SLURM = "slurm"  # inside an allocation: srun starts every node
-    SBATCH = "sbatch"  # from a login node: the submitted job is the launcher
-
-    @property
-    def slurm(self) -> bool:
-        """SLURM starts every node: this console expects every node's exit status."""
-        return self in (BackendKind.SLURM, BackendKind.SBATCH)
-
 
 BACKENDS = tuple(k.value for k in BackendKind)
 
@@ -308,8 +289,6 @@ class SbatchBackend(LaunchBackend):
         self.cmd = {"sbatch": sbatch, "squeue": squeue, "scancel": scancel, "sacct": sacct, "scontrol": scontrol}
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
-        from taehv_console.core.plan.render import SBATCH
-
         script = run.path / SBATCH
         if not script.is_file():
             return Started((), {-1: f"{script} is missing: render the run's files first"})

@@ -10,7 +10,6 @@ import json
 import math
 import re
 import statistics
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -18,12 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from taehv_console.core.run.state import RunState, StateError
+from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from taehv_console.ui.screens.node import NodeScreen
 from taehv_console.ui.widgets.node_grid import NodeGrid
 from taehv_console.ui.widgets.panes import CheckpointPane, MetricSpark, NoticePane
 from taehv_console.ui.widgets.run_header import RunHeaderBar
@@ -75,8 +76,6 @@ class DashboardScreen(Screen):
 
     # ---------------------------------------------------------------- nodes
     def on_node_grid_node_chosen(self, message: NodeGrid.NodeChosen) -> None:
-        from taehv_console.ui.screens.node import NodeScreen
-
         self.app.push_screen(NodeScreen(message.name))
 
     def action_filter_nodes(self) -> None:

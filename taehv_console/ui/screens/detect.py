@@ -4,6 +4,7 @@ offered for trust here (fingerprint shown, added on confirmation)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from textual import work
@@ -14,6 +15,18 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, ProgressBar, Static
 
+from taehv_console.commands.detect import gpu_summary as gpu_list
+from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
+from taehv_console.core.cluster.platform import TopologyError
+from taehv_console.core.cluster.ssh import SshError
+from taehv_console.core.flow.detect import detect, hostfile_topology, probe_each, probe_paths
+from taehv_console.core.flow.trust import (
+    HostKeyOffer,
+    TrustOutcome,
+    needs_trust,
+    offer_host_key,
+    trust_offered_key,
+)
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import (
     DetectionFailed,
@@ -22,15 +35,15 @@ from taehv_console.ui.messages import (
     NodeProbed,
     TopologyDetected,
 )
+from taehv_console.ui.screens.dialogs import ConfirmScreen
+from taehv_console.ui.screens.preflight import PreflightScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
 COLUMNS = ("node", "slots", "GPUs", "driver/CUDA", "CPU/RAM", "torch · ds · acc", "probe")
 
 
 def gpu_summary(facts: Any) -> str:
-    from taehv_console.commands.detect import gpu_summary as summary
-
-    return summary(facts) if facts.visible_gpu_count else f"0 ({facts.gpu_reason or 'none visible'})"[:40]
+    return gpu_list(facts) if facts.visible_gpu_count else f"0 ({facts.gpu_reason or 'none visible'})"[:40]
 
 
 def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
@@ -105,7 +118,7 @@ class DetectScreen(Screen):
     def on_mount(self) -> None:
         table = self.query_one("#nodes", DataTable)
         table.add_columns(*COLUMNS)
-        self.query_one("#hostfile", Input).value = getattr(self.app.args, "hosts", None) or ""
+        self.query_one("#hostfile", Input).value = self.app.options.hosts or ""
         wizard = self.app.wizard
         if wizard.topology is not None:
             self._show_topology(wizard.topology, tuple(p.host for p in wizard.probes))
@@ -129,19 +142,16 @@ class DetectScreen(Screen):
 
     @work(thread=True, exclusive=True, group="detect", exit_on_error=False)
     def _detect(self, hostfile: str | None) -> None:
-        from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
-        from taehv_console.core.cluster.platform import TopologyError
-        from taehv_console.ui import flow
-
-        args = flow.args_with(self.app.args, hosts=hostfile)
+        options = dataclasses.replace(self.app.options, hosts=hostfile)
         try:
             if hostfile:
-                topology = flow.detect_hostfile(args)
+                topology = hostfile_topology(options)
                 self.post_message(TopologyDetected(topology, tuple(topology.hosts)))
-                probes = flow.probe_each(tuple(topology.hosts), self.app.pool, flow.probe_paths(args),
-                                         lambda r: self.post_message(NodeProbed(r)))
+                probes = probe_each(tuple(topology.hosts), self.app.pool, probe_paths(options),
+                                    lambda r: self.post_message(NodeProbed(r)))
             else:
-                topology, probes = flow.detect_local(args)
+                found = detect(options)
+                topology, probes = found.topology, found.probes
         except (TopologyError, InvalidHostError, HostfileError, OSError) as err:
             self.post_message(DetectionFailed(str(err)))
             return
@@ -149,7 +159,7 @@ class DetectScreen(Screen):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "hostfile":
-            self.app.args.hosts = event.value.strip() or None
+            self.app.options = dataclasses.replace(self.app.options, hosts=event.value.strip() or None)
             self.action_detect()
             self.query_one("#nodes", DataTable).focus()
 
@@ -203,8 +213,6 @@ class DetectScreen(Screen):
 
     # ---------------------------------------------------------------- trust
     def action_trust_host(self) -> None:
-        from taehv_console.ui.flow import needs_trust
-
         table = self.query_one("#nodes", DataTable)
         if not table.row_count:
             return
@@ -218,42 +226,38 @@ class DetectScreen(Screen):
 
     @work(thread=True, exclusive=True, group="trust", exit_on_error=False)
     def _fingerprint(self, host: str) -> None:
-        from taehv_console.commands.detect import ssh_settings
-        from taehv_console.core.cluster.ssh import SshError
-        from taehv_console.ui.flow import trust_host
-
-        settings = ssh_settings(self.app.args)
         try:
-            line, where = trust_host(host, settings)
+            offer = offer_host_key(host, self.app.options.ssh)
         except SshError as err:
             self.post_message(HostTrusted(host, f"cannot read {host}'s key: {err}"))
             return
-        self.app.call_from_thread(self._ask_trust, host, line, where)
+        self.app.call_from_thread(self._ask_trust, offer)
 
-    def _ask_trust(self, host: str, line: str, where: str) -> None:
-        from taehv_console.ui.screens.dialogs import ConfirmScreen
-
+    def _ask_trust(self, offer: HostKeyOffer) -> None:
         def answered(yes: bool | None) -> None:
             if yes:
-                self._add_trust(host)
+                self._add_trust(offer)
 
-        body = (f"{line}\n\nCompare it with the node's own key (on the node: ssh-keygen -lf "
-                f"/etc/ssh/ssh_host_ed25519_key.pub). Trusting adds it to {where}.")
-        self.app.push_screen(ConfirmScreen(f"Trust {host}?", body, yes="Trust"), answered)
+        where = self.app.options.ssh.known_hosts
+        body = (f"{offer.line}\n\nCompare it with the node's own key (on the node: ssh-keygen -lf "
+                f"/etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub). Trusting adds this key to {where}.")
+        self.app.push_screen(ConfirmScreen(f"Trust {offer.host}?", body, yes="Trust"), answered)
 
     @work(thread=True, exclusive=True, group="trust", exit_on_error=False)
-    def _add_trust(self, host: str) -> None:
-        from taehv_console.commands.detect import ssh_settings
-        from taehv_console.core.cluster.ssh import SshError
-        from taehv_console.ui import flow
-
-        try:
-            text = flow.add_trusted_host(host, ssh_settings(self.app.args))
-        except SshError as err:
-            text = f"{host}: {err}"
-        self.post_message(HostTrusted(host, text))
-        args = self.app.args
-        flow.probe_each((host,), self.app.pool, flow.probe_paths(args), lambda r: self.post_message(NodeProbed(r)))
+    def _add_trust(self, offer: HostKeyOffer) -> None:
+        """Add exactly the key the user confirmed; the probe that follows then connects only if
+        the host still presents that key."""
+        settings = self.app.options.ssh
+        outcome = trust_offered_key(offer, settings)
+        added = f"{offer.host}: {offer.fingerprint} added to {settings.known_hosts}"
+        text = {TrustOutcome.ADDED: added, TrustOutcome.REPLACED: added,
+                TrustOutcome.ALREADY: f"{offer.host}: already trusted in {settings.known_hosts}",
+                TrustOutcome.REFUSED_CHANGED: (
+                    f"{offer.host}: {settings.known_hosts} holds a different key for it; refused here. Check with "
+                    f"the node's admin, then: taehv-console trust --replace {offer.host}")}[outcome]
+        self.post_message(HostTrusted(offer.host, text))
+        probe_each((offer.host,), self.app.pool, probe_paths(self.app.options),
+                   lambda r: self.post_message(NodeProbed(r)))
 
     def on_host_trusted(self, message: HostTrusted) -> None:
         self.notify(message.message, title="host key")
@@ -269,7 +273,5 @@ class DetectScreen(Screen):
         if not any(p.ok for p in probes):
             self.notify("no node answered: fix the problems listed, then detect again (r)", severity="error")
             return
-        from taehv_console.ui.screens.preflight import PreflightScreen
-
         wizard.preflight = None
         self.app.push_screen(PreflightScreen())

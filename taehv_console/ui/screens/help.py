@@ -3,6 +3,7 @@ to change it (the settings file's path and format)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -20,6 +21,11 @@ class HelpScreen(ModalScreen[None]):
     CSS_PATH = "help.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "close", "Close", id="close-help", key_display="esc")]
 
+    def __init__(self, bindings: Sequence[tuple[str, Binding]]) -> None:
+        """`bindings`: (where, Binding) of every key of the console, in the order shown."""
+        super().__init__()
+        self.bindings = tuple(bindings)
+
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
             yield Static(Content.styled("Keys", "bold"), id="help-title")
@@ -28,13 +34,11 @@ class HelpScreen(ModalScreen[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        from taehv_console.ui.app import all_bindings
-
         app = self.app
         keymap = app.console_config.keys
         table = self.query_one("#keys", DataTable)
         table.add_columns("key", "binding id", "where", "does")
-        for where, b in all_bindings():
+        for where, b in self.bindings:
             keys = keymap.get(b.id, b.key) if b.id else b.key
             shown = ", ".join(app.get_key_display(Binding(k, b.action, key_display=None if b.id in keymap
                                                           else b.key_display)) for k in keys.split(","))

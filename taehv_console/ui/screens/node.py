@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Footer, Input, Log, Static, TabbedContent
 from textual.worker import get_current_worker
 from textual_plotext import PlotextPlot
 
+from taehv_console.core.watch.tail import Tailer
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
 
@@ -235,8 +236,6 @@ class NodeScreen(Screen):
     # ---------------------------------------------------------------- log
     @work(thread=True, exclusive=True, group="node-log", exit_on_error=False)
     def _read_log(self, run_path: str, index: int) -> None:
-        from taehv_console.core.watch.tail import Tailer
-
         worker = get_current_worker()
         path = f"logs/node-{index}.log"
         tailer = Tailer(run_path, append=[path], max_bytes=1 << 20)

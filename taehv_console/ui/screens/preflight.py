@@ -13,33 +13,10 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from taehv_console.ui import formatting as f
+from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.messages import NoteAdded, PreflightFinished
+from taehv_console.ui.screens.preset import PresetScreen
 from taehv_console.ui.widgets.steps import WizardSteps
-
-SEVERITY_TITLES = (("error", "Errors: a launch is refused until they are fixed"),
-                   ("warning", "Warnings: the run may start, but read them"),
-                   ("info", "Information"))
-
-
-def findings_content(findings: tuple[Any, ...]) -> Content:
-    blocks: list[Content] = []
-    for severity, title in SEVERITY_TITLES:
-        group = [x for x in findings if x.severity.value == severity]
-        if not group:
-            continue
-        lines = [Content.assemble(f.badge(severity), Content.styled(f" {len(group)} — {title}", "bold"))]
-        for x in group:
-            where = Content.styled(f"{x.node} ", "bold") if x.node else Content("")
-            message = x.message.removeprefix(f"{x.node}: ") if x.node else x.message
-            lines.append(Content.assemble("  ", where, Content.styled(f"({x.id}) ", "dim"), message))
-            if x.fix:
-                lines.append(Content.assemble(Content.styled("      fix: ", "$accent"), x.fix))
-        blocks.append(Content("\n").join(lines))
-    if not blocks:
-        return Content.assemble(f.badge("ok"), " nothing to report")
-    return Content("\n\n").join(blocks)
-
 
 class PreflightScreen(Screen):
     CSS_PATH = "wizard.tcss"
@@ -80,13 +57,19 @@ class PreflightScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
     def _run(self, bandwidth: bool = False) -> None:
-        from taehv_console.ui import flow
+        # the planner's pydantic models (~0.5 s) load here, in the worker: the first frame never waits
+        from taehv_console.core.flow.config import run_config
+        from taehv_console.core.flow.preflight import preflight
 
         w = self.app.wizard
-        config = (w.config, w.chosen) if w.config is not None else None
-        result = flow.preflight(self.app.args, w.topology, w.probes, self.app.pool,
-                                lambda text: self.post_message(NoteAdded(text)), config=config, bandwidth=bandwidth)
-        self.post_message(PreflightFinished(result))
+        options = self.app.options
+
+        def note(text: str) -> None:
+            self.post_message(NoteAdded(text))
+
+        chosen = w.chosen or run_config(options, w.topology, w.probes, note=note)
+        result = preflight(options, w.topology, w.probes, chosen, self.app.pool, note, bandwidth=bandwidth)
+        self.post_message(PreflightFinished(result, chosen))
 
     def on_note_added(self, message: NoteAdded) -> None:
         self._notes = (getattr(self, "_notes", []) + [message.text])[-3:]
@@ -94,9 +77,8 @@ class PreflightScreen(Screen):
 
     def on_preflight_finished(self, message: PreflightFinished) -> None:
         self.app.wizard.preflight = message.result
-        if self.app.wizard.config is None:
-            self.app.wizard.config = message.result.config
-            self.app.wizard.chosen = message.result.chosen
+        if self.app.wizard.chosen is None:
+            self.app.wizard.chosen = message.chosen
         self._show(message.result)
 
     def _show(self, result: Any) -> None:
@@ -106,7 +88,8 @@ class PreflightScreen(Screen):
                 else "not measured (b measures it)")
         self.query_one("#config", Static).update(Content.assemble(
             Content.styled("config ", "dim"), result.chosen, "\n", Content.styled("master port ", "dim"),
-            str(result.master_port or "-"), Content.styled("  backend ", "dim"), result.backend or "none",
+            str(result.master_port or "-"), Content.styled("  backend ", "dim"),
+            result.backend.value if result.backend is not None else "none",
             Content.styled("  bandwidth ", "dim"), link))
         self.query_one("#notes", Static).update("")
         self.query_one("#findings-text", Static).update(findings_content(report.findings))
@@ -131,8 +114,6 @@ class PreflightScreen(Screen):
             self.notify(f"{len(result.report.errors)} error(s) block the launch: fix them and run again (r)",
                         severity="error")
             return
-        from taehv_console.ui.screens.preset import PresetScreen
-
         self.app.push_screen(PresetScreen())
 
     def action_back(self) -> None:

@@ -2,10 +2,16 @@
 preset, each with effective batch, LR, ZeRO stage and the memory estimate against the device;
 then the overrides form, each field checked by core's validation as it is typed, and the recipe:
 reconstruction only, or the author's distillation from HunyuanVideo's VAE (online or from cached
-latents), with or without the adversarial term."""
+latents), with or without the adversarial term.
+
+The config modules (the planner's pydantic models, ~0.5 s to import) are imported in the thread
+workers and in the handlers that only run after them: the console's first frame, which builds the
+key map from every screen's bindings, never waits for them."""
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from typing import Any, ClassVar
 
 from textual import work
@@ -16,8 +22,10 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
+from taehv_console.core.flow.form import FORM_FIELDS, field_text, form_overrides, override_text
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
+from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
@@ -29,31 +37,15 @@ RECIPE_FIELDS: tuple[tuple[str, str], ...] = (
     ("loss.teacher_cache", "latent cache dir"),
     ("adversarial.weight", "adversarial weight"),
 )
+FIELDS = FORM_FIELDS + RECIPE_FIELDS
 RECIPE_HINT = ("recipe: empty teacher = reconstruction only; a diffusers AutoencoderKLHunyuanVideo directory = "
                "distil to its latents (preflight loads it on every node); a cache dir = latents from "
                "`taehv-train cache-latents`, the teacher never loaded")
 
 
-def _form_fields() -> tuple[tuple[str, str], ...]:
-    from taehv_console.ui.flow import FORM_FIELDS
-
-    return tuple(FORM_FIELDS) + RECIPE_FIELDS
-
-
-def _override_text(base: Any, key: str, text: str) -> str:
-    """As flow.override_text, with every string field quoted as TOML (paths are strings)."""
-    import json
-
-    from taehv_console.ui.flow import config_value, override_text
-
-    if isinstance(config_value(base, key), str):
-        return f"{key}={json.dumps(text.strip())}"
-    return override_text(key, text)
-
-
 def recipe_summary(cfg: Any) -> str:
     """One line on what the chosen recipe costs, from the planner (online teacher beside cached)."""
-    from taehv_console.core.plan.planner import make_plan
+    from taehv_console.core.plan.planner import make_plan  # start-up: see the module's docstring
 
     t = make_plan(cfg).teacher
     if t is None or t.mode == "off":
@@ -96,7 +88,7 @@ class PresetScreen(Screen):
         yield DataTable(id="choices", cursor_type="row", zebra_stripes=True)
         yield Static("", id="choice-info")
         with VerticalScroll(id="preset-form"):
-            for key, label in _form_fields():
+            for key, label in FIELDS:
                 if key == RECIPE_FIELDS[0][0]:
                     yield Static(RECIPE_HINT, id="recipe-hint", classes="form-error")
                 with Horizontal(classes="form-field"):
@@ -118,10 +110,10 @@ class PresetScreen(Screen):
 
     @work(thread=True, exclusive=True, group="presets", exit_on_error=False)
     def _load(self) -> None:
-        from taehv_console.ui.flow import preset_choices
+        from taehv_console.core.flow.config import preset_choices  # start-up: see the module's docstring
 
         w = self.app.wizard
-        self.post_message(PresetChoicesReady(preset_choices(self.app.args, w.topology, w.probes)))
+        self.post_message(PresetChoicesReady(preset_choices(self.app.options, w.topology, w.probes)))
 
     def on_preset_choices_ready(self, message: PresetChoicesReady) -> None:
         table = self.query_one("#choices", DataTable)
@@ -132,7 +124,7 @@ class PresetScreen(Screen):
                 continue
             self._choices[c.name] = c
             table.add_row(*f.table_row(choice_row(c)), key=c.name)
-        wanted = self.app.wizard.preset or getattr(self.app.args, "preset", "auto") or "auto"
+        wanted = self.app.wizard.preset or self.app.options.preset
         names = list(self._choices)
         table.move_cursor(row=names.index(wanted) if wanted in names else 0)
         table.focus()
@@ -143,7 +135,7 @@ class PresetScreen(Screen):
             self._select(event.row_key.value)
 
     def _select(self, name: str | None, initial: bool = False) -> None:
-        from taehv_console.ui.flow import check_overrides, field_text
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
         choice = self._choices.get(name) if name else None
         if choice is None or choice is self._selected:
@@ -153,7 +145,7 @@ class PresetScreen(Screen):
         if choice.config is None:
             return
         w = self.app.wizard
-        overrides = w.overrides if (initial and w.overrides) else list(getattr(self.app.args, "overrides", []) or [])
+        overrides = w.overrides if (initial and w.overrides) else list(self.app.options.overrides)
         # each override applied on its own: the valid ones fill the form, a bad one stays in
         # "more overrides" with its message under it
         shown, rejected = choice.config, []
@@ -163,8 +155,8 @@ class PresetScreen(Screen):
                 rejected.append(o)
             else:
                 shown = applied
-        form_keys = {k for k, _ in _form_fields()}
-        for key, _label in _form_fields():
+        form_keys = {k for k, _ in FIELDS}
+        for key, _label in FIELDS:
             self.query_one(f"#field-{key.replace('.', '-')}", Input).value = field_text(shown, key)
         more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys or o in rejected]
         self.query_one("#field-more", Input).value = " ".join(more)
@@ -172,7 +164,7 @@ class PresetScreen(Screen):
 
     # ---------------------------------------------------------------- form
     def _fields(self) -> tuple[dict[str, str], str]:
-        values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in _form_fields()}
+        values = {k: self.query_one(f"#field-{k.replace('.', '-')}", Input).value for k, _ in FIELDS}
         return values, self.query_one("#field-more", Input).value
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -180,15 +172,13 @@ class PresetScreen(Screen):
             self._validate(event.input.name)
 
     def _validate_all(self) -> None:
-        for key, _ in _form_fields():
+        for key, _ in FIELDS:
             self._validate(key)
         self._validate(MORE)
 
     def _validate(self, key: str) -> None:
         """Core's own validation, one field at a time, so each message sits under its field."""
-        import shlex
-
-        from taehv_console.ui.flow import check_overrides, field_text
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
         base = self._selected.config if self._selected is not None else None
         if base is None:
@@ -203,7 +193,7 @@ class PresetScreen(Screen):
         else:
             text = values[key]
             _, err = ("", "") if text.strip() == field_text(base, key) else check_overrides(
-                base, [_override_text(base, key, text)])
+                base, [override_text(key, text, base)])
         self._errors[key] = err
         dom = key.replace(".", "-")
         box = self.query_one(f"#error-{dom}", Static)
@@ -215,16 +205,14 @@ class PresetScreen(Screen):
 
     def _show_recipe(self, base: Any, values: dict[str, str]) -> None:
         """The hint under the recipe fields, with the planner's cost of the recipe as typed."""
-        from taehv_console.ui.flow import check_overrides, field_text
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
-        typed = [_override_text(base, k, values[k]) for k, _ in RECIPE_FIELDS if values[k].strip() != field_text(base, k)]
+        typed = [override_text(k, values[k], base) for k, _ in RECIPE_FIELDS if values[k].strip() != field_text(base, k)]
         cfg, err = check_overrides(base, typed)
         self.query_one("#recipe-hint", Static).update(RECIPE_HINT + ("" if err else "\n" + recipe_summary(cfg)))
 
     # ---------------------------------------------------------------- navigation
     def action_next_step(self) -> None:
-        from taehv_console.ui.flow import field_text, form_overrides
-
         if self._selected is None or self._selected.config is None:
             self.notify("choose a preset that loads", severity="warning")
             return
@@ -233,36 +221,34 @@ class PresetScreen(Screen):
             self.notify("fix the overrides marked in red first", severity="error")
             return
         values, more = self._fields()
-        base = self._selected.config
-        recipe = {k: values.pop(k) for k, _ in RECIPE_FIELDS}
-        # the form's fields, the recipe's (strings quoted), then the free line: later ones win
-        overrides = (form_overrides(base, values, "")
-                     + [_override_text(base, k, v) for k, v in recipe.items() if v.strip() != field_text(base, k)]
-                     + form_overrides(base, {}, more))  # fmt: skip
+        overrides = form_overrides(self._selected.config, values, more)
         self._build(self._selected.name, overrides)
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
     def _build(self, preset: str, overrides: list[str]) -> None:
-        from taehv_console.ui import flow
+        from taehv_console.core.flow.config import run_config  # start-up: see the module's docstring
+        from taehv_console.core.flow.launch import review
         from trainer.config import ConfigError
 
         w = self.app.wizard
-        note = lambda text: self.post_message(NoteAdded(text))
+        options = dataclasses.replace(self.app.options, preset=preset, overrides=tuple(overrides))
+
+        def note(text: str) -> None:
+            self.post_message(NoteAdded(text))
+
         try:
-            cfg, chosen = flow.config_for(self.app.args, w.topology, w.probes, note, preset=preset, overrides=overrides)
-            review = flow.review(self.app.args, w.topology, w.probes, w.preflight, cfg, chosen, self.app.pool, note)
+            chosen = run_config(options, w.topology, w.probes, note=note)
+            reviewed = review(options, w.topology, w.probes, w.preflight, chosen, self.app.pool, note)
         except ConfigError as err:
             self.post_message(NoteAdded(f"error: {err}"))
             return
-        w.preset, w.overrides, w.config, w.chosen = preset, overrides, cfg, chosen
-        self.post_message(ReviewReady(review))
+        w.preset, w.overrides, w.chosen = preset, overrides, chosen
+        self.post_message(ReviewReady(reviewed))
 
     def on_note_added(self, message: NoteAdded) -> None:
         self.notify(message.text, severity="error" if message.text.startswith("error:") else "information")
 
     def on_review_ready(self, message: ReviewReady) -> None:
-        from taehv_console.ui.screens.review import ReviewScreen
-
         self.app.wizard.review = message.review
         self.app.push_screen(ReviewScreen())
 

@@ -13,8 +13,9 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from taehv_console.core.plan.timeouts import collective_timeout_brief
 from taehv_console.ui import formatting as f
-from taehv_console.ui.screens.preflight import findings_content
+from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
 
 
@@ -40,6 +41,7 @@ def figures_content(review: Any) -> Content:
             f"   {t.gpu_hours:,.0f} GPU-hours" + (f"   cost {t.cost:,.0f}" if t.cost is not None else "")),
         row("memory", f.badge("ok" if m.fits else "failed"),
             f" {m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per device (largest batch that fits: {m.max_batch_per_gpu})"),
+        row("coll. timeout", collective_timeout_brief(cfg)),
     ]
     if plan.teacher is not None and plan.teacher.mode != "off":
         from taehv_console.core.plan.planner import teacher_lines
@@ -57,7 +59,7 @@ def figures_content(review: Any) -> Content:
 
 def commands_content(review: Any) -> Content:
     lines: list[Content] = [Content.assemble(Content.styled("run directory ", "dim"), review.run_path),
-                            Content.assemble(Content.styled("backend ", "dim"), review.backend,
+                            Content.assemble(Content.styled("backend ", "dim"), review.backend.value,
                                              Content.styled("  master ", "dim"), f"{review.master}:{review.master_port}"),
                             Content("")]
     for n in review.commands:

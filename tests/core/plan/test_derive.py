@@ -9,9 +9,10 @@ from taehv_console.core.plan.derive import (
     auto_select,
     collective_timeout_s,
     derive_run_config,
-    gpu_family,
     lr_for,
 )
+from taehv_console.core.plan.planner import gpu_family
+from taehv_console.core.plan.timeouts import derived_collective_timeout_s
 from taehv_console.core.plan.presets import list_presets, load_preset
 
 
@@ -43,15 +44,16 @@ def values(cfg):
     "nodes, gpus, expected",
     [
         # 32 GPUs: target 128 x sqrt(2) = 181 -> 6 per GPU = 192; LR 1.5e-4; warmup between
-        # 1500 (16) and 1200 (48) at log2 position 1/1.585 -> 1310.7 -> 1300; 2-5 nodes 7200 s
-        (4, 8, (6, 1, 192, 1.5e-4, 1300, 850, 2, 500_000_000 * 3 // 2, 7200)),
+        # 1500 (16) and 1200 (48) at log2 position 1/1.585 -> 1310.7 -> 1300; derived timeout 600 s
+        (4, 8, (6, 1, 192, 1.5e-4, 1300, 850, 2, 500_000_000 * 3 // 2, 600)),
         # 12 GPUs: 128 / (8 x 12) needs 2 accumulation steps, then 128 / 24 -> 5 per GPU = 120
-        (3, 4, (5, 2, 120, 9.3e-5, 1700, 1400, 2, 500_000_000, 7200)),
+        (3, 4, (5, 2, 120, 9.3e-5, 1700, 1400, 2, 500_000_000, 600)),
         # 2 GPUs on one node: 8 x 8 x 2 = 128; checkpoints 2000 x 2/8 = 500 steps (same hours as 8 GPUs)
-        (1, 2, (8, 8, 128, 1e-4, 2000, 500, 2, 500_000_000, 3600)),
+        (1, 2, (8, 8, 128, 1e-4, 2000, 500, 2, 500_000_000, 600)),
         # 128 GPUs: 128 x sqrt(8) = 362 -> 3 per GPU = 384, LR 3e-4; past the 64-GPU anchors by
-        # 1/sqrt(world ratio): warmup 1000/sqrt(2) = 707 -> 700, checkpoints 500/sqrt(2) -> 350
-        (16, 8, (3, 1, 384, 3e-4, 700, 350, 2, 1_000_000_000, 14400)),
+        # 1/sqrt(world ratio): warmup 1000/sqrt(2) = 707 -> 700, checkpoints 500/sqrt(2) -> 350;
+        # timeout 600 + 30 x 6 nodes over 10 = 780 s
+        (16, 8, (3, 1, 384, 3e-4, 700, 350, 2, 1_000_000_000, 780)),
     ],
 )
 def test_derive_for_unpublished_topologies(h100, nodes, gpus, expected):
@@ -82,7 +84,8 @@ def test_lr_reason_reads_like_the_review_screen(h100):
         r.reason_for("optim.lr")
         == "LR 0.00018: 1e-4 x 240/128 = 0.0001875, rounded down to 2 significant digits"
     )
-    assert "10800 s for 6 node(s)" in r.reason_for("distributed.collective_timeout_s")
+    why = r.reason_for("distributed.collective_timeout_s")
+    assert why.startswith("600 s for 6 node(s)") and "published presets wait 10800 s" in why
 
 
 @pytest.mark.parametrize("name", ["16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-h100"])
@@ -92,7 +95,10 @@ def test_published_topologies_derive_back_to_published_values(h100, name):
     pub = load_preset(name, user_dir=None).config
     got = derive_run_config(h100, pub.topology.nodes, pub.topology.gpus_per_node).config
     assert values(got)[:6] == values(pub)[:6]
-    assert values(got)[7:] == values(pub)[7:]
+    assert values(got)[7] == values(pub)[7]
+    # derived configs wait minutes, not the published hours: the console names a stall in ~30 s
+    assert got.distributed.collective_timeout_s == derived_collective_timeout_s(pub.topology.nodes) < \
+        pub.distributed.collective_timeout_s
     assert got.deepspeed.zero_stage == 2
     if pub.deepspeed.zero_stage == 3:
         d, p = got.deepspeed, pub.deepspeed
@@ -147,6 +153,7 @@ def test_rules_in_isolation():
         14400,
         14400,
     ]
+    assert [derived_collective_timeout_s(n) for n in (1, 10, 11, 16, 40, 64)] == [600, 600, 630, 780, 1500, 1800]
     assert [lr_for(b) for b in (128, 240, 256, 192)] == [1e-4, 1.8e-4, 2e-4, 1.5e-4]
     assert gpu_family("NVIDIA H100 80GB HBM3") == "H100" and gpu_family("NVIDIA A800-SXM4-80GB") == "A800"
     assert gpu_family("NVIDIA A100-SXM4-40GB") == "A800" and gpu_family("NVIDIA L40S") is None

@@ -73,6 +73,31 @@ def test_plan_derived_topology_json(capsys):
     assert any(r["key"] == "optim.lr" and r["reason"].startswith("LR 0.00015") for r in data["reasons"])
 
 
+def test_plan_json_carries_the_whole_resolved_config_with_a_matched_presets_timeout(capsys):
+    # auto picks the published 16gpu-h100 for 2 x 8 H100: nothing is derived, and its timeout
+    # (the published 7200 s for 2 nodes) is in the output with the planner's explanation
+    code, data = run_json(capsys, "plan", "--preset", "auto", "--nodes", "2", "--gpus-per-node", "8",
+                          "--gpu", "H100", "--json")
+    assert code == 0 and data["derived"] is False and data["preset"] == "16gpu-h100"
+    cfg = data["config"]
+    assert set(cfg) >= {"run", "topology", "model", "data", "optim", "schedule", "deepspeed", "distributed"}
+    assert cfg["distributed"]["collective_timeout_s"] == 7200
+    assert cfg["optim"]["max_steps"] == 100_000 and cfg["topology"]["nodes"] == 2
+    assert data["plan"]["collective_timeout"]["seconds"] == 7200
+    assert "as published for 2 node(s)" in data["plan"]["collective_timeout"]["why"]
+
+
+def test_a_derived_config_waits_minutes_not_hours_and_says_why(capsys):
+    code, data = run_json(capsys, "plan", "--preset", "auto", "--nodes", "3", "--gpus-per-node", "8",
+                          "--gpu", "H100", "--json")
+    assert code == 0 and data["derived"] is True
+    assert data["config"]["distributed"]["collective_timeout_s"] == 600
+    why = data["plan"]["collective_timeout"]["why"]
+    assert why.startswith("600 s (10 min)") and "stalled rank within ~30 s" in why and "7200 s" in why
+    main(["plan", "--preset", "auto", "--nodes", "3", "--gpus-per-node", "8", "--gpu", "H100"])
+    assert "timeout       600 s (10 min)" in capsys.readouterr().out
+
+
 def test_plan_auto_and_human_output(capsys):
     code = main(["plan", "--preset", "auto", "--nodes", "2", "--gpus-per-node", "8", "--gpu", "H100"])
     out = capsys.readouterr().out

@@ -1,0 +1,44 @@
+"""What a front end asks the flow for, as one typed value: the CLI builds it from its arguments,
+the TUI keeps one and replaces it as the user edits (a hostfile typed in, say)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from taehv_console.core.cluster.ssh import SshSettings
+from taehv_console.core.models import BackendKind
+
+
+class EnvError(ValueError):
+    """A KEY=VALUE launch variable that is not one."""
+
+
+def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`KEY=VALUE` entries (the `--env` option) as a dict; a plain POSIX variable name is required,
+    since every key ends up in a rendered shell script."""
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit() or not key.isascii():
+            raise EnvError(f"--env {item!r}: expected KEY=VALUE with a plain variable name")
+        env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """The flow's inputs. `backend` None means auto (from the detected topology); `run` names an
+    existing run directory or id; `env` is added to every node's launcher environment."""
+
+    hosts: str | None = None
+    preset: str = "auto"
+    data: str | None = None
+    runs: str = "runs"
+    run: str | None = None
+    overrides: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    master_port: int | None = None
+    backend: BackendKind | None = None
+    grace_s: float | None = None
+    ssh: SshSettings = field(default_factory=SshSettings.from_env)

@@ -1,0 +1,28 @@
+"""How `taehv-console --no-tui`, `attach` and `resume` end: an IntEnum scripts match on. Kept in
+a module of its own (no imports) so `--help` can print the list without loading the flow."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ExitCode(enum.IntEnum):
+    """How `taehv-console --no-tui` (and attach/resume) ended. An API: scripts match on it."""
+
+    DONE = 0  # every rank reached max_steps; final weights written
+    TRAINING_FAILED = 1  # a rank or launcher failed; state.json names the node and rank
+    USAGE = 2  # the command line, a config or the environment is wrong (argparse uses 2 too)
+    PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
+    STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
+    BUSY = 5  # another console controls the run, or it is already running (attach instead)
+    INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
+
+
+def exit_code_for(phase: Any) -> ExitCode:
+    value = getattr(phase, "value", phase)
+    return {"done": ExitCode.DONE, "stopped": ExitCode.STOPPED, "failed": ExitCode.TRAINING_FAILED}.get(
+        value, ExitCode.TRAINING_FAILED)
+
+
+EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
