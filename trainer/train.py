@@ -400,10 +400,11 @@ class Trainer:
             self.events.emit("data", step=self.step, path=s["path"], reason=s["reason"], count=self.data_skipped)
             print(f"[taehv-train] rank {self.rank}: skipped {s['path']}: {s['reason']}", file=sys.stderr, flush=True)
 
-    def _to_input(self, video_u8):
-        # uint8 crosses the loader and the bus; the float conversion happens on the device
-        x = video_u8.to(self.device, non_blocking=True).to(self.model_dtype).div_(255.0)
-        return x.contiguous()
+    def _to_input(self, video_u8, jitter=None):
+        # uint8 crosses the loader and the bus; float conversion and colour jitter happen on the device
+        from trainer.augment import to_model_input
+
+        return to_model_input(video_u8.to(self.device, non_blocking=True), self.model_dtype, jitter)
 
     # ---------------------------------------------------------------- losses
     def _teacher_latents(self, x):
@@ -551,6 +552,7 @@ class Trainer:
         cfg = self.cfg
         t0 = time.time()
         self.collective_wait_s = 0.0
+        data_wait_s = 0.0  # this rank blocked on its loader: the share says whether workers keep up
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -561,9 +563,11 @@ class Trainer:
             tries += 1
             if tries > 10 * cfg.optim.grad_accum:
                 raise RuntimeError(f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up")
+            waited = time.perf_counter()
             batch = self._next_batch()
+            data_wait_s += time.perf_counter() - waited
             self.faults.sleep("delay", self.step)
-            x = self._to_input(batch["video"])
+            x = self._to_input(batch["video"], batch["jitter"] if self.cfg.data.color_jitter > 0 else None)
             loss, parts = self.compute_loss(x)
             if self.faults.nan_loss(self.step):
                 loss = loss * float("nan")
@@ -607,12 +611,14 @@ class Trainer:
             "psnr": psnr_from_mse(means["recon_loss"]), "lr": lr, "grad_norm": grad_norm,
             "samples_per_s": cfg.effective_batch / step_time if step_time > 0 else 0.0,
             "step_time_s": step_time, "gpu_mem_gb": gpu_mem, "nonfinite_skipped": self.nonfinite_skipped,
+            "data_wait_s": data_wait_s, "data_wait_share": data_wait_s / step_time if step_time > 0 else 0.0,
         }  # fmt: skip
         if self.teacher is not None:
             self.last["distill_loss"] = means["distill_loss"]
             if cfg.loss.decoder_on_teacher_latents:
                 self.last["decoder_teacher_loss"] = means["decoder_teacher_loss"]
-        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6))
+        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6),
+                              data_wait_s=round(data_wait_s, 6))  # fmt: skip
         if self.is_main or self.step % cfg.schedule.log_every == 0:
             self.events.emit("step", **self.last)
         if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainer import data
+from trainer.augment import to_model_input
 from trainer.config import DataSection
 from trainer.data import (
     DataSourceError,
@@ -221,22 +222,28 @@ def test_validation_is_fixed_centre_crop(clips):
     a = VideoClipDataset(clips, cfg(), train=False)[(3, 0)]["video"]
     b = VideoClipDataset(clips, cfg(), train=False)[(3, 777)]["video"]
     assert torch.equal(a, b), "validation must not depend on the seed"
-    # The centre crop of the largest 32:48 region of a 48x64 frame is 43x64 (rows 2..44), resized.
+    # The largest 32:48 region of a 48x64 frame is 43x64 (scale 0.75: a 36x48 view), centred:
+    # rows 3..46 of the source (the view's rows 2..34), resized in uint8.
     source = torch.from_numpy(read_frames(clips[3], range(T))).permute(0, 3, 1, 2).float()
-    full_h = round(64 * H / W)
-    top = (48 - full_h) // 2
     expected = torch.nn.functional.interpolate(
-        source[:, :, top : top + full_h], size=(H, W), mode="bilinear", antialias=True, align_corners=False
+        source[:, :, 3 : 3 + 43], size=(H, W), mode="bilinear", antialias=True, align_corners=False
     )
-    assert torch.equal(a, expected.round().clamp(0, 255).to(torch.uint8))
+    assert (a.float() - expected).abs().max() <= 1, "uint8 resize within one level of the float one"
 
 
 def test_jitter_and_flip_stay_within_bounds(clips):
     plain = VideoClipDataset(clips, cfg(flip=False, color_jitter=0.0, min_crop_scale=1.0), train=True)
     jittered = VideoClipDataset(clips, cfg(flip=False, color_jitter=0.2, min_crop_scale=1.0), train=True)
-    a, b = plain[(0, 5)]["video"].float(), jittered[(0, 5)]["video"].float()
-    assert not torch.equal(a, b)
-    assert (a - b).abs().mean() < 0.2 * 255, "light jitter, not a different picture"
+    a, b = plain[(0, 5)], jittered[(0, 5)]
+    # The loader's clip is the same uint8 picture; only the factors it carries for the device differ.
+    assert torch.equal(a["video"], b["video"])
+    assert a["jitter"].tolist() == [1.0, 1.0, 1.0]
+    assert all(0.8 <= f <= 1.2 for f in b["jitter"].tolist()) and b["jitter"].tolist() != [1.0, 1.0, 1.0]
+    assert torch.equal(b["jitter"], jittered[(0, 5)]["jitter"]), "the factors come from the item's seed"
+    x = to_model_input(a["video"][None], torch.float32)
+    y = to_model_input(b["video"][None], torch.float32, b["jitter"][None])
+    assert not torch.equal(x, y) and 0 <= y.min() and y.max() <= 1
+    assert (x - y).abs().mean() < 0.2, "light jitter, not a different picture"
     flipping = VideoClipDataset(clips, cfg(flip=True, color_jitter=0.0, min_crop_scale=1.0), train=True)
     same = {torch.equal(flipping[(0, s)]["video"], plain[(0, s)]["video"]) for s in range(12)}
     assert same == {True, False}, "flip should happen for some seeds and not others"
@@ -435,6 +442,8 @@ def test_sampler_rejects_bad_arguments():
 def test_collate_flattens_skips():
     item = lambda i, skips: {
         "video": torch.zeros(T, 3, H, W, dtype=torch.uint8),
+        "jitter": torch.full((3,), 1.0 + i),
+        "crop": torch.tensor([i, 0, H, W, 0]),
         "index": i,
         "skipped": skips,
     }
@@ -443,6 +452,7 @@ def test_collate_flattens_skips():
     )
     assert batch["video"].shape == (3, T, 3, H, W) and batch["index"] == [0, 1, 2]
     assert [s["path"] for s in batch["skipped"]] == ["a", "b"]
+    assert batch["jitter"][:, 0].tolist() == [1.0, 2.0, 3.0] and batch["crop"][:, 0].tolist() == [0, 1, 2]
 
 
 @pytest.mark.timeout(120)
