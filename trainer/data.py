@@ -392,6 +392,14 @@ class VideoClipDataset(Dataset):
         A subclass (e.g. a cached-latent dataset) may override it to pin the geometry."""
         return crop_box(height, width, self.cfg, rng, grid=self.crop_grid)
 
+    def augmentation(self, height: int, width: int, seed: int) -> tuple[CropBox, tuple[float, float, float]]:
+        """The crop of a height x width source and the colour-jitter factors for item seed `seed`."""
+        rng = np.random.default_rng([seed, 1]) if self.train else None
+        box = self.crop_box(height, width, rng)
+        # Drawn after the crop from the same generator, in the order the CPU jitter drew them.
+        factors = jitter_factors(rng, self.cfg.color_jitter) if rng is not None else NO_JITTER
+        return box, factors
+
     def _finish(self, frames: list[np.ndarray], seed: int) -> dict:
         """Crop, resize (down only) and flip decoded RGB frames into uint8 [T, 3, H, W], all in uint8:
         the float work (colour jitter) happens on the rank's device (trainer.augment)."""
@@ -399,10 +407,7 @@ class VideoClipDataset(Dataset):
         height, width = frames[0].shape[:2]
         if any(f.shape != frames[0].shape for f in frames):
             raise _Unusable("frame size changes within the video")
-        rng = np.random.default_rng([seed, 1]) if self.train else None
-        box = self.crop_box(height, width, rng)
-        # Drawn after the crop from the same generator, in the order the CPU jitter drew them.
-        factors = jitter_factors(rng, cfg.color_jitter) if rng is not None else NO_JITTER
+        box, factors = self.augmentation(height, width, seed)
         out = (cfg.height, cfg.width)
         if box.exact and box.view != (height, width):
             # Latent-aligned crops: resize whole frames to the view, so each crop is exactly a window of it.

@@ -249,6 +249,77 @@ def test_jitter_and_flip_stay_within_bounds(clips):
     assert same == {True, False}, "flip should happen for some seeds and not others"
 
 
+# --- crops ---------------------------------------------------------------------------------------
+
+
+def test_sources_smaller_than_the_crop_are_skipped_never_upsampled(tmp_path, clips):
+    small = make_synthetic(tmp_path / "small", clips=1, frames=12, height=24, width=64)[0]
+    ds = VideoClipDataset([small, clips[0]], cfg(), train=True)
+    item = ds[(0, 1)]
+    assert item["index"] == 1, "the next video stands in"
+    (skip,) = item["skipped"]
+    assert skip["path"] == str(small)
+    assert "24x64 are smaller than the 32x48 training crop" in skip["reason"] and "never upsampled" in skip["reason"]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_crops_never_zoom_past_the_source_pixels(train):
+    # A source exactly the crop's size: the view is the source itself, whatever the zoom drawn.
+    ds = VideoClipDataset([], cfg(min_crop_scale=0.3), train=train)
+    for seed in range(50):
+        box, _ = ds.augmentation(H, W, seed)
+        assert box.view == (H, W) and (box.top, box.left) == (0, 0)
+    # A larger one: training zooms in, down to but never past the source's own pixels.
+    views = {ds.augmentation(3 * H, 3 * W, seed)[0].view for seed in range(200)}
+    assert all(H <= v[0] <= 3 * H and W <= v[1] <= 3 * W for v in views)
+    if train:
+        assert len(views) > 20 and (H, W) in views
+    else:
+        assert views == {(H, W)}, "validation: the largest region, no zoom"
+
+
+def test_frame_height_takes_crops_from_frames_at_that_height(tmp_path):
+    src = make_synthetic(tmp_path, clips=1, frames=12, height=96, width=128)
+    ds = VideoClipDataset(src, cfg(frame_height=48, min_crop_scale=1.0, flip=False), train=True)
+    tops_lefts = set()
+    for seed in range(6):
+        item = ds[(0, seed)]
+        top, left, view_h, view_w, flipped = item["crop"].tolist()
+        assert (view_h, view_w, flipped) == (48, 64, 0), "96x128 scaled to 48 high, a 32x48 window of it"
+        tops_lefts.add((top, left))
+        frames = torch.from_numpy(read_frames(src[0], range(12))).permute(0, 3, 1, 2).float()
+        view = torch.nn.functional.interpolate(frames, size=(48, 64), mode="bilinear", antialias=True)
+        windows = view[:, :, top : top + H, left : left + W]
+        first = item["video"][0].float()
+        assert first.shape == (3, H, W)
+        # resizing only the window's region gives the same picture as resizing the frame, up to edges;
+        # the clip starts at a random frame, so look for it among all of them
+        assert min((first - w)[:, 2:-2, 2:-2].abs().mean() for w in windows) < 3
+    assert len(tops_lefts) > 1, "the window moves"
+    with pytest.raises(ValueError, match="frame_height"):
+        cfg(frame_height=H - 8)
+
+
+def test_grid_aligned_crops_are_exact_windows_of_the_scaled_frame(tmp_path):
+    src = make_synthetic(tmp_path, clips=1, frames=12, height=96, width=144)
+    ds = VideoClipDataset(src, cfg(frame_height=64, min_crop_scale=0.5), train=True, crop_grid=8)
+    seen = set()
+    for seed in range(8):
+        item = ds[(0, seed)]
+        top, left, view_h, view_w, flipped = item["crop"].tolist()
+        assert (view_h, view_w) == (64, 96), "a fixed scale: latents are cached at one"
+        assert top % 8 == 0 and left % 8 == 0
+        seen.add((top, left))
+        frames = read_frames(src[0], range(12))
+        view = data._resize_u8(frames, (64, 96))[:, :, top : top + H, left : left + W]
+        if flipped:
+            view = view.flip(-1)
+        got = item["video"]
+        assert got.shape == (T, 3, H, W)
+        assert any(torch.equal(got[0], view[i]) for i in range(12)), "exactly a window of the scaled frame"
+    assert len(seen) > 1
+
+
 # --- frame accuracy ------------------------------------------------------------------------------
 
 
