@@ -74,17 +74,16 @@ def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         parser.error(f"bench-data settings: {err}")
     if args.clips < 1:
         parser.error("--clips must be at least 1")
-    try:
-        paths = find_videos(data.source, data.root)
-    except DataSourceError as err:
-        print(f"taehv-train bench-data: {err}", file=sys.stderr)
-        return 2
     if args.target_clips_per_s is not None:
         target, why = args.target_clips_per_s, "given"
     else:
         target = default_target_clips_per_s(data.frames, data.height, data.width)
         why = "H100 at 40% MFU"
-    cost = measure_loader(paths, data, args.clips, seed=args.seed)
+    try:
+        cost = measure_loader(find_videos(data.source, data.root), data, args.clips, seed=args.seed)
+    except DataSourceError as err:
+        print(f"taehv-train bench-data: {err}", file=sys.stderr)
+        return 2
     workers = args.workers if args.workers is not None else (data.num_workers if args.config else None)
     if args.json:
         print(json.dumps({**cost.to_dict(), "target_clips_per_s": target, "workers_needed": cost.workers_for(target)}))
