@@ -60,6 +60,7 @@ class RankObservation:
     progress_time: float | None = None  # console clock: when `step` was reached
     step_times: tuple[float, ...] = ()  # recent steps of the current attempt
     busy: tuple[float, ...] = ()  # recent (step_time_s - wait_s)
+    data_wait: tuple[float, ...] = ()  # recent shares of step time spent waiting for the next batch
     pid: int | None = None
     finished: str | None = None  # stop reason of the current attempt (done | signal | error)
     error: str | None = None  # error event of the current attempt
@@ -136,6 +137,7 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
         out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
                                  step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank),
                                  score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
+                                 data_wait_share=_median(o.data_wait[-window:]),
                                  detail=detail)  # fmt: skip
 
     by_rank = {o.rank: o for o in obs}

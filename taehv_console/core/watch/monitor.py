@@ -316,6 +316,7 @@ class _RankTracker:
         self.stopped = False
         self.step_times: deque[float] = deque(maxlen=window)
         self.busy: deque[float] = deque(maxlen=window)
+        self.data_wait: deque[float] = deque(maxlen=window)  # share of each step spent waiting for data
 
     def update(self, hb: Mapping[str, Any], offset: float, now: float) -> bool:
         step, t, pid = hb.get("step"), hb.get("time"), hb.get("pid")
@@ -328,12 +329,16 @@ class _RankTracker:
         if new_attempt:  # a relaunch: its steps are not a continuation of the old process's
             self.step_times.clear()
             self.busy.clear()
+            self.data_wait.clear()
         advanced = new_attempt or self.step is None or step != self.step
         st = hb.get("step_time_s")
         if advanced and isinstance(st, (int, float)) and st > 0:
             wait = hb.get("wait_s")
             self.step_times.append(float(st))
             self.busy.append(max(0.0, float(st) - float(wait)) if isinstance(wait, (int, float)) else float(st))
+            data_wait = hb.get("data_wait_s")  # absent from trainers before it existed
+            if isinstance(data_wait, (int, float)):
+                self.data_wait.append(min(1.0, max(0.0, float(data_wait) / float(st))))
         if advanced:
             # The node's clock, corrected by its agent's offset, never later than now.
             self.progress_time = min(float(t) - offset, now)
@@ -795,6 +800,7 @@ class Monitor:
             obs.append(RankObservation(
                 rank=r, node=node, step=t.step if t else None, progress_time=t.progress_time if t else None,
                 step_times=tuple(t.step_times) if t else (), busy=tuple(t.busy) if t else (),
+                data_wait=tuple(t.data_wait) if t else (),
                 pid=t.pid if t else None, finished=finished, error=ev.error if ev else None, process=proc,
                 process_time=ptime, pause_allowance_s=pause(t.step if t else None),
                 signals=tuple(sigs)))  # fmt: skip

@@ -133,6 +133,7 @@ class RankHealth:
     heartbeat_age_s: float | None = None
     step_time_s: float | None = None  # median of recent steps (the same on every rank: collectives)
     busy_s: float | None = None  # median of recent (step time - time waiting for other ranks)
+    data_wait_share: float | None = None  # median share of recent steps spent waiting for the loader
     score: float | None = None
     pid: int | None = None
     process: str = ""  # the agent's view of the process ("" when no agent reports it)
