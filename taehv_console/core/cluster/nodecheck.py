@@ -1,5 +1,6 @@
 """Small checks preflight runs on a node: a token in the runs directory (is it shared?), a TCP
-listener on the master port and connections to it (free? reachable?). Run as
+listener on the master port and connections to it (free? reachable?), and what the data loader
+costs per clip on this node's CPUs and videos. Run as
 `python -m taehv_console.core.cluster.nodecheck ACTION ...`, each printing one JSON object.
 """
 
@@ -110,6 +111,23 @@ def connect(host: str, port: int, timeout: float) -> dict:
     return {"ok": True, "seconds": round(time.monotonic() - t0, 3)}
 
 
+def loader(data_config: str, clips: int) -> dict:
+    """CPU-s per training clip on this node, measured on its own copy of the data with the run's
+    data settings (a JSON DataSection), exactly as the trainer's loader workers prepare clips."""
+    from trainer.bench_data import measure_loader
+    from trainer.config import DataSection
+    from trainer.data import DataSourceError, find_videos
+
+    try:
+        data = DataSection.model_validate_json(data_config)
+        cost = measure_loader(find_videos(data.source, data.root), data, clips)
+    except DataSourceError as err:
+        return {"ok": False, "data_error": True, "error": str(err)}
+    except ValueError as err:
+        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}"}
+    return {"ok": True, **cost.to_dict()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.nodecheck")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -126,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--timeout", type=float, default=5.0)
+    p = sub.add_parser("loader")
+    p.add_argument("--data-config", required=True, help="the run's [data] section as JSON")
+    p.add_argument("--clips", type=int, default=3)
     args = parser.parse_args(argv)
     if args.action == "listen":
         return listen(args.port, args.seconds)
@@ -137,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         out = token_remove(args.runs_dir, args.token)
     elif args.action == "port-free":
         out = port_free(args.port)
+    elif args.action == "loader":
+        out = loader(args.data_config, args.clips)
     else:
         out = connect(args.host, args.port, args.timeout)
     print(json.dumps(out))
