@@ -20,7 +20,9 @@ def jitter_factors(rng: np.random.Generator, strength: float) -> tuple[float, fl
     return float(b), float(c), float(s)
 
 
-def to_model_input(video_u8: torch.Tensor, dtype: torch.dtype, factors: torch.Tensor | None = None) -> torch.Tensor:
+def to_model_input(
+    video_u8: torch.Tensor, dtype: torch.dtype, factors: torch.Tensor | None = None
+) -> torch.Tensor:
     """uint8 clips [B, T, 3, H, W] (already on the device) as `dtype` in [0, 1], each clip jittered by
     its row of `factors` [B, 3] (brightness, contrast, saturation; None = no jitter).
 

@@ -109,18 +109,23 @@ def measure_loader(paths: list[Path], cfg: DataSection, clips: int, seed: int = 
     return LoaderCost(
         clips=clips, frames=cfg.frames, height=cfg.height, width=cfg.width,
         load_cpu_s=load_cpu / clips, decode_cpu_s=max(0.0, load_cpu - ds.finish_cpu_s) / clips,
-        jitter_cpu_s=jitter_cpu / clips, wall_s=wall / clips, source=_describe(Path(paths[0])), skipped=skipped,
+        jitter_cpu_s=jitter_cpu / clips, wall_s=wall / clips, source=_describe(Path(paths[0])),
+        skipped=skipped,
     )  # fmt: skip
 
 
-def report_lines(cost: LoaderCost, target_clips_per_s: float, target_why: str, workers: int | None = None) -> list[str]:
+def report_lines(
+    cost: LoaderCost, target_clips_per_s: float, target_why: str, workers: int | None = None
+) -> list[str]:
     need = cost.workers_for(target_clips_per_s)
+    crop_s = cost.load_cpu_s - cost.decode_cpu_s
     lines = [
         f"{cost.clips} clips of {cost.frames}x{cost.height}x{cost.width} from {cost.source} sources",
         f"  loader (decode, crop, resize; uint8): {cost.load_cpu_s:.3f} CPU-s per clip "
-        f"(decode and RGB {cost.decode_cpu_s:.3f}, crop/resize/flip {cost.load_cpu_s - cost.decode_cpu_s:.3f}), "
+        f"(decode and RGB {cost.decode_cpu_s:.3f}, crop/resize/flip {crop_s:.3f}), "
         f"{cost.wall_s:.3f} s wall",
-        f"  jitter (float + colour; on the GPU in training, here on the CPU): {cost.jitter_cpu_s:.3f} CPU-s per clip",
+        f"  jitter (float + colour; on the GPU in training, here on the CPU): "
+        f"{cost.jitter_cpu_s:.3f} CPU-s per clip",
         f"  one worker: {cost.clips_per_s_per_worker:.1f} clips/s",
         f"  at {target_clips_per_s:.1f} clips/s per GPU ({target_why}): {need} loader worker(s) per GPU "
         f"(data.num_workers = {need})",

@@ -30,10 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the data path: CPU-s per training clip and the loader workers a GPU needs",
     )
     bench.add_argument("dir", help="a folder of videos or an annotation JSON (as data.source)")
-    bench.add_argument("--config", type=Path, help="take the data settings from this run.toml (the options below override)")
+    bench.add_argument(
+        "--config", type=Path, help="take the data settings from this run.toml (the options below override)"
+    )
     bench.add_argument("--frames", type=int, help="frames per clip (default: the config's, else 12)")
     bench.add_argument("--size", help="crop HxW, e.g. 480x720 (default: the config's, else 480x720)")
-    bench.add_argument("--frame-height", type=int, help="data.frame_height: frames scaled to this before cropping")
+    bench.add_argument(
+        "--frame-height", type=int, help="data.frame_height: frames scaled to this before cropping"
+    )
     bench.add_argument("--clips", type=int, default=16, help="clips to prepare (after one warm-up clip)")
     bench.add_argument("--workers", type=int, help="say whether this many loader workers per GPU keep up")
     bench.add_argument(
@@ -86,7 +90,8 @@ def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         return 2
     workers = args.workers if args.workers is not None else (data.num_workers if args.config else None)
     if args.json:
-        print(json.dumps({**cost.to_dict(), "target_clips_per_s": target, "workers_needed": cost.workers_for(target)}))
+        need = cost.workers_for(target)
+        print(json.dumps({**cost.to_dict(), "target_clips_per_s": target, "workers_needed": need}))
     else:
         print("\n".join(report_lines(cost, target, why, workers)))
     return 0

@@ -421,7 +421,7 @@ class VideoClipDataset(Dataset):
         return {
             "video": x,  # collate stacks (copies) anyway: no need for a contiguous copy here
             "jitter": torch.tensor(factors, dtype=torch.float32),
-            "crop": torch.tensor([box.top, box.left, box.view[0], box.view[1], int(box.flip)], dtype=torch.int64),
+            "crop": torch.tensor([box.top, box.left, *box.view, int(box.flip)], dtype=torch.int64),
         }
 
 
@@ -454,7 +454,9 @@ class CropBox:
         return top, left, rows, cols
 
 
-def crop_box(height: int, width: int, cfg: DataSection, rng: np.random.Generator | None, grid: int = 1) -> CropBox:
+def crop_box(
+    height: int, width: int, cfg: DataSection, rng: np.random.Generator | None, grid: int = 1
+) -> CropBox:
     """The crop of a height x width source: random when `rng` is given (training), centred otherwise.
 
     The source is scaled by s <= 1 (never up) and a cfg.height x cfg.width window is cut from it.

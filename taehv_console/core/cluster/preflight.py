@@ -230,10 +230,12 @@ def check_loader(measured: Mapping[str, Mapping], cfg: TrainConfig, clips_per_s_
         if not m.get("ok"):
             why = m.get("error") or "no answer"
             if m.get("data_error"):
-                out.append(Finding("data-gives-no-clips", E, f"{host}: the data loader cannot make a {clip} clip: {why}",
+                out.append(Finding("data-gives-no-clips", E,
+                                   f"{host}: the data loader cannot make a {clip} clip: {why}",
                                    "fix the videos or the data settings it names", host))
             else:
-                out.append(Finding("loader-not-measured", W, f"{host}: the loader could not be measured: {why}",
+                out.append(Finding("loader-not-measured", W,
+                                   f"{host}: the loader could not be measured: {why}",
                                    "run `taehv-train bench-data DIR` on that node to see why", host))
             continue
         cpu_s = float(m["load_cpu_s"])
@@ -249,19 +251,21 @@ def check_loader(measured: Mapping[str, Mapping], cfg: TrainConfig, clips_per_s_
             f = facts.get(host) if facts else None
             cores = need * cfg.topology.gpus_per_node
             if f is not None and f.cpu_count and cores > f.cpu_count:
-                fix += (f" ({cores} loader processes per node, {host} has {f.cpu_count} CPUs: also pre-scale the "
-                        "videos towards the training size, which makes decoding cheaper)")
+                fix += (f" ({cores} loader processes per node, {host} has {f.cpu_count} CPUs: also "
+                        "pre-scale the videos towards the training size, which makes decoding cheaper)")
             out.append(Finding("loader-too-slow", W,
-                               f"{what}: {workers} worker(s) per GPU give {rate:.1f} clips/s, the plan assumes "
-                               f"{target:.1f} clips/s per GPU, so GPUs would wait for data", fix, host))
+                               f"{what}: {workers} worker(s) per GPU give {rate:.1f} clips/s, the plan "
+                               f"assumes {target:.1f} clips/s per GPU, so GPUs would wait for data", fix, host))
         else:
             out.append(Finding("loader-ok", I, f"{what}: {workers} worker(s) per GPU give {rate:.1f} clips/s "
                                                f"(the plan assumes {target:.1f})", "", host))
         skipped = m.get("skipped") or []
         if skipped:
             out.append(Finding("loader-skipped-videos", W,
-                               f"{host}: {len(skipped)} of the sampled videos gave no clip: " + "; ".join(skipped[:3]),
-                               "training skips them too (each reported as a data event); fix or remove them", host))
+                               f"{host}: {len(skipped)} of the sampled videos gave no clip: "
+                               + "; ".join(skipped[:3]),
+                               "training skips them too (each reported as a data event); fix or remove them",
+                               host))
     return out
 
 

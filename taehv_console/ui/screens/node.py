@@ -22,7 +22,8 @@ from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
 
 GPU_COLUMNS = ("gpu", "util", "memory", "temp", "power", "state", "run mem")
-RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "data wait", "pid", "detail")
+# "data": the share of step time this rank waited for its next batch (loader too slow when high)
+RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "data", "pid", "detail")
 LOG_LINES = 5000
 
 
