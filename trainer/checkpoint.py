@@ -1,13 +1,19 @@
 """The checkpoint protocol of DESIGN.md: no partial checkpoint is ever taken for a good one.
 
 step-<N>.tmp/ while ranks write; rank 0 checks the file set, writes manifest.json and COMPLETE,
-fsyncs, renames to step-<N>/, replaces `latest`, and only then prunes (keeping >= 2 complete).
-Verification reads manifests, sizes and zip central directories; it never unpickles anything.
+fsyncs, renames to step-<N>/, replaces `latest`, and only then prunes (keeping >= 2 complete, and
+never what `latest` names or what the run resumed from). Manifests carry an xxh3-128 hash of every
+file, so a same-size corruption is caught. Verification reads manifests, sizes, hashes and zip
+central directories; it never unpickles anything.
+
+Timelines: resuming from a checkpoint older than the newest moves the newer ones into
+`abandoned/`, so `latest`, resume and retention only ever see one line of history.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -22,8 +28,11 @@ MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
 DS_TAG = "ds"  # DeepSpeed's own files go under step-<N>/ds/
 WEIGHTS = "weights.safetensors"  # consolidated fp32 weights: weights-only resume, evaluation
+LATEST = "latest"
+ABANDONED = "abandoned"  # checkpoints of a timeline a resume --from left behind (kept, never loaded)
 STEP_RE = re.compile(r"^step-(\d+)$")
 TMP_RE = re.compile(r"^step-(\d+)\.tmp$")
+HASH_ALGO = "xxh3_128"  # the fastest of xxh64, xxh3, blake2b, sha256 here: benchmarks/checkpoint_hash.py
 
 
 def rank_state_name(rank: int) -> str:
@@ -84,6 +93,20 @@ def check_files(ckpt_dir: Path, world_size: int, zero_stage: int) -> list[str]:
     return problems
 
 
+def file_hash(path: Path) -> str:
+    """`xxh3_128:<hex>` of a file's bytes. Hashed through mmap: no copy into Python buffers, which
+    made chunked reads 5x slower than the hash itself (benchmarks/checkpoint_hash.py)."""
+    import mmap
+
+    import xxhash
+
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return f"{HASH_ALGO}:{xxhash.xxh3_128(b'').hexdigest()}"
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return f"{HASH_ALGO}:{xxhash.xxh3_128(m).hexdigest()}"
+
+
 def _fsync_tree(root: Path) -> None:
     for p in root.rglob("*"):
         if p.is_file():
@@ -109,6 +132,7 @@ def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: 
         "world_size": world_size,
         "zero_stage": zero_stage,
         "files": files,
+        "hashes": {name: file_hash(tmp_dir / name) for name in files},
         "bytes": sum(files.values()),
         "created": time.time(),
         **(extra or {}),
@@ -120,8 +144,33 @@ def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: 
     if final.exists():  # a re-save of the same step (e.g. resumed and stopped at once): newest wins
         shutil.rmtree(final)
     os.rename(tmp_dir, final)
-    atomic_write_text(tmp_dir.parent / "latest", f"step-{step}\n", fsync=True)
+    write_latest(tmp_dir.parent, final.name)
     return final
+
+
+def write_latest(root: Path, name: str) -> None:
+    atomic_write_text(Path(root) / LATEST, f"{name}\n", fsync=True)
+
+
+def read_latest(root: Path) -> tuple[str | None, str | None]:
+    """(the checkpoint name `latest` holds, the problem with the file). Never raises: a reader of
+    a half-broken run directory must keep working, and garbage is reported, not trusted."""
+    path = Path(root) / LATEST
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4097)
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        return None, f"{path}: unreadable ({err.strerror or err})"
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, f"{path}: not text ({len(raw)} bytes of binary data); ignored"
+    if not STEP_RE.match(text):
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return None, f"{path}: holds {shown!r}, not a checkpoint name (step-<N>); ignored"
+    return text, None
 
 
 class CheckpointError(RuntimeError):
@@ -144,8 +193,11 @@ class CheckpointStatus:
         return self.state == "complete"
 
 
-def verify(path: Path, deep: bool = True) -> CheckpointStatus:
-    """Whether a checkpoint directory can be trusted, from its manifest, sizes and zip directories."""
+def verify(path: Path, deep: bool = True, hashes: bool = False) -> CheckpointStatus:
+    """Whether a checkpoint directory can be trusted, from its manifest, sizes and zip directories;
+    with `hashes`, every file's bytes against the manifest's hash too (reads the whole checkpoint:
+    done before a resume and on request, not on every poll). Manifests written before hashes
+    existed verify without them."""
     path = Path(path)
     m = STEP_RE.match(path.name)
     t = TMP_RE.match(path.name)
@@ -163,12 +215,15 @@ def verify(path: Path, deep: bool = True) -> CheckpointStatus:
         return CheckpointStatus(path, step, "incomplete", tuple(problems), mtime=mtime)
     if manifest.get("step") != step:
         problems.append(f"manifest says step {manifest.get('step')}, directory says {step}")
+    expected_hashes = manifest.get("hashes") or {}
     for name, size in manifest.get("files", {}).items():
         f = path / name
         if not f.is_file():
             problems.append(f"missing {name}")
         elif f.stat().st_size != size:
             problems.append(f"{name}: {f.stat().st_size} bytes, manifest says {size}")
+        elif hashes and name in expected_hashes and file_hash(f) != expected_hashes[name]:
+            problems.append(f"{name}: contents differ from the manifest's hash (corrupted, same size)")
         elif deep and name.endswith(".pt"):
             bad = _zip_problem(f)
             if bad:
@@ -211,23 +266,67 @@ def scan(root: Path, deep: bool = True) -> Scan:
 
 
 def resolve_resume(root: Path, spec: str) -> tuple[CheckpointStatus | None, list[CheckpointStatus]]:
-    """`latest` -> the newest checkpoint that verifies (never a .tmp or bad one); else a path."""
-    if spec == "latest":
-        s = scan(root)
-        return s.newest, s.skipped
-    st = verify(Path(spec))
-    if not st.ok:
-        raise CheckpointError(f"{spec}: cannot resume from it: {st.state}: " + "; ".join(st.problems))
-    return st, []
+    """`latest` -> the newest checkpoint that verifies, hashes included (never a .tmp or bad one);
+    else a path. Skipped ones come back with why; so does a `latest` file that is garbage or
+    disagrees (it is a pointer for people and tools: the checkpoints themselves decide)."""
+    if spec != "latest":
+        st = verify(Path(spec), hashes=True)
+        if not st.ok:
+            raise CheckpointError(f"{spec}: cannot resume from it: {st.state}: " + "; ".join(st.problems))
+        return st, []
+    s = scan(root)
+    skipped = list(s.skipped)
+    chosen = None
+    for candidate in s.complete:
+        st = verify(candidate.path, hashes=True)
+        if st.ok:
+            chosen = st
+            break
+        skipped.append(st)
+    named, problem = read_latest(root)
+    if problem is None and named is not None and (chosen is None or named != chosen.path.name):
+        problem = f"{Path(root) / LATEST}: names {named}, " + (
+            f"but {chosen.path.name} is the newest that verifies" if chosen else "and no checkpoint verifies")
+    if problem:
+        skipped.append(CheckpointStatus(Path(root) / LATEST, -1, "invalid", (problem,)))
+    return chosen, skipped
 
 
-def prune(root: Path, keep: int, current_step: int) -> list[Path]:
+def abandon_newer(root: Path, step: int) -> Path | None:
+    """Resuming at `step` starts a new timeline: checkpoints of this run past it (complete or
+    not) move to abandoned/<time>-at-step-<step>/, kept for the user but out of resume's and
+    retention's way, so a later `resume latest` cannot continue the old line. Returns where
+    they went (None when nothing was newer)."""
+    root = Path(root)
+    newer = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = STEP_RE.match(p.name) or TMP_RE.match(p.name)
+            if m and p.is_dir() and int(m.group(1)) > step:
+                newer.append(p)
+    if not newer:
+        return None
+    dest = root / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-at-step-{step}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in newer:
+        os.rename(p, dest / p.name)
+    return dest
+
+
+def prune(root: Path, keep: int, current_step: int, protect: tuple[Path, ...] = ()) -> list[Path]:
     """After a successful save only: drop the oldest complete checkpoints beyond `keep` (never
-    fewer than 2) and abandoned .tmp directories of earlier steps."""
+    fewer than 2) and abandoned .tmp directories of earlier steps. Never removed, whatever their
+    age: what `latest` names and `protect` (the checkpoint this run resumed from)."""
     keep = max(keep, 2)
     removed = []
     s = scan(root, deep=False)
+    named, _ = read_latest(root)
+    kept = {Path(p).resolve() for p in protect}
+    if named:
+        kept.add((Path(root) / named).resolve())
     for st in s.complete[keep:]:
+        if st.path.resolve() in kept:
+            continue
         shutil.rmtree(st.path, ignore_errors=True)
         removed.append(st.path)
     for st in s.skipped:
@@ -235,3 +334,39 @@ def prune(root: Path, keep: int, current_step: int) -> list[Path]:
             shutil.rmtree(st.path, ignore_errors=True)
             removed.append(st.path)
     return removed
+
+
+# ------------------------------------------------------------------ another world size
+UNIVERSAL = "universal"  # DeepSpeed's universal checkpoint, converted into step-<N>/universal/
+
+
+def universal_command(ckpt_dir: Path) -> list[str]:
+    """The conversion that makes a checkpoint loadable at any world size (argv). `inject_missing_
+    state` lets checkpoints written before the model carried DeepSpeed's universal info convert."""
+    ckpt_dir = Path(ckpt_dir)
+    return ["python", "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / DS_TAG),
+            "--output_folder", str(ckpt_dir / UNIVERSAL), "--inject_missing_state"]
+
+
+def universal_problem(ckpt_dir: Path) -> str | None:
+    """Why step-<N>/universal cannot be loaded (None: it can). The converter writes the per-
+    parameter folders first and the common optimizer state last, so that file means finished."""
+    u = Path(ckpt_dir) / UNIVERSAL
+    if not u.is_dir():
+        return f"no {UNIVERSAL}/ conversion in {ckpt_dir}"
+    # model states: mp_rank_00_... under ZeRO-1/2, zero_pp_rank_0_mp_rank_00_... under ZeRO-3
+    model = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    if not any((u / name).is_file() for name in model):
+        return f"{u}: conversion unfinished (no {model[0]} or {model[1]}); run it again"
+    if not (u / "zero" / "optimizer_state.pt").is_file():
+        return f"{u}: conversion unfinished (no zero/optimizer_state.pt); run it again"
+    return None
+
+
+def rescaled_data_position(consumed: int, old_world: int, new_world: int, n: int) -> int:
+    """Samples one rank has consumed, carried to another world size. Every world deals epoch e's
+    permutation round-robin, so the first k*world samples of it are what `world` ranks consumed
+    after k each: keeping the epoch and the global offset continues the same order."""
+    old_per_rank, new_per_rank = math.ceil(n / old_world), math.ceil(n / new_world)
+    epoch, offset = divmod(consumed, old_per_rank)
+    return epoch * new_per_rank + (offset * old_world) // new_world

@@ -6,6 +6,7 @@ schema for both sides means a value a preset sets can never silently miss the tr
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -167,9 +168,27 @@ class ScheduleSection(_Section):
     stop_grace_s: int = Field(120, ge=1, description="how long a stop waits for the checkpoint before SIGKILL")
 
 
+# POSIX environment variable names: the keys are exported by rendered shell scripts and passed as
+# `env KEY=VALUE` over SSH, so anything else (`$(...)`, spaces, `=`) could become shell syntax.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class DistributedSection(_Section):
     collective_timeout_s: int = Field(3600, ge=1, description="the process group's timeout")
     nccl_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _plain_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not ENV_NAME_RE.fullmatch(key):
+                raise ValueError(
+                    f"environment variable name {key!r} is not a POSIX name (letters, digits and '_', "
+                    "not starting with a digit); refused: it would be written into launch scripts"
+                )
+            if any(c in value for c in "\0\n\r"):
+                raise ValueError(f"{key}: the value contains a NUL or line break, which no environment can carry")
+        return env
 
 
 class TrainConfig(_Section):

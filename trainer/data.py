@@ -487,7 +487,9 @@ def crop_box(
 
 
 def _sample_seed(seed: int, rank: int, position: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{rank}:{position}".encode(), digest_size=8).digest()
+    # not the rank: `position` is already global, and leaving the rank out gives a sample the same
+    # augmentation at any world size (a resume at another world size continues the same data)
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # 63 bits: valid for numpy and torch generators alike
 
 

@@ -41,6 +41,8 @@ def pick_run(args: argparse.Namespace, prefer_live: bool) -> Any:
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: list every run")
     parser.add_argument("--no-check", action="store_true", help="do not ask the nodes which processes are alive")
+    parser.add_argument("--verify", action="store_true",
+                        help="with RUN: check every checkpoint's files against its manifest hashes (reads them all)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
     with SshPool(ssh_settings(args)) as pool:
         try:
             if args.run:
-                info = run_info(resolve_run(args.run, args.runs), pool, check=not args.no_check)
+                run_dir = resolve_run(args.run, args.runs)
+                info = run_info(run_dir, pool, check=not args.no_check)
+                bad = _verify(run_dir.path, info) if args.verify else 0
                 _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
-                return 0
+                return 1 if bad else 0
             runs = list_runs(args.runs)
         except (RunNotFoundError, StateError) as err:
             print(f"taehv-console status: {err}", file=sys.stderr)
@@ -67,6 +71,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_list(infos)
     return 0
+
+
+def _verify(run_path: Any, info: dict[str, Any]) -> int:
+    """Full verification into info["verified"] (and a printed line each); returns how many failed."""
+    from taehv_console.core.watch.checkpoints import verify_checkpoints
+
+    found = verify_checkpoints(run_path)
+    info["verified"] = [{"name": st.path.name, "step": st.step, "state": st.state, "problems": list(st.problems)}
+                        for st in found]
+    for st in found:
+        text = "complete, hashes match" if st.ok else f"{st.state.upper()}: {'; '.join(st.problems)}"
+        print(f"verify {st.path}: {text}", file=sys.stderr)
+    return sum(not st.ok for st in found)
 
 
 def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> dict[str, Any]:

@@ -5,6 +5,11 @@ connects; unknown or changed host keys are refused (RejectPolicy, known_hosts lo
 `trust` is the only way in); commands are argv lists joined with shlex.join (a value never reaches
 the remote shell unquoted); no agent forwarding; connect, banner, auth and command timeouts;
 transport keepalive; fan-out over a bounded thread pool so 64 nodes are one round, not 64.
+
+Every remote call has a deadline, including the steps paramiko would wait on forever (a channel
+open or exec request a frozen sshd never answers): past `answer_timeout_s` the connection is
+dropped and the node reported unreachable; the pool then answers "unreachable" at once for that
+node while it reconnects in the background, so a hung node costs one deadline, not one per poll.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -82,6 +88,10 @@ class SshTimeoutError(SshError):
     pass
 
 
+class SshUnreachableError(SshTimeoutError):
+    """A node that stopped answering on a connection that was working (frozen, overloaded, cut)."""
+
+
 class CommandTimeoutError(SshError):
     pass
 
@@ -111,6 +121,10 @@ class SshSettings:
     system_known_hosts_path: str | None = "/etc/ssh/ssh_known_hosts"
     connect_timeout_s: float = 10.0
     command_timeout_s: float = 120.0
+    # A connected sshd answers a channel open or an exec within milliseconds; one that has not
+    # in this long is frozen or cut off (the follow loop asks every few seconds).
+    answer_timeout_s: float = 5.0
+    retry_unreachable_s: float = 5.0  # how often the pool tries to reach an unreachable node again
     keepalive_s: int = 15
     max_parallel: int = 64
     user: str | None = None
@@ -423,22 +437,62 @@ class _RemoteStream:
 class SshConnection(_SpawnMixin):
     """One authenticated SSH connection to a node. Channels may be opened from several threads."""
 
-    def __init__(self, target: HostTarget, client: Any, settings: SshSettings):
+    def __init__(self, target: HostTarget, client: Any, settings: SshSettings,
+                 on_unreachable: Callable[[str, str], None] | None = None):
         self.target = target
         self.host = target.alias
         self.python = settings.python
         self._client = client
         self._settings = settings
+        self._on_unreachable = on_unreachable  # the pool's: remember the node is down
 
-    def _channel(self, command: str) -> Any:
+    def _channel(self, command: str, deadline: float | None = None) -> Any:
+        """An exec channel, opened and started within answer_timeout_s (and before `deadline`).
+
+        paramiko's exec_command waits for the server's reply without any timeout: a watchdog
+        closes the transport at the deadline, which wakes that wait (and every other waiter on
+        this connection, which is as dead for them)."""
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
             raise SshConnectError(self.host, f"{self.host}: the SSH connection was lost",
                                   "check the node; the next attempt reconnects")
-        chan = transport.open_session(timeout=self._settings.connect_timeout_s)
-        # exec without a pty: a remote process is not tied to this channel's lifetime
-        chan.exec_command(command)
+        wait = self._settings.answer_timeout_s
+        if deadline is not None:
+            wait = max(0.05, min(wait, deadline - time.monotonic()))
+        fired = threading.Event()
+
+        def give_up() -> None:
+            fired.set()
+            transport.close()
+
+        watchdog = threading.Timer(wait, give_up)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            chan = transport.open_session(timeout=wait)
+            # exec without a pty: a remote process is not tied to this channel's lifetime
+            chan.exec_command(command)
+        except Exception as err:
+            if not fired.is_set() and not isinstance(err, (TimeoutError, socket.timeout)) and "Timeout" not in str(err):
+                if not transport.is_active():  # the peer closed it (sshd gone, node rebooted)
+                    raise SshConnectError(self.host, f"{self.host}: the SSH connection was lost "
+                                          f"({type(err).__name__}: {err})".replace(": )", ")"),
+                                          "check the node; the next attempt reconnects") from None
+                raise
+            give_up()
+            self._unreachable(f"no answer to a request within {wait:g} s on a working connection")
+        finally:
+            watchdog.cancel()
+        if fired.is_set():  # it answered just as the watchdog fired: the transport is gone anyway
+            self._unreachable(f"no answer to a request within {wait:g} s on a working connection")
         return chan
+
+    def _unreachable(self, why: str) -> None:
+        if self._on_unreachable is not None:
+            self._on_unreachable(self.host, why)
+        raise SshUnreachableError(self.host, f"{self.host}: unreachable: {why}; connection dropped",
+                                  "check the node (frozen, overloaded or cut off); the console keeps "
+                                  "trying to reach it")
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin_data: str | None = None,
             env: Mapping[str, str] | None = None) -> CommandResult:
@@ -446,13 +500,14 @@ class SshConnection(_SpawnMixin):
         command = build_command(argv, env)
         timeout = self._settings.command_timeout_s if timeout is None else timeout
         started, t0 = time.time(), time.monotonic()
-        chan = self._channel(command)
+        deadline = t0 + timeout
+        chan = self._channel(command, deadline)
         try:
+            chan.settimeout(max(0.05, deadline - time.monotonic()))  # sendall on a full window
             if stdin_data:
                 chan.sendall(stdin_data.encode())
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
-            deadline = t0 + timeout
             while True:
                 while chan.recv_ready():
                     out += chan.recv(65536)
@@ -491,7 +546,8 @@ def _refusing_policy(alias: str, known_hosts: str) -> Any:
     return RefuseUnknownHost()
 
 
-def connect(alias: str, settings: SshSettings) -> SshConnection:
+def connect(alias: str, settings: SshSettings,
+            on_unreachable: Callable[[str, str], None] | None = None) -> SshConnection:
     """Connect and authenticate to one node; host key checked before any authentication."""
     import paramiko
 
@@ -542,7 +598,7 @@ def connect(alias: str, settings: SshSettings) -> SshConnection:
     transport = client.get_transport()
     if transport is not None:
         transport.set_keepalive(settings.keepalive_s)
-    return SshConnection(target, client, settings)
+    return SshConnection(target, client, settings, on_unreachable)
 
 
 # ----------------------------------------------------------------------------------------- local
@@ -623,21 +679,36 @@ class LocalRunner(_SpawnMixin):
 
 # ----------------------------------------------------------------------------------------- pool
 
-def fan_out(items: Iterable[str], fn: Callable[[str], T], max_parallel: int) -> dict[str, T | Exception]:
+@dataclass
+class _Down:
+    why: str
+    since: float
+    next_try: float
+    trying: bool = False
+
+
+def fan_out(items: Iterable[str], fn: Callable[[str], T], max_parallel: int,
+            deadline_s: float | None = None) -> dict[str, T | Exception]:
     """fn(item) for every item at once (bounded by max_parallel threads); exceptions are returned
-    in place of results, so one bad node never hides the others. Keys keep the input order."""
+    in place of results, so one bad node never hides the others. Keys keep the input order.
+    With deadline_s, an item not done by then is returned as a TimeoutError and not waited for."""
     items = list(items)
     if not items:
         return {}
     out: dict[str, T | Exception] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(items))),
-                            thread_name_prefix="taehv-node") as ex:
+    ex = ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(items))), thread_name_prefix="taehv-node")
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    try:
         futures = {item: ex.submit(fn, item) for item in items}
         for item, fut in futures.items():
             try:
-                out[item] = fut.result()
+                out[item] = fut.result(timeout=None if end is None else max(0.0, end - time.monotonic()))
+            except FuturesTimeout:
+                out[item] = TimeoutError(f"{item}: no answer within {deadline_s:g} s")
             except Exception as err:  # returned, not raised: the caller reports per node
                 out[item] = err
+    finally:
+        ex.shutdown(wait=end is None, cancel_futures=True)
     return out
 
 
@@ -650,6 +721,7 @@ class SshPool:
         self._conns: dict[str, SshConnection] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._down: dict[str, _Down] = {}  # unreachable nodes, reconnected in the background
 
     def __enter__(self) -> SshPool:
         return self
@@ -667,13 +739,52 @@ class SshPool:
         validate_host(host)  # before any lookup, socket or thread
         with self._guard:
             lock = self._locks.setdefault(host, threading.Lock())
+            down = self._down.get(host)
+        if down is not None:
+            self._retry(host, down)
+            raise SshUnreachableError(
+                host, f"{host}: unreachable: {down.why} ({time.monotonic() - down.since:.0f} s ago); "
+                "reconnecting in the background", "check the node (frozen, overloaded or cut off)")
         with lock:  # one handshake per host even when several threads ask at once
             conn = self._conns.get(host)
             transport = conn._client.get_transport() if conn else None
             if conn is None or transport is None or not transport.is_active():
-                conn = connect(host, self.settings)
+                try:
+                    conn = connect(host, self.settings, self._mark_down)
+                except SshTimeoutError as err:  # a port that answers no handshake: down, as above
+                    self._mark_down(host, str(err).removeprefix(f"{host}: "))
+                    raise
                 self._conns[host] = conn
             return conn
+
+    def _mark_down(self, host: str, why: str) -> None:
+        with self._guard:
+            self._down.setdefault(host, _Down(why=why, since=time.monotonic(),
+                                              next_try=time.monotonic() + self.settings.retry_unreachable_s))
+
+    def _retry(self, host: str, down: _Down) -> None:
+        """One background reconnection at a time per node; the caller never waits for it."""
+        with self._guard:
+            if down.trying or time.monotonic() < down.next_try:
+                return
+            down.trying = True
+
+        def attempt() -> None:
+            try:
+                conn = connect(host, self.settings, self._mark_down)
+            except Exception:  # still down: try again later
+                with self._guard:
+                    down.trying = False
+                    down.next_try = time.monotonic() + self.settings.retry_unreachable_s
+                return
+            with self._guard:
+                old = self._conns.get(host)
+                self._conns[host] = conn
+                self._down.pop(host, None)
+            if old is not None:
+                old.close()
+
+        threading.Thread(target=attempt, name=f"taehv-reconnect-{host}", daemon=True).start()
 
     def map(self, hosts: Iterable[str], fn: Callable[[NodeRunner], T]) -> dict[str, T | Exception]:
         """fn(runner) on every host in parallel; per-host exceptions are returned, not raised."""
@@ -681,6 +792,10 @@ class SshPool:
         for h in hosts:
             validate_host(h)  # all names checked before the first connection is made
         return fan_out(hosts, lambda h: fn(self.runner(h)), self.settings.max_parallel)
+
+    def is_down(self, host: str) -> bool:
+        with self._guard:
+            return host in self._down
 
     def run_all(self, hosts: Iterable[str], argv: Sequence[str] | Callable[[str], Sequence[str]], *,
                 timeout: float | None = None) -> dict[str, CommandResult | Exception]:

@@ -336,17 +336,19 @@ class RunController:
             raise NothingToResumeError(f"{self.run.run_id} finished at step {st.step} of {self.cfg.optim.max_steps}; "
                                        f"its weights are in {self.run.final_weights.parent}")
         world = self.world_size
-        if st.world_size is not None and st.world_size != world and not weights_only:
+        if (st.world_size is not None and st.world_size != world and not weights_only
+                and ckpt.universal_problem(st.path) is not None):  # a converted one loads at any world size
+            import shlex
+
             t = self.cfg.topology
             raise WorldSizeChangedError(
                 f"{self.run.run_id}: {st.path.name} was written by {st.world_size} processes, but run.toml now has "
                 f"{t.nodes} node(s) x {t.gpus_per_node} = {world}. ZeRO optimizer shards cannot be loaded at another "
                 "world size, so the console will not try. Two supported paths:\n"
                 f"  1. weights only, with a fresh optimizer:  taehv-console resume {self.run.run_id} --weights-only\n"
-                "  2. DeepSpeed's universal checkpoint (keeps the optimizer state):\n"
-                f"     python -m deepspeed.checkpoint.ds_to_universal --input_folder {st.path}/ds "
-                f"--output_folder {st.path}/universal\n"
-                "     (the trainer cannot load a universal checkpoint yet: path 1 is the one that runs today)")
+                "  2. DeepSpeed's universal checkpoint (keeps the optimizer state): convert once, then resume:\n"
+                f"     {shlex.join(ckpt.universal_command(st.path))}\n"
+                f"     taehv-console resume {self.run.run_id}")
         return ResumePoint(spec=spec, step=st.step, path=str(st.path), world_size=st.world_size, skipped=skipped)
 
     # -- follow

@@ -53,7 +53,7 @@ class CheckpointWatcher:
             m = ckpt.STEP_RE.match(e.name) or ckpt.TMP_RE.match(e.name)
             if m and e.is_dir():
                 entries.append((int(m.group(1)), e))
-        latest = _read_latest(self.root)
+        latest, latest_problem = ckpt.read_latest(self.root)
         items: list[CheckpointInfo] = []
         live_names = set()
         newest_complete: int | None = None
@@ -80,7 +80,7 @@ class CheckpointWatcher:
         for name in list(self._deep_done):
             if name not in live_names:
                 del self._deep_done[name]
-        problems: list[str] = []
+        problems: list[str] = [latest_problem] if latest_problem else []
         if latest is not None:
             named = next((c for c in items if c.name == latest), None)
             if named is None:
@@ -134,13 +134,6 @@ def _next_due(a: RunActivity) -> int | None:
     return nxt
 
 
-def _read_latest(root: Path) -> str | None:
-    try:
-        return (root / "latest").read_text().strip() or None
-    except OSError:
-        return None
-
-
 def _tree_bytes(path: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
@@ -150,3 +143,11 @@ def _tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def verify_checkpoints(run_dir: str | Path) -> list[ckpt.CheckpointStatus]:
+    """Every checkpoint of a run verified in full, file hashes included (reads every byte, so
+    on request only: `status --verify`), newest first."""
+    s = ckpt.scan(Path(run_dir) / "checkpoints")
+    found = [ckpt.verify(st.path, hashes=True) for st in s.complete] + s.skipped
+    return sorted(found, key=lambda st: (st.step, st.path.name), reverse=True)

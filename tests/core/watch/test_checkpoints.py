@@ -164,3 +164,14 @@ def test_deep_verification_runs_once_per_directory(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_torch_threads():
     torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage\x81", b"not a checkpoint\n"], ids=["binary", "text"])
+def test_garbage_in_latest_is_a_problem_and_the_checkpoints_still_show(tmp_path, content):
+    root = tmp_path / "checkpoints"
+    complete(root, 1000)
+    (root / "latest").write_bytes(content)
+    s = CheckpointWatcher(root).summary(LIVE)
+    assert [c.name for c in s.items] == ["step-1000"] and s.items[0].state is CheckpointState.COMPLETE
+    assert s.latest is None and not s.items[0].is_latest
+    assert len(s.problems) == 1 and str(root / "latest") in s.problems[0] and "ignored" in s.problems[0]
