@@ -25,6 +25,7 @@ from taehv_console.core.forensics import flight_recorder as fr
 from taehv_console.core.forensics import pyspy, ras
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
 from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackDump
+from taehv_console.core.plan import flight_recorder as fr_launch
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import RunState, StateError
 from trainer.events import atomic_write_text
@@ -162,17 +163,17 @@ class StallForensics:
         return tuple(dumps), tuple(dict.fromkeys(notes))
 
     # ------------------------------------------------------------------------ Flight Recorder
-    def _fr_settings(self, cfg: Any) -> tuple[fr.FlightRecorderPaths, int]:
+    def _fr_settings(self, cfg: Any) -> tuple[fr_launch.FlightRecorderPaths, int]:
         # what the ranks were launched with: the config's nccl_env, then the run's --env
         env = dict(cfg.distributed.nccl_env)
         state = self._state()
         env.update(dict(state.env) if state else {})
-        paths = fr.paths_for(self.run.path)
-        paths = fr.FlightRecorderPaths(trace_stem=env.get(fr.ENV_TEMP_FILE, paths.trace_stem),
-                                       pipe_stem=env.get(fr.ENV_PIPE_FILE, paths.pipe_stem),
+        paths = fr_launch.paths_for(self.run.path)
+        paths = fr_launch.FlightRecorderPaths(trace_stem=env.get(fr_launch.ENV_TEMP_FILE, paths.trace_stem),
+                                       pipe_stem=env.get(fr_launch.ENV_PIPE_FILE, paths.pipe_stem),
                                        copies=paths.copies)
         try:
-            size = int(env.get(fr.ENV_BUFFER, fr.TRACE_BUFFER_SIZE))
+            size = int(env.get(fr_launch.ENV_BUFFER, fr_launch.TRACE_BUFFER_SIZE))
         except ValueError:
             size = 0
         return paths, size
@@ -181,7 +182,7 @@ class StallForensics:
         """Trigger every rank's dump on its node, copy them, analyse. (verdict, notes, folder)."""
         paths, size = self._fr_settings(cfg)
         if size <= 0:
-            return (), (f"Flight Recorder is off: {fr.ENV_BUFFER} is 0 in the run's nccl_env",), ""
+            return (), (f"Flight Recorder is off: {fr_launch.ENV_BUFFER} is 0 in the run's nccl_env",), ""
         t = cfg.topology
         dest = Path(paths.copies) / f"{_stamp(when)}-rank{stalled.rank}"
         by_node = fr.ranks_by_node(range(t.world_size), t.gpus_per_node)

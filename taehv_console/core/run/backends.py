@@ -27,7 +27,7 @@ from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out
-from taehv_console.core.forensics.flight_recorder import prepare_dirs
+from taehv_console.core.plan.flight_recorder import prepare_dirs
 from taehv_console.core.plan.render import flight_recorder_launch_env
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus

@@ -19,6 +19,7 @@ import pytest
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
 from taehv_console.core.forensics import RankRef, StallForensics
 from taehv_console.core.forensics import flight_recorder as fr
+from taehv_console.core.plan.flight_recorder import flight_recorder_env, paths_for, prepare_dirs
 from tests.core.forensics.conftest import FIXTURES, make_run, sigstop, write_heartbeat
 
 FAKE_RANK = Path(__file__).with_name("fake_nccl_rank.py")
@@ -31,7 +32,7 @@ C10D_HEADERS = Path(importlib.util.find_spec("torch").origin).parent / "include"
 
 def test_env_sets_the_legacy_buffer_dump_on_timeout_and_run_dir_paths(tmp_path):
     run = tmp_path / "20261123-0500-16gpu-h100"
-    env = fr.flight_recorder_env(run)
+    env = flight_recorder_env(run)
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"  # the legacy name: it alone creates the pipe
     assert "TORCH_FR_BUFFER_SIZE" not in env
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
@@ -108,8 +109,8 @@ def fake_ranks(tmp_path):
     started = []
 
     def start(run: Path, dumps: dict[int, Path]):
-        fr.prepare_dirs(run)
-        env = {**os.environ, **fr.flight_recorder_env(run)}
+        prepare_dirs(run)
+        env = {**os.environ, **flight_recorder_env(run)}
         procs = {}
         for rank, dump in dumps.items():
             p = subprocess.Popen([sys.executable, str(FAKE_RANK), str(rank), str(dump)], env=env,
@@ -132,7 +133,7 @@ def test_trigger_copies_each_dump_away(tmp_path, fake_ranks):
     run = tmp_path / tmp_path.name
     run.mkdir()
     fake_ranks(run, {0: DUMPS / "trace_rank_0", 1: DUMPS / "trace_rank_1"})
-    paths = fr.paths_for(run)
+    paths = paths_for(run)
     first = fr.dump_through_pipes(paths.pipe_stem, paths.trace_stem, [0, 1], str(run / "fr" / "a"), timeout=20)
     assert first["kind"] == "ok", first
     assert set(first["copied"]) == {"0", "1"} and first["missing"] == {}
@@ -149,7 +150,7 @@ def test_trigger_says_why_a_rank_gave_nothing(tmp_path, fake_ranks):
     run.mkdir()
     procs = fake_ranks(run, {0: DUMPS / "trace_rank_0", 1: DUMPS / "trace_rank_1"})
     sigstop(procs[1].pid)  # a stopped rank cannot dump
-    paths = fr.paths_for(run)
+    paths = paths_for(run)
     os.mkfifo(f"{paths.pipe_stem}3.pipe")  # a pipe nobody reads: its rank is gone
     reply = fr.dump_through_pipes(paths.pipe_stem, paths.trace_stem, [0, 1, 2, 3], str(run / "fr" / "x"),
                                   timeout=3)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
-from taehv_console.core.forensics import flight_recorder as fr
+from taehv_console.core.plan.flight_recorder import flight_recorder_env
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.plan.render import RenderOptions, k8s_manifests, launch_env, render_sbatch
 from taehv_console.core.run.backends import NodeCommand, RunnerBackend, flight_recorder_env_for
@@ -57,7 +57,7 @@ def test_sbatch_and_k8s_carry_it():
 def test_backend_env_for_a_run(tmp_path):
     cuda = RunDir(make_run(tmp_path, device="cuda"))
     env = flight_recorder_env_for(cuda)
-    assert env == fr.flight_recorder_env(cuda.path)
+    assert env == flight_recorder_env(cuda.path)
     assert (cuda.path / "forensics" / "fr" / "live").is_dir()  # made before any rank starts
     assert flight_recorder_env_for(RunDir(make_run(tmp_path, device="cpu"))) == {}
     assert flight_recorder_env_for(RunDir(tmp_path / "no-such-run")) == {}
