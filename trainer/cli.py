@@ -1,4 +1,5 @@
-"""`taehv-train`: the command every node runs (through `accelerate launch`), and clip generation."""
+"""`taehv-train`: the command every node runs (through `accelerate launch`), clip generation, and the
+data-path benchmark."""
 
 from __future__ import annotations
 
@@ -37,7 +38,76 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--size", help="canvas HxW the latents cover (default: data.height x data.width); "
                        "training takes latent-aligned crops of data.height x data.width from it")
     cache.add_argument("--max-windows", type=int, default=4, help="frame windows cached per clip (default 4)")
+    bench = sub.add_parser(
+        "bench-data",
+        help="measure the data path: CPU-s per training clip and the loader workers a GPU needs",
+    )
+    bench.add_argument("dir", help="a folder of videos or an annotation JSON (as data.source)")
+    bench.add_argument(
+        "--config", type=Path, help="take the data settings from this run.toml (the options below override)"
+    )
+    bench.add_argument("--frames", type=int, help="frames per clip (default: the config's, else 12)")
+    bench.add_argument("--size", help="crop HxW, e.g. 480x720 (default: the config's, else 480x720)")
+    bench.add_argument(
+        "--frame-height", type=int, help="data.frame_height: frames scaled to this before cropping"
+    )
+    bench.add_argument("--clips", type=int, default=16, help="clips to prepare (after one warm-up clip)")
+    bench.add_argument("--workers", type=int, help="say whether this many loader workers per GPU keep up")
+    bench.add_argument(
+        "--target-clips-per-s", type=float,
+        help="clips/s one GPU consumes (the console passes its planner's figure; default: an H100 at 40%% "
+        "MFU, 65 clips/s at 12x480x720, scaled by the clip size)",
+    )  # fmt: skip
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import json
+
+    from trainer.bench_data import default_target_clips_per_s, measure_loader, report_lines
+    from trainer.config import ConfigError, DataSection, load_config
+    from trainer.data import DataSourceError, find_videos
+    from trainer.synthetic import parse_size
+
+    try:
+        data = load_config(args.config).data if args.config else DataSection()
+    except ConfigError as err:
+        parser.error(str(err))
+    changes: dict = {"source": args.dir} if not args.config else {"source": args.dir, "root": data.root}
+    if args.frames is not None:
+        changes["frames"] = args.frames
+    if args.size is not None:
+        try:
+            changes["height"], changes["width"] = parse_size(args.size)
+        except ValueError as err:
+            parser.error(str(err))
+    if args.frame_height is not None:
+        changes["frame_height"] = args.frame_height
+    try:
+        data = DataSection.model_validate({**data.model_dump(), **changes})
+    except ValueError as err:
+        parser.error(f"bench-data settings: {err}")
+    if args.clips < 1:
+        parser.error("--clips must be at least 1")
+    if args.target_clips_per_s is not None:
+        target, why = args.target_clips_per_s, "given"
+    else:
+        target = default_target_clips_per_s(data.frames, data.height, data.width)
+        why = "H100 at 40% MFU"
+    try:
+        cost = measure_loader(find_videos(data.source, data.root), data, args.clips, seed=args.seed)
+    except DataSourceError as err:
+        print(f"taehv-train bench-data: {err}", file=sys.stderr)
+        return 2
+    workers = args.workers if args.workers is not None else (data.num_workers if args.config else None)
+    if args.json:
+        need = cost.workers_for(target)
+        print(json.dumps({**cost.to_dict(), "target_clips_per_s": target, "workers_needed": need}))
+    else:
+        print("\n".join(report_lines(cost, target, why, workers)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_windows < 1:
             parser.error("--max-windows must be at least 1")
         return cache_main(args.cache_run, args.out, args.size, args.max_windows)
+    if args.command == "bench-data":
+        return _bench_data(parser, args)
     if args.run is None:
-        parser.error("--run RUN_DIR is required (or use the make-synthetic command)")
+        parser.error("--run RUN_DIR is required (or use the make-synthetic or bench-data command)")
     if args.weights_only and not args.resume:
         parser.error("--weights-only needs --resume")
     from trainer.train import run

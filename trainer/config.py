@@ -67,11 +67,18 @@ class DataSection(_Section):
     source: str = Field("", description="a directory of videos (recursive) or an annotation JSON")
     root: str = Field("", description="root for the annotation JSON's relative paths ('' = its folder)")
     frames: int = Field(12, ge=4, description="T, frames per clip; a multiple of 4")
-    height: int = Field(480, ge=8)
-    width: int = Field(720, ge=8)
+    height: int = Field(480, ge=8, description="training crop height: the clips the model sees")
+    width: int = Field(720, ge=8, description="training crop width")
+    frame_height: int = Field(
+        0, ge=0,
+        description="frames are scaled down to this height (never up) and the height x width crop is taken "
+        "from them; 0 = the crop covers the frame's largest region of its aspect ratio (a resize-crop)",
+    )
     min_delta: int = Field(1, ge=1, description="smallest frame step when sampling a clip")
     max_delta: int = Field(2, ge=1, description="largest frame step when sampling a clip")
-    min_crop_scale: float = Field(0.6, gt=0, le=1)
+    min_crop_scale: float = Field(
+        0.6, gt=0, le=1, description="training crops zoom in by up to 1/this, down to the source's own pixels"
+    )
     flip: bool = True
     color_jitter: float = Field(0.05, ge=0, le=0.5)
     val_fraction: float = Field(0.1, ge=0, lt=1)
@@ -98,6 +105,11 @@ class DataSection(_Section):
     def _deltas_ordered(self) -> "DataSection":
         if self.max_delta < self.min_delta:
             raise ValueError(f"max_delta ({self.max_delta}) is below min_delta ({self.min_delta})")
+        if 0 < self.frame_height < self.height:
+            raise ValueError(
+                f"frame_height ({self.frame_height}) is below the crop height ({self.height}): "
+                "a crop cannot be taller than the frame it is cut from (0 = resize-crops)"
+            )
         return self
 
 

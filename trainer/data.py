@@ -9,6 +9,7 @@ import math
 import os
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from trainer.augment import NO_JITTER, jitter_factors
 from trainer.config import DataSection
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
@@ -33,8 +35,6 @@ _EXISTENCE_PROBE = 32
 # Frame threads per decoder. Every data-loader worker of every rank decodes at once, so FFmpeg's
 # default (one per core) would put thousands of threads on a GPU node.
 _DECODE_THREADS = min(4, os.cpu_count() or 1)
-
-_LUMA = (0.299, 0.587, 0.114)
 
 
 class DataSourceError(ValueError):
@@ -263,17 +263,23 @@ def _count_frames(path: Path) -> int:
 
 
 class VideoClipDataset(Dataset):
-    """Clips of cfg.frames frames at cfg.height x cfg.width, uint8 [T, 3, H, W].
+    """Clips of cfg.frames frames at cfg.height x cfg.width: items are dicts with "video" uint8
+    [T, 3, H, W], "jitter" (brightness, contrast, saturation factors for trainer.augment), "crop"
+    (top, left, view height, view width, flipped: see CropBox), "index" and "skipped".
 
     Items are (index, sample_seed): everything random about a clip comes from sample_seed, so a clip
     can be reproduced in any worker or after a resume. A video that cannot give a clip is remembered
-    as bad and the next index is tried instead.
+    as bad and the next index is tried instead. `crop_grid` > 1 puts crop offsets on that grid of the
+    scaled frame at a fixed scale (8: the latent grid, for cached teacher latents).
     """
 
-    def __init__(self, paths: list[Path], cfg: DataSection, train: bool):
+    def __init__(self, paths: list[Path], cfg: DataSection, train: bool, crop_grid: int = 1):
+        if crop_grid < 1:
+            raise ValueError(f"crop_grid must be at least 1, got {crop_grid}")
         self.paths = [Path(p) for p in paths]
         self.cfg = cfg
         self.train = train
+        self.crop_grid = crop_grid
         self._bad: dict[int, str] = {}
         # True frame counts, learnt where the container's count was missing or wrong. Only a shortcut:
         # the clip chosen never depends on whether a count is cached (workers each have their own).
@@ -300,13 +306,13 @@ class VideoClipDataset(Dataset):
                 reason = self._bad[index]
             else:
                 try:
-                    video = self._load(index, seed)
+                    clip = self._load(index, seed)
                 except _Unusable as err:
                     reason = str(err)
                 except (av.error.FFmpegError, OSError) as err:
                     reason = f"cannot decode: {err}"
                 else:
-                    return {"video": video, "index": index, "skipped": skipped}
+                    return {**clip, "index": index, "skipped": skipped}
                 self._bad[index] = reason
                 skipped.append({"path": str(self.paths[index]), "reason": reason})
             tried.append(f"{self.paths[index]} ({reason})")
@@ -337,7 +343,7 @@ class VideoClipDataset(Dataset):
         start = int(rng.integers(0, frames - (cfg.frames - 1) * delta))
         return [start + i * delta for i in range(cfg.frames)]
 
-    def _load(self, index: int, seed: int) -> torch.Tensor:
+    def _load(self, index: int, seed: int) -> dict:
         path = self.paths[index]
         need = self._needed_frames()
         container, stream = _open_video(path)
@@ -381,49 +387,103 @@ class VideoClipDataset(Dataset):
                 ) from None
         return self._finish(frames, seed)
 
-    def _finish(self, frames: list[np.ndarray], seed: int) -> torch.Tensor:
-        """Crop, resize, flip and colour-jitter decoded RGB frames into uint8 [T, 3, H, W]."""
+    def crop_box(self, height: int, width: int, rng: np.random.Generator | None) -> CropBox:
+        """Where this item's crop lies in a height x width source (random from `rng` when training).
+        A subclass (e.g. a cached-latent dataset) may override it to pin the geometry."""
+        return crop_box(height, width, self.cfg, rng, grid=self.crop_grid)
+
+    def augmentation(self, height: int, width: int, seed: int) -> tuple[CropBox, tuple[float, float, float]]:
+        """The crop of a height x width source and the colour-jitter factors for item seed `seed`."""
+        rng = np.random.default_rng([seed, 1]) if self.train else None
+        box = self.crop_box(height, width, rng)
+        # Drawn after the crop from the same generator, in the order the CPU jitter drew them.
+        factors = jitter_factors(rng, self.cfg.color_jitter) if rng is not None else NO_JITTER
+        return box, factors
+
+    def _finish(self, frames: list[np.ndarray], seed: int) -> dict:
+        """Crop, resize (down only) and flip decoded RGB frames into uint8 [T, 3, H, W], all in uint8:
+        the float work (colour jitter) happens on the rank's device (trainer.augment)."""
         cfg = self.cfg
         height, width = frames[0].shape[:2]
         if any(f.shape != frames[0].shape for f in frames):
             raise _Unusable("frame size changes within the video")
-        # The largest region of the target aspect ratio H:W.
-        if width * cfg.height >= height * cfg.width:
-            full_h, full_w = height, height * cfg.width / cfg.height
+        box, factors = self.augmentation(height, width, seed)
+        out = (cfg.height, cfg.width)
+        if box.exact and box.view != (height, width):
+            # Latent-aligned crops: resize whole frames to the view, so each crop is exactly a window of it.
+            x = _resize_u8(np.stack(frames), box.view)
+            x = x[:, :, box.top : box.top + cfg.height, box.left : box.left + cfg.width]
         else:
-            full_h, full_w = width * cfg.height / cfg.width, width
-        rng = np.random.default_rng([seed, 1])
-        if self.train:
-            scale = rng.uniform(cfg.min_crop_scale, 1.0)
-            crop_h = min(height, max(1, round(full_h * scale)))
-            crop_w = min(width, max(1, round(full_w * scale)))
-            top = int(rng.integers(0, height - crop_h + 1))
-            left = int(rng.integers(0, width - crop_w + 1))
-            flip = bool(rng.random() < 0.5) and cfg.flip
-            j = cfg.color_jitter
-            brightness, contrast, saturation = rng.uniform(1 - j, 1 + j, 3) if j > 0 else (1.0, 1.0, 1.0)
-        else:
-            crop_h, crop_w = min(height, round(full_h)), min(width, round(full_w))
-            top, left = (height - crop_h) // 2, (width - crop_w) // 2
-            flip, j = False, 0.0
-        clip = np.stack([f[top : top + crop_h, left : left + crop_w] for f in frames])
-        x = torch.from_numpy(clip).permute(0, 3, 1, 2).float()
-        if (crop_h, crop_w) != (cfg.height, cfg.width):
-            x = F.interpolate(
-                x, size=(cfg.height, cfg.width), mode="bilinear", antialias=True, align_corners=False
-            )
-        if flip:
-            x = x.flip(-1)
-        if j > 0:
-            luma = torch.tensor(_LUMA).view(1, 3, 1, 1)
-            x = x * float(brightness)
-            # The contrast pivot is one mean over the whole clip, so frames stay consistent with each
-            # other; numpy's pairwise sum keeps it bit-identical whatever torch's thread count is.
-            pivot = float(np.mean((x * luma).sum(1).numpy(), dtype=np.float64))
-            x = (x - pivot) * float(contrast) + pivot
-            grey = (x * luma).sum(1, keepdim=True)
-            x = (x - grey) * float(saturation) + grey
-        return x.round_().clamp_(0, 255).to(torch.uint8)
+            top, left, rh, rw = box.source_region(height, width, out)
+            x = _resize_u8(np.stack([f[top : top + rh, left : left + rw] for f in frames]), out)
+        if box.flip:
+            x = x.flip(-1)  # torch's flip: numpy copies a mirrored view ~8x slower
+        return {
+            "video": x,  # collate stacks (copies) anyway: no need for a contiguous copy here
+            "jitter": torch.tensor(factors, dtype=torch.float32),
+            "crop": torch.tensor([box.top, box.left, *box.view, int(box.flip)], dtype=torch.int64),
+        }
+
+
+def _resize_u8(clip: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 [T, h, w, 3] to uint8 [T, 3, H, W] (antialiased bilinear when the size changes). torch's
+    uint8 kernel works on channels-last data: the permuted view of the frames is exactly that."""
+    x = torch.from_numpy(clip).permute(0, 3, 1, 2)
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
+@dataclass(frozen=True)
+class CropBox:
+    """One clip's crop: a cfg.height x cfg.width window at (top, left) of the source scaled to `view`
+    (height, width; never larger than the source), flipped or not. `exact`: the window must be exactly
+    that window of the whole resized view (latent-aligned crops), not a resize of a source region."""
+
+    top: int
+    left: int
+    view: tuple[int, int]
+    flip: bool
+    exact: bool = False
+
+    def source_region(self, height: int, width: int, out: tuple[int, int]) -> tuple[int, int, int, int]:
+        """(top, left, rows, cols) of the source that the window covers, rounded to whole pixels."""
+        sy, sx = height / self.view[0], width / self.view[1]
+        rows, cols = min(height, round(out[0] * sy)), min(width, round(out[1] * sx))
+        top, left = min(height - rows, round(self.top * sy)), min(width - cols, round(self.left * sx))
+        return top, left, rows, cols
+
+
+def crop_box(
+    height: int, width: int, cfg: DataSection, rng: np.random.Generator | None, grid: int = 1
+) -> CropBox:
+    """The crop of a height x width source: random when `rng` is given (training), centred otherwise.
+
+    The source is scaled by s <= 1 (never up) and a cfg.height x cfg.width window is cut from it.
+    The base scale brings the frame to cfg.frame_height (0: makes the source's largest region of
+    the window's aspect ratio exactly the window, a resize-crop); training zooms in by 1/r with r
+    uniform in [min_crop_scale, 1], stopping at the source's own pixels. With grid > 1 the scale
+    stays at the base and offsets are multiples of `grid` (window on a cached latent grid).
+    """
+    out_h, out_w = cfg.height, cfg.width
+    if height < out_h or width < out_w:
+        raise _Unusable(
+            f"frames of {height}x{width} are smaller than the {out_h}x{out_w} training crop "
+            "(height x width); sources are never upsampled"
+        )
+    fit = max(out_h / height, out_w / width)  # the scale at which the crop just fits
+    base = max(fit, min(1.0, cfg.frame_height / height)) if cfg.frame_height else fit
+    scale = base
+    if rng is not None and grid == 1:
+        scale = min(1.0, base / rng.uniform(cfg.min_crop_scale, 1.0))
+    view = (max(out_h, round(height * scale)), max(out_w, round(width * scale)))
+    room_h, room_w = (view[0] - out_h) // grid, (view[1] - out_w) // grid
+    if rng is not None:
+        top, left = int(rng.integers(0, room_h + 1)) * grid, int(rng.integers(0, room_w + 1)) * grid
+        flip = bool(rng.random() < 0.5) and cfg.flip
+    else:
+        top, left, flip = room_h // 2 * grid, room_w // 2 * grid, False
+    return CropBox(top, left, view, flip, exact=grid > 1)
 
 
 def _sample_seed(seed: int, rank: int, position: int) -> int:
@@ -477,6 +537,8 @@ class ResumableSampler(Sampler):
 def collate_clips(items: list[dict]) -> dict:
     return {
         "video": torch.stack([it["video"] for it in items]),
+        "jitter": torch.stack([it["jitter"] for it in items]),
+        "crop": torch.stack([it["crop"] for it in items]),
         "index": [it["index"] for it in items],
         "skipped": [s for it in items for s in it["skipped"]],
     }
@@ -500,7 +562,8 @@ def make_train_loader(
     num_workers: int,
     prefetch_factor: int,
 ) -> DataLoader:
-    """An endless loader of batches {"video": uint8 [B, T, 3, H, W], "index", "skipped"} that
+    """An endless loader of batches {"video": uint8 [B, T, 3, H, W], "jitter": [B, 3], "crop": [B, 5],
+    "index", "skipped"} that
     starts after the `start_sample` samples this rank has already consumed."""
     workers = num_workers > 0
     return DataLoader(

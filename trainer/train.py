@@ -99,6 +99,7 @@ class Trainer:
         self.weights_only = weights_only
         self.stop = StopRequest()
         self.collective_wait_s = 0.0  # per step: seconds spent in _all_reduce (see there)
+        self.data_wait_log_s = 0.0  # since the last logged step: seconds blocked on the loader
         self.abandoned: Path | None = None  # where a resume --from moved the newer checkpoints
         self.universal = False  # resuming from step-<N>/universal at another world size
         self.rescale_data_from: tuple[int, int] | None = None  # (samples per rank, world) of the source
@@ -480,10 +481,11 @@ class Trainer:
             self.events.emit("data", step=self.step, path=s["path"], reason=s["reason"], count=self.data_skipped)
             print(f"[taehv-train] rank {self.rank}: skipped {s['path']}: {s['reason']}", file=sys.stderr, flush=True)
 
-    def _to_input(self, video_u8):
-        # uint8 crosses the loader and the bus; the float conversion happens on the device
-        x = video_u8.to(self.device, non_blocking=True).to(self.model_dtype).div_(255.0)
-        return x.contiguous()
+    def _to_input(self, video_u8, jitter=None):
+        # uint8 crosses the loader and the bus; float conversion and colour jitter happen on the device
+        from trainer.augment import to_model_input
+
+        return to_model_input(video_u8.to(self.device, non_blocking=True), self.model_dtype, jitter)
 
     # ---------------------------------------------------------------- losses
     def _teacher_latents(self, x):
@@ -670,6 +672,7 @@ class Trainer:
         cfg = self.cfg
         t0 = time.time()
         self.collective_wait_s = 0.0
+        data_wait_s = 0.0  # this rank blocked on its loader: the share says whether workers keep up
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -679,9 +682,13 @@ class Trainer:
             tries += 1
             if tries > 10 * cfg.optim.grad_accum:
                 raise RuntimeError(f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up")
+            waited = time.perf_counter()
             batch = self._next_batch()
+            data_wait_s += time.perf_counter() - waited
             self.faults.sleep("delay", self.step)
-            x = self._to_input(batch["video"])
+            # cached-latent batches carry no jitter: their targets were encoded from unjittered frames
+            jitter = batch.get("jitter") if self.cfg.data.color_jitter > 0 else None
+            x = self._to_input(batch["video"], jitter)
             t_lat = batch.get("latents")
             loss, parts = self.compute_loss(x, None if t_lat is None else t_lat.to(self.device, non_blocking=True))
             if self.faults.nan_loss(self.step):
@@ -714,7 +721,9 @@ class Trainer:
         self.step += 1
         step_time = time.time() - t0
         self.metrics.add_step(self.engine.get_global_grad_norm(), step_time)
-        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6))
+        self.data_wait_log_s += data_wait_s
+        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6),
+                              data_wait_s=round(data_wait_s, 6))  # fmt: skip
         if self.step % cfg.schedule.log_every == 0 or self.step in (1, cfg.optim.max_steps) or stop_agreed:
             self._log_metrics(lr)
         return stop_agreed
@@ -727,6 +736,8 @@ class Trainer:
         from trainer.metrics import psnr_from_mse
 
         t0 = time.time()
+        data_wait_s = self.data_wait_log_s / max(1, self.metrics.steps)
+        self.data_wait_log_s = 0.0
         means, grad_norm, step_time = self.metrics.reduce(self.world)
         self.collective_wait_s += time.time() - t0
         gpu_mem = torch.cuda.max_memory_allocated() / 2**30 if self.device_kind == "cuda" else None
@@ -736,6 +747,8 @@ class Trainer:
             "samples_per_s": self.cfg.effective_batch / step_time if step_time > 0 else 0.0,
             "step_time_s": step_time, "gpu_mem_gb": gpu_mem, "nonfinite_skipped": self.nonfinite_skipped,
             **{k: v for k, v in means.items() if k not in ("loss", "recon_loss")},
+            # this rank's own wait for its loader (not reduced: a slow node's loader shows on its ranks)
+            "data_wait_s": data_wait_s, "data_wait_share": data_wait_s / step_time if step_time > 0 else 0.0,
         }  # fmt: skip
         self.events.emit("step", **self.last)
         if self.is_main:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 
@@ -83,3 +85,32 @@ def test_make_synthetic_command(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert photos.returncode == 0, photos.stderr
     assert len(list((tmp_path / "p").glob("photo-*"))) == 2
+
+
+def _bench(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "trainer.cli", "bench-data", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_bench_data_measures_real_clips_and_sizes_the_loader(clip_dir):
+    r = _bench(clip_dir, "--frames", 8, "--size", "64x64", "--clips", 3, "--target-clips-per-s", 200, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["clips"] == 3 and (out["frames"], out["height"], out["width"]) == (8, 64, 64)
+    assert 0 < out["decode_cpu_s"] <= out["load_cpu_s"] and out["jitter_cpu_s"] > 0
+    assert out["source"].endswith("64x80") and out["skipped"] == []
+    assert out["workers_needed"] == max(1, math.ceil(200 * out["load_cpu_s"]))
+    text = _bench(clip_dir, "--frames", 8, "--size", "64x64", "--clips", 2, "--workers", 1)
+    assert text.returncode == 0, text.stderr
+    assert "CPU-s per clip" in text.stdout and "H100 at 40% MFU" in text.stdout
+    assert "data.num_workers = 1 gives" in text.stdout
+
+
+def test_bench_data_bad_input_is_named(tmp_path, clip_dir):
+    r = _bench(tmp_path / "nowhere", "--clips", 2)
+    assert r.returncode == 2 and "nowhere" in r.stderr and "does not exist" in r.stderr
+    r = _bench(clip_dir, "--size", "60x64")
+    assert r.returncode == 2 and "multiple of 8" in r.stderr
+    # sources smaller than the crop are never upsampled: every clip is skipped, and the error says why
+    r = _bench(clip_dir, "--size", "480x720", "--clips", 1)
+    assert r.returncode == 2 and "smaller than the 480x720 training crop" in r.stderr

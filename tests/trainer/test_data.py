@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainer import data
+from trainer.augment import to_model_input
 from trainer.config import DataSection
 from trainer.data import (
     DataSourceError,
@@ -221,25 +222,102 @@ def test_validation_is_fixed_centre_crop(clips):
     a = VideoClipDataset(clips, cfg(), train=False)[(3, 0)]["video"]
     b = VideoClipDataset(clips, cfg(), train=False)[(3, 777)]["video"]
     assert torch.equal(a, b), "validation must not depend on the seed"
-    # The centre crop of the largest 32:48 region of a 48x64 frame is 43x64 (rows 2..44), resized.
+    # The largest 32:48 region of a 48x64 frame is 43x64 (scale 0.75: a 36x48 view), centred:
+    # rows 3..46 of the source (the view's rows 2..34), resized in uint8.
     source = torch.from_numpy(read_frames(clips[3], range(T))).permute(0, 3, 1, 2).float()
-    full_h = round(64 * H / W)
-    top = (48 - full_h) // 2
     expected = torch.nn.functional.interpolate(
-        source[:, :, top : top + full_h], size=(H, W), mode="bilinear", antialias=True, align_corners=False
+        source[:, :, 3 : 3 + 43], size=(H, W), mode="bilinear", antialias=True, align_corners=False
     )
-    assert torch.equal(a, expected.round().clamp(0, 255).to(torch.uint8))
+    assert (a.float() - expected).abs().max() <= 1, "uint8 resize within one level of the float one"
 
 
 def test_jitter_and_flip_stay_within_bounds(clips):
     plain = VideoClipDataset(clips, cfg(flip=False, color_jitter=0.0, min_crop_scale=1.0), train=True)
     jittered = VideoClipDataset(clips, cfg(flip=False, color_jitter=0.2, min_crop_scale=1.0), train=True)
-    a, b = plain[(0, 5)]["video"].float(), jittered[(0, 5)]["video"].float()
-    assert not torch.equal(a, b)
-    assert (a - b).abs().mean() < 0.2 * 255, "light jitter, not a different picture"
+    a, b = plain[(0, 5)], jittered[(0, 5)]
+    # The loader's clip is the same uint8 picture; only the factors it carries for the device differ.
+    assert torch.equal(a["video"], b["video"])
+    assert a["jitter"].tolist() == [1.0, 1.0, 1.0]
+    assert all(0.8 <= f <= 1.2 for f in b["jitter"].tolist()) and b["jitter"].tolist() != [1.0, 1.0, 1.0]
+    assert torch.equal(b["jitter"], jittered[(0, 5)]["jitter"]), "the factors come from the item's seed"
+    x = to_model_input(a["video"][None], torch.float32)
+    y = to_model_input(b["video"][None], torch.float32, b["jitter"][None])
+    assert not torch.equal(x, y) and 0 <= y.min() and y.max() <= 1
+    assert (x - y).abs().mean() < 0.2, "light jitter, not a different picture"
     flipping = VideoClipDataset(clips, cfg(flip=True, color_jitter=0.0, min_crop_scale=1.0), train=True)
     same = {torch.equal(flipping[(0, s)]["video"], plain[(0, s)]["video"]) for s in range(12)}
     assert same == {True, False}, "flip should happen for some seeds and not others"
+
+
+# --- crops ---------------------------------------------------------------------------------------
+
+
+def test_sources_smaller_than_the_crop_are_skipped_never_upsampled(tmp_path, clips):
+    small = make_synthetic(tmp_path / "small", clips=1, frames=12, height=24, width=64)[0]
+    ds = VideoClipDataset([small, clips[0]], cfg(), train=True)
+    item = ds[(0, 1)]
+    assert item["index"] == 1, "the next video stands in"
+    (skip,) = item["skipped"]
+    assert skip["path"] == str(small)
+    assert "24x64 are smaller than the 32x48 training crop" in skip["reason"] and "never upsampled" in skip["reason"]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_crops_never_zoom_past_the_source_pixels(train):
+    # A source exactly the crop's size: the view is the source itself, whatever the zoom drawn.
+    ds = VideoClipDataset([], cfg(min_crop_scale=0.3), train=train)
+    for seed in range(50):
+        box, _ = ds.augmentation(H, W, seed)
+        assert box.view == (H, W) and (box.top, box.left) == (0, 0)
+    # A larger one: training zooms in, down to but never past the source's own pixels.
+    views = {ds.augmentation(3 * H, 3 * W, seed)[0].view for seed in range(200)}
+    assert all(H <= v[0] <= 3 * H and W <= v[1] <= 3 * W for v in views)
+    if train:
+        assert len(views) > 20 and (H, W) in views
+    else:
+        assert views == {(H, W)}, "validation: the largest region, no zoom"
+
+
+def test_frame_height_takes_crops_from_frames_at_that_height(tmp_path):
+    src = make_synthetic(tmp_path, clips=1, frames=12, height=96, width=128)
+    ds = VideoClipDataset(src, cfg(frame_height=48, min_crop_scale=1.0, flip=False), train=True)
+    tops_lefts = set()
+    for seed in range(6):
+        item = ds[(0, seed)]
+        top, left, view_h, view_w, flipped = item["crop"].tolist()
+        assert (view_h, view_w, flipped) == (48, 64, 0), "96x128 scaled to 48 high, a 32x48 window of it"
+        tops_lefts.add((top, left))
+        frames = torch.from_numpy(read_frames(src[0], range(12))).permute(0, 3, 1, 2).float()
+        view = torch.nn.functional.interpolate(frames, size=(48, 64), mode="bilinear", antialias=True)
+        windows = view[:, :, top : top + H, left : left + W]
+        first = item["video"][0].float()
+        assert first.shape == (3, H, W)
+        # resizing only the window's region gives the same picture as resizing the frame, up to edges;
+        # the clip starts at a random frame, so look for it among all of them
+        assert min((first - w)[:, 2:-2, 2:-2].abs().mean() for w in windows) < 3
+    assert len(tops_lefts) > 1, "the window moves"
+    with pytest.raises(ValueError, match="frame_height"):
+        cfg(frame_height=H - 8)
+
+
+def test_grid_aligned_crops_are_exact_windows_of_the_scaled_frame(tmp_path):
+    src = make_synthetic(tmp_path, clips=1, frames=12, height=96, width=144)
+    ds = VideoClipDataset(src, cfg(frame_height=64, min_crop_scale=0.5), train=True, crop_grid=8)
+    seen = set()
+    for seed in range(8):
+        item = ds[(0, seed)]
+        top, left, view_h, view_w, flipped = item["crop"].tolist()
+        assert (view_h, view_w) == (64, 96), "a fixed scale: latents are cached at one"
+        assert top % 8 == 0 and left % 8 == 0
+        seen.add((top, left))
+        frames = read_frames(src[0], range(12))
+        view = data._resize_u8(frames, (64, 96))[:, :, top : top + H, left : left + W]
+        if flipped:
+            view = view.flip(-1)
+        got = item["video"]
+        assert got.shape == (T, 3, H, W)
+        assert any(torch.equal(got[0], view[i]) for i in range(12)), "exactly a window of the scaled frame"
+    assert len(seen) > 1
 
 
 # --- frame accuracy ------------------------------------------------------------------------------
@@ -435,6 +513,8 @@ def test_sampler_rejects_bad_arguments():
 def test_collate_flattens_skips():
     item = lambda i, skips: {
         "video": torch.zeros(T, 3, H, W, dtype=torch.uint8),
+        "jitter": torch.full((3,), 1.0 + i),
+        "crop": torch.tensor([i, 0, H, W, 0]),
         "index": i,
         "skipped": skips,
     }
@@ -443,6 +523,7 @@ def test_collate_flattens_skips():
     )
     assert batch["video"].shape == (3, T, 3, H, W) and batch["index"] == [0, 1, 2]
     assert [s["path"] for s in batch["skipped"]] == ["a", "b"]
+    assert batch["jitter"][:, 0].tolist() == [1.0, 2.0, 3.0] and batch["crop"][:, 0].tolist() == [0, 1, 2]
 
 
 @pytest.mark.timeout(120)

@@ -83,6 +83,9 @@ def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
         for field in ("loss", "recon_loss", "psnr", "lr", "grad_norm", "samples_per_s", "step_time_s"):
             assert field in e and e[field] is not None, field
         assert math.isclose(e["psnr"], psnr_from_mse(e["recon_loss"]), rel_tol=1e-9)
+        # time blocked on the loader (in-process here: num_workers 0), and its share of the step
+        assert 0 < e["data_wait_s"] < e["step_time_s"]
+        assert math.isclose(e["data_wait_share"], e["data_wait_s"] / e["step_time_s"], rel_tol=1e-6)
     start = events(zero2_run, 1, "start")[0]
     assert start["world_size"] == 2 and start["zero_stage"] == 2 and start["precision"] == "no"
     assert events(zero2_run, 0, "stop")[-1]["reason"] == "done"

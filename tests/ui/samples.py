@@ -119,6 +119,7 @@ def cluster_state(n_nodes: int = 1, trouble: bool = False) -> ClusterState:
                 rs, detail_r, blocked = RankState.FAILED, "CUDA error: out of memory" if r == 90 else "killed", None
             ranks.append(RankHealth(rank=r, node=name, state=rs, step=step - (1 if r == 41 else 0),
                                     heartbeat_age_s=age, step_time_s=3.35, busy_s=busy, score=score,
+                                    metrics=(("data_wait_s", 1.04 if r % GPUS == 3 else 0.07), ("step_time_s", 3.35)),
                                     pid=40_000 + r, process="running" if rs != RankState.FAILED else "gone",
                                     blocked_by=blocked if r != 41 else None, detail=detail_r))
     collective = CollectiveStall(laggard_rank=41, laggard_node=node_name(stalled), step=step - 1, stalled_for_s=312.0,

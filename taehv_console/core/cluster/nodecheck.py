@@ -1,6 +1,7 @@
 """Small checks preflight runs on a node: a token in the runs directory (is it shared?), a TCP
 listener on the master port and connections to it (free? reachable?), the teacher VAE (loads, gives
-the student's latent shape) and a latent cache (present, complete). Run as
+the student's latent shape), a latent cache (present, complete), and what the data loader costs per
+clip on this node's CPUs and videos. Run as
 `python -m taehv_console.core.cluster.nodecheck ACTION ...`, each printing one JSON object.
 """
 
@@ -129,6 +130,23 @@ def latent_cache(path: str) -> dict:
     return {"ok": True, "path": path, "clips": len(manifest.get("clips", [])), "spec": manifest.get("spec", {})}
 
 
+def loader(data_config: str, clips: int) -> dict:
+    """CPU-s per training clip on this node, measured on its own copy of the data with the run's
+    data settings (a JSON DataSection), exactly as the trainer's loader workers prepare clips."""
+    from trainer.bench_data import measure_loader
+    from trainer.config import DataSection
+    from trainer.data import DataSourceError, find_videos
+
+    try:
+        data = DataSection.model_validate_json(data_config)
+        cost = measure_loader(find_videos(data.source, data.root), data, clips)
+    except DataSourceError as err:
+        return {"ok": False, "data_error": True, "error": str(err)}
+    except ValueError as err:
+        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}"}
+    return {"ok": True, **cost.to_dict()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.nodecheck")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -151,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=16)
     p = sub.add_parser("latent-cache")
     p.add_argument("path")
+    p = sub.add_parser("loader")
+    p.add_argument("--data-config", required=True, help="the run's [data] section as JSON")
+    p.add_argument("--clips", type=int, default=3)
     args = parser.parse_args(argv)
     if args.action == "listen":
         return listen(args.port, args.seconds)
@@ -166,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         out = latent_cache(args.path)
     elif args.action == "port-free":
         out = port_free(args.port)
+    elif args.action == "loader":
+        out = loader(args.data_config, args.clips)
     else:
         out = connect(args.host, args.port, args.timeout)
     print(json.dumps(out))

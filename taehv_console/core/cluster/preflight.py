@@ -7,6 +7,7 @@ Errors stop a launch; warnings are shown and do not.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -245,6 +246,57 @@ def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Fi
     return out
 
 
+def check_loader(measured: Mapping[str, Mapping], cfg: TrainConfig, clips_per_s_per_gpu: Mapping[str, float],
+                 facts: Mapping[str, NodeFacts] | None = None) -> list[Finding]:
+    """Each node's loader measurement (nodecheck `loader`: CPU-s per clip on its own videos) against
+    the planner's clips/s per GPU: data.num_workers workers, one core each, must keep up."""
+    out: list[Finding] = []
+    workers = cfg.data.num_workers
+    d = cfg.data
+    clip = f"{d.frames}x{d.height}x{d.width}"
+    for host, m in measured.items():
+        if not m.get("ok"):
+            why = m.get("error") or "no answer"
+            if m.get("data_error"):
+                out.append(Finding("data-gives-no-clips", E,
+                                   f"{host}: the data loader cannot make a {clip} clip: {why}",
+                                   "fix the videos or the data settings it names", host))
+            else:
+                out.append(Finding("loader-not-measured", W,
+                                   f"{host}: the loader could not be measured: {why}",
+                                   "run `taehv-train bench-data DIR` on that node to see why", host))
+            continue
+        cpu_s = float(m["load_cpu_s"])
+        target = clips_per_s_per_gpu.get(host, 0.0)
+        per_worker = 1.0 / cpu_s if cpu_s > 0 else float("inf")
+        # Without workers the rank loads in its own process: one worker's rate, paid inside the step.
+        rate = per_worker * max(workers, 1)
+        need = max(1, math.ceil(target * cpu_s))
+        what = (f"{host}: the loader takes {cpu_s:.3f} CPU-s per {clip} clip of {m.get('source', 'these')} "
+                f"videos ({per_worker:.1f} clips/s per worker)")
+        if rate < target:
+            fix = f"--set data.num_workers={need}"
+            f = facts.get(host) if facts else None
+            cores = need * cfg.topology.gpus_per_node
+            if f is not None and f.cpu_count and cores > f.cpu_count:
+                fix += (f" ({cores} loader processes per node, {host} has {f.cpu_count} CPUs: also "
+                        "pre-scale the videos towards the training size, which makes decoding cheaper)")
+            out.append(Finding("loader-too-slow", W,
+                               f"{what}: {workers} worker(s) per GPU give {rate:.1f} clips/s, the plan "
+                               f"assumes {target:.1f} clips/s per GPU, so GPUs would wait for data", fix, host))
+        else:
+            out.append(Finding("loader-ok", I, f"{what}: {workers} worker(s) per GPU give {rate:.1f} clips/s "
+                                               f"(the plan assumes {target:.1f})", "", host))
+        skipped = m.get("skipped") or []
+        if skipped:
+            out.append(Finding("loader-skipped-videos", W,
+                               f"{host}: {len(skipped)} of the sampled videos gave no clip: "
+                               + "; ".join(skipped[:3]),
+                               "training skips them too (each reported as a data event); fix or remove them",
+                               host))
+    return out
+
+
 def check_runs_shared(shared: Mapping[str, bool] | None, runs_dir: str, writer: str = "") -> list[Finding]:
     """`shared` maps each other node to whether it read the token `writer` wrote; None = not tested."""
     if not shared:
@@ -440,6 +492,8 @@ class PreflightOptions:
     assumed_gbps: float | None = None
     probe_timeout_s: float | None = None
     port_check_timeout_s: float = 5.0
+    loader_clips: int = 3  # clips each node prepares to measure its loader (0 = not measured)
+    loader_timeout_s: float = 180.0
 
 
 def _json_of(result) -> dict:
@@ -597,11 +651,34 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
         findings += check_gpu_homogeneity(facts)
     findings += check_version_skew(facts, cfg.topology.device)
     findings += check_data(facts, data or "")
+    if data and options.loader_clips > 0:
+        say("measuring the data loader on every node")
+        findings += _check_loader(pool, cfg, facts, data, options)
     findings += check_disk(facts, cfg)
     findings += check_clock_skew(probes)
     findings += check_nccl_env(facts, cfg.distributed.nccl_env, cfg.topology.device)
     findings += check_memory_fit(cfg, facts)
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
+
+
+def _check_loader(pool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str,
+                  options: PreflightOptions) -> list[Finding]:
+    from taehv_console.core.plan.planner import assumed_throughput
+
+    # nodes whose data path is missing are already errors (check_data); measuring there adds nothing
+    hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
+    if not hosts:
+        return []
+    section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
+    answers = pool.map(hosts, lambda r: r.run(
+        [r.python, "-m", NODECHECK, "loader", "--data-config", section, "--clips", str(options.loader_clips)],
+        timeout=options.loader_timeout_s))
+    measured = {h: _json_of(r) or {"ok": False, "error": _why(r)} for h, r in answers.items()}
+    targets = {}
+    for h in hosts:
+        gpus = facts[h].visible_gpus
+        targets[h] = assumed_throughput(cfg, gpus[0].name if gpus else "")[0]
+    return check_loader(measured, cfg, targets, facts)
 
 
 def _safe(fn):

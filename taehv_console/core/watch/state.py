@@ -149,6 +149,13 @@ class RankHealth:
                 return v
         return None
 
+    @property
+    def data_wait_share(self) -> float | None:
+        """Share of the rank's latest step spent waiting for its next batch (None: a trainer that
+        does not report it). High means its loader workers do not keep up."""
+        wait, step = self.metric("data_wait_s"), self.metric("step_time_s")
+        return min(1.0, max(0.0, wait / step)) if wait is not None and step else None
+
 
 @dataclass(frozen=True)
 class CollectiveStall:
@@ -470,6 +477,7 @@ def _plain(obj: Any) -> Any:
             out["timeout_in_s"] = obj.timeout_in_s
         if isinstance(obj, RankHealth):
             out["metrics"] = {k: _plain(v) for k, v in obj.metrics}
+            out["data_wait_share"] = obj.data_wait_share
         if isinstance(obj, RunView):
             out["stalled"] = [r.rank for r in obj.stalled]
         return out

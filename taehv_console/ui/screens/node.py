@@ -23,7 +23,8 @@ from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
 
 GPU_COLUMNS = ("gpu", "util", "memory", "temp", "power", "state", "run mem")
-RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "pid", "detail")
+# "data": the share of step time this rank waited for its next batch (loader too slow when high)
+RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "data", "pid", "detail")
 LOG_LINES = 5000
 
 
@@ -103,7 +104,9 @@ def rank_rows(ranks: list[Any]) -> list[tuple[Any, ...]]:
         rows.append((str(r.rank), f.badge(r.state.value), "-" if r.step is None else str(r.step),
                      f.age(r.heartbeat_age_s), f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
                      f"{r.score:.2f}" if r.score is not None else "-",
-                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-", str(r.pid or "-"), detail[:60]))
+                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-",
+                     f.pct(100 * r.data_wait_share) if r.data_wait_share is not None else "-",
+                     str(r.pid or "-"), detail[:60]))
     return rows
 
 

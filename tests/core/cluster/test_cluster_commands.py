@@ -27,6 +27,16 @@ def ssh_env(sshd, monkeypatch):
     return sshd
 
 
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Real videos for preflight's loader measurement (a folder without any would be an error)."""
+    from trainer.synthetic import make_synthetic
+
+    d = tmp_path_factory.mktemp("videos")
+    make_synthetic(d, clips=2, frames=12, height=64, width=64)
+    return d
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
@@ -100,10 +110,10 @@ def test_trust_refuses_a_changed_key_unless_replace(ssh_env, tmp_path, monkeypat
     assert connect(host, ssh_env.settings(known_hosts_path=str(kh))).run(["true"]).ok
 
 
-def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, capsys):
+def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, capsys, clips):
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=999, hosts=ssh_env.addresses[:2])
     code = main(["preflight", "--hosts", str(hf), "--preset", "cpu-smoke", "--set", "topology.nodes=2",
-                 "--runs", str(tmp_path / "runs"), "--data", str(tmp_path), "--master-port", str(free_port()),
+                 "--runs", str(tmp_path / "runs"), "--data", str(clips), "--master-port", str(free_port()),
                  "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and not out["ok"]
@@ -111,13 +121,15 @@ def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, 
     assert errors == {("slots-exceed-devices", h) for h in ssh_env.addresses[:2]}
 
 
-def test_preflight_passes_on_two_good_nodes(ssh_env, tmp_path, capsys):
+def test_preflight_passes_on_two_good_nodes(ssh_env, tmp_path, capsys, clips):
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=1, hosts=ssh_env.addresses[:2])
     code = main(["preflight", "--hosts", str(hf), "--preset", "cpu-smoke", "--set", "topology.nodes=2",
-                 "--set", "topology.gpus_per_node=1", "--runs", str(tmp_path / "runs"), "--data", str(tmp_path),
+                 "--set", "topology.gpus_per_node=1", "--runs", str(tmp_path / "runs"), "--data", str(clips),
                  "--master-port", str(free_port())])
     out = capsys.readouterr().out
     assert code == 0, out
+    # each node measured its loader over SSH, on its own view of the videos
+    assert out.count("(loader-ok)") == 2 and "CPU-s per 8x64x64 clip" in out
     assert "(runs-shared)" in out and "ready to launch" in out
     assert list((tmp_path / "runs").iterdir()) == []  # the token was cleaned up
 
@@ -181,13 +193,35 @@ def test_help_imports_no_heavy_module_and_core_no_ui():
     assert out.stdout.strip() == "[] []"
 
 
-def test_preflight_inside_a_platform_pod_checks_this_node_only(tmp_path):
+def test_preflight_inside_a_platform_pod_checks_this_node_only(tmp_path, clips):
     # A PAI-DLC worker pod (rank 1 of 2): no SSH, the platform starts the other pod.
     env = {"MASTER_ADDR": "dlc1a2b3c4d5e6f-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
     topo = detect_topology(env, local_gpus=None)
     report = run_preflight(topo, cpu_config(2), options=PreflightOptions(
-        runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path)))
+        runs_dir=str(tmp_path / "runs"), data_source=str(clips)))
     assert [p.host for p in report.probes] == ["localhost"] and report.probes[0].ok
     found = {f.id for f in report.findings}
     assert {"other-nodes-not-probed", "master-port-not-checked"} <= found
     assert report.ok, [f.message for f in report.errors]
+
+
+def test_preflight_measures_the_loader_on_real_videos_and_names_the_workers_a_gpu_needs(tmp_path, clips):
+    topo = detect_topology({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456", "WORLD_SIZE": "1", "RANK": "0"},
+                           local_gpus=None)
+    # a GPU config: the planner's clips/s per GPU are far beyond what a 2-core test machine loads
+    cfg = load_preset("8gpu-h100", overrides=["topology.nodes=1", "data.frames=8", "data.height=64",
+                                              "data.width=64", "data.num_workers=1"]).config
+    report = run_preflight(topo, cfg, options=PreflightOptions(runs_dir=str(tmp_path / "runs"),
+                                                               data_source=str(clips), loader_clips=2))
+    [slow] = [f for f in report.findings if f.id == "loader-too-slow"]
+    assert slow.severity is Severity.WARNING and slow.node == "localhost"
+    assert "h264 64x64" in slow.message and "1 worker(s) per GPU give" in slow.message
+    need = int(slow.fix.split("data.num_workers=")[1].split()[0])
+    assert need > 1
+    # and a folder without videos stops the launch, naming the folder
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    report = run_preflight(topo, cpu_config(1), options=PreflightOptions(runs_dir=str(tmp_path / "runs"),
+                                                                         data_source=str(empty)))
+    [bad] = [f for f in report.errors if f.id == "data-gives-no-clips"]
+    assert str(empty) in bad.message and "no video files" in bad.message

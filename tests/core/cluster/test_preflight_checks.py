@@ -218,3 +218,52 @@ def test_findings_sort_errors_first():
     b = pf.Finding("y", Severity.ERROR, "m")
     c = pf.Finding("z", Severity.WARNING, "m")
     assert [f.severity for f in pf.sort_findings([a, b, c])] == [Severity.ERROR, Severity.WARNING, Severity.INFO]
+
+
+# ---------------------------------------------------------------------------------------- loader
+
+def _loader(name: str) -> dict:
+    # nodecheck `loader` output recorded on this project's dev machine (synthetic H.264 clips)
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "recorded" / f"loader_{name}.json").read_text())
+
+
+def test_loader_fast_enough_is_info_and_too_slow_names_the_workers_that_would_do(make_facts):
+    fast, slow = _loader("480p_h264"), _loader("1080p_h264")
+    c = cfg(nodes=2, ppn=8, data={"num_workers": 6})
+    facts = {"gpu01": make_facts("gpu01"), "gpu02": make_facts("gpu02")}
+    out = pf.check_loader({"gpu01": fast, "gpu02": slow}, c, {"gpu01": 50.0, "gpu02": 50.0}, facts)
+    [ok] = [f for f in out if f.node == "gpu01"]
+    assert ok.id == "loader-ok" and ok.severity is Severity.INFO and "h264 480x854" in ok.message
+    [warn] = [f for f in out if f.node == "gpu02"]
+    assert warn.id == "loader-too-slow" and warn.severity is Severity.WARNING
+    need = -(-50.0 * slow["load_cpu_s"] // 1)  # ceil
+    assert f"--set data.num_workers={int(need)}" in warn.fix
+    assert f"{slow['load_cpu_s']:.3f} CPU-s per 12x480x720 clip" in warn.message
+    assert "6 worker(s) per GPU give" in warn.message and "assumes 50.0 clips/s per GPU" in warn.message
+
+
+def test_loader_needing_more_cores_than_the_node_has_says_so(make_facts):
+    slow = _loader("1080p_h264")
+    facts = {"gpu01": replace(make_facts("gpu01"), cpu_count=32)}
+    [f] = pf.check_loader({"gpu01": slow}, cfg(nodes=1, ppn=8), {"gpu01": 65.0}, facts)
+    assert f.id == "loader-too-slow" and "gpu01 has 32 CPUs" in f.fix
+
+
+def test_loader_failures_data_error_stops_other_failure_warns():
+    c = cfg(nodes=2, ppn=8)
+    out = pf.check_loader({
+        "gpu01": {"ok": False, "data_error": True, "error": "3 videos in a row gave no clip: a.mp4 (too short)"},
+        "gpu02": {"ok": False, "error": "timed out after 180 s"},
+    }, c, {"gpu01": 65.0, "gpu02": 65.0})
+    assert [(f.id, f.severity, f.node) for f in out] == [
+        ("data-gives-no-clips", Severity.ERROR, "gpu01"), ("loader-not-measured", Severity.WARNING, "gpu02")]
+    assert "a.mp4 (too short)" in out[0].message and "timed out" in out[1].message
+
+
+def test_loader_skipped_videos_in_the_sample_are_reported():
+    m = {**_loader("480p_h264"), "skipped": ["/v/small.mp4: frames of 240x320 are smaller than the 480x720 crop"]}
+    out = pf.check_loader({"gpu01": m}, cfg(nodes=1, ppn=8), {"gpu01": 1.0})
+    assert ids(out) == ["loader-ok", "loader-skipped-videos"] and "small.mp4" in out[1].message

@@ -263,3 +263,13 @@ def test_an_unreachable_node_is_reported_on_its_source_and_lost(sshd, fake_run):
             src = next(x for x in s.sources if x.name == "agent@127.0.0.99")
             assert not src.ok and "127.0.0.99" in src.error
             assert s.node("127.0.0.99").agent.startswith("restarting")
+
+
+def test_each_rank_shows_its_share_of_step_time_spent_waiting_for_data(fake_run):
+    fake_run.start()
+    fake_run.step += 1
+    fake_run.beat(0, step_time_s=0.4, wait_s=0.0, data_wait_s=0.1)
+    fake_run.beat(1, step_time_s=0.4, wait_s=0.0)  # a trainer from before the field: unknown, not 0
+    s = snapshot_once(fake_run.dir, config=fast_config())
+    assert s.rank(0).data_wait_share == pytest.approx(0.25)
+    assert s.rank(1).data_wait_share is None
