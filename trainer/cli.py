@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--size", default="64x64", help="HxW, e.g. 480x720 (height x width)")
     syn.add_argument("--fps", type=int, default=24)
     syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument(
+        "--photos", action="store_true", help="a camera moving over real photographs (needs scikit-image)"
+    )
     return parser
 
 
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "make-synthetic":
-        from trainer.synthetic import make_synthetic, parse_size
+        from trainer.synthetic import make_photo_clips, make_synthetic, parse_size
 
         try:
             height, width = parse_size(args.size)
@@ -39,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         if args.clips < 1 or args.frames < 1:
             parser.error("--clips and --frames must be at least 1")
-        paths = make_synthetic(args.dir, args.clips, args.frames, height, width, fps=args.fps, seed=args.seed)
+        make = make_photo_clips if args.photos else make_synthetic
+        try:
+            paths = make(args.dir, args.clips, args.frames, height, width, fps=args.fps, seed=args.seed)
+        except (ValueError, RuntimeError) as err:
+            parser.error(str(err))
         print(f"wrote {len(paths)} clips of {args.frames} frames at {height}x{width} to {args.dir}")
         return 0
     if args.run is None:

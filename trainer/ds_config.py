@@ -60,6 +60,10 @@ def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
         "steps_per_print": 1_000_000_000,
         "wall_clock_breakdown": False,
     }
+    if precision == "bf16":
+        # Without this DeepSpeed sums micro-batch gradients in bf16 (8 mantissa bits): small
+        # gradients vanish against large sums over grad_accum micro-batches. ZeRO-1/2/3 take it.
+        conf["data_types"] = {"grad_accum_dtype": "fp32"}
     if ds.communication_data_type != "auto":
         conf["communication_data_type"] = ds.communication_data_type
     return conf
@@ -98,6 +102,8 @@ def effective_deepspeed_config(engine) -> dict:
         "bf16": {"enabled": bool(engine.bfloat16_enabled())},
         "fp16_enabled": bool(engine.fp16_enabled()),
     }
+    if c.grad_accum_dtype is not None:
+        out["data_types"] = {"grad_accum_dtype": c.grad_accum_dtype}
     if c.communication_data_type is not None:
         out["communication_data_type"] = str(c.communication_data_type).replace("torch.", "")
     return out

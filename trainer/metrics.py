@@ -1,4 +1,5 @@
-"""Image-quality metrics for reconstructions in [0, 1]: PSNR from the MSE, and SSIM."""
+"""Image-quality metrics for reconstructions in [0, 1] (PSNR from the MSE, SSIM), and training
+metrics kept on the device between log steps."""
 
 from __future__ import annotations
 
@@ -45,3 +46,57 @@ def ssim_per_frame(x: torch.Tensor, y: torch.Tensor, window: int = 11, sigma: fl
     c1, c2 = 0.01**2, 0.03**2
     s = ((2 * mu_x * mu_y + c1) * (2 * sxy + c2)) / ((mu_x**2 + mu_y**2 + c1) * (sxx + syy + c2))
     return s.mean(dim=(1, 2, 3)).reshape(lead)
+
+
+class DeviceMetrics:
+    """Training metrics summed where they are computed, between log steps.
+
+    Adding a loss never waits for the device (no `.item()` between forward and backward); at a log
+    step one all-reduce turns the sums into means over ranks and micro-batches. Every rank must
+    add the same keys and call `reduce` at the same steps.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.micro_batches = 0
+        self.grad_norm_sum: torch.Tensor | None = None
+        self.steps = 0
+        self.seconds = 0.0
+
+    def add_micro_batch(self, values: dict[str, torch.Tensor]) -> None:
+        for key, value in values.items():
+            value = value.detach().float().reshape(())
+            self.sums[key] = value if key not in self.sums else self.sums[key] + value
+        self.micro_batches += 1
+
+    def add_step(self, grad_norm, seconds: float) -> None:
+        """One optimizer step: its global gradient norm (tensor, float or None) and host seconds."""
+        self.steps += 1
+        self.seconds += seconds
+        if grad_norm is not None:
+            g = torch.as_tensor(grad_norm, dtype=torch.float32).reshape(()).to(self.device, non_blocking=True)
+            self.grad_norm_sum = g if self.grad_norm_sum is None else self.grad_norm_sum + g
+
+    def reduce(self, world: int) -> tuple[dict[str, float], float | None, float]:
+        """(means by key, mean gradient norm or None, mean step seconds) since the last reduce;
+        collective when world > 1."""
+        import torch.distributed as dist
+
+        keys = sorted(self.sums)
+        values = [self.sums[k].to(self.device) for k in keys]
+        if self.grad_norm_sum is not None:
+            values.append(self.grad_norm_sum)
+        out = torch.stack(values).to(torch.float64) if values else torch.zeros(0, dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(out)
+        got = out.tolist()  # the single host synchronisation of a log interval
+        per = max(1, self.micro_batches) * world
+        means = {k: v / per for k, v in zip(keys, got)}
+        grad_norm = got[-1] / (max(1, self.steps) * world) if self.grad_norm_sum is not None else None
+        step_time = self.seconds / max(1, self.steps)
+        self._reset()
+        return means, grad_norm, step_time

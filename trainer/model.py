@@ -49,7 +49,7 @@ class TPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _nt, c, h, w = x.shape
-        return self.conv(x.reshape(-1, self.stride * c, h, w))
+        return self.conv(_same_layout(x.reshape(-1, self.stride * c, h, w), x))
 
 
 class TGrow(nn.Module):
@@ -62,15 +62,24 @@ class TGrow(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _nt, c, h, w = x.shape
-        return self.conv(x).reshape(-1, c, h, w)
+        return _same_layout(self.conv(x).reshape(-1, c, h, w), x)
+
+
+def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`out` in channels_last when `like` is: folding frames into channels (or back) is a copy
+    that would otherwise silently return to NCHW for the rest of the network."""
+    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) and not like.is_contiguous():
+        return out.contiguous(memory_format=torch.channels_last)
+    return out
 
 
 def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
-    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0."""
+    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0.
+    Keeps x's memory layout (frames are whole blocks of memory in NCHW and NHWC alike)."""
     nt, c, h, w = x.shape
-    v = x.reshape(n, nt // n, c, h, w)
-    past = F.pad(v, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1]
-    return past.reshape(nt, c, h, w)
+    past = torch.zeros_like(x)
+    past.view(n, nt // n, c, h, w)[:, 1:] = x.view(n, nt // n, c, h, w)[:, :-1]
+    return past
 
 
 def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
@@ -142,10 +151,31 @@ class TAEHV(nn.Module):
             TGrow(n_f[2], 2 if decoder_time_upscale[2] else 1), conv(n_f[2], n_f[3], bias=False),
             nn.ReLU(inplace=True), conv(n_f[3], 3 * p2),
         )  # fmt: skip
-        # The author's recipe: start the decoder at mid-grey so early reconstructions are not black.
-        nn.init.constant_(self.decoder[-1].bias, 0.5)
+        self.init_weights()
         self._encoder_stages = self._split_stages(self.encoder)
         self._decoder_stages = self._split_stages(self.decoder)
+
+    def init_weights(self) -> None:
+        """An init under which the signal survives 40 convolutions from the first step.
+
+        PyTorch's default conv init (uniform, fan-in, gain 1/sqrt(3)) shrinks activations at every
+        ReLU layer: the decoder's first frames are flat (spatial std ~0.001) and training starts by
+        climbing out of that. Kaiming fan-in for ReLU keeps the variance; zeroing each MemBlock's
+        last conv makes every block start as the identity, so depth adds no noise until it learns
+        something (as residual networks do). The output bias of 0.5 (the author's recipe) starts
+        reconstructions at mid-grey.
+        """
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if isinstance(m, MemBlock):
+                last = m.conv[-1]
+                nn.init.zeros_(last.weight)
+                nn.init.zeros_(last.bias)
+        nn.init.constant_(self.decoder[-1].bias, 0.5)
 
     @staticmethod
     def _split_stages(seq: nn.Sequential) -> list[_Stage]:
@@ -163,9 +193,15 @@ class TAEHV(nn.Module):
         return stages
 
     def use_channels_last(self) -> "TAEHV":
-        """NHWC weights and activations: faster convolutions on tensor-core GPUs, same results."""
+        """NHWC activations: faster convolutions on tensor-core GPUs, same results.
+
+        Only the activations change layout. A convolution whose input is channels_last runs
+        channels_last whatever its weight's layout, and the weights must stay contiguous: DeepSpeed
+        views every parameter as flat bytes (its initial broadcast, ZeRO's flat buffers), which an
+        NHWC weight cannot give ("self.stride(-1) must be 1 to view Float as Byte").
+        """
         self.channels_last = True
-        return self.to(memory_format=torch.channels_last)
+        return self
 
     def _run(self, stages: list[_Stage], x: torch.Tensor, n: int) -> torch.Tensor:
         for stage in stages:
@@ -194,8 +230,12 @@ class TAEHV(nn.Module):
         z = self._run(self._encoder_stages, flat, n)
         return z.reshape(n, z.shape[0] // n, *z.shape[1:])
 
-    def decode(self, z: torch.Tensor, trim: bool = True) -> torch.Tensor:
-        """N×K×latent×h×w -> N×(4K−3)×3×8h×8w in [0, 1] (the first 3 warm-up frames dropped)."""
+    def decode(self, z: torch.Tensor, trim: bool = True, clamp: bool = True) -> torch.Tensor:
+        """N×K×latent×h×w -> N×(4K−3)×3×8h×8w in [0, 1] (the first 3 warm-up frames dropped).
+
+        clamp=False is for the training loss: the clamp to [0, 1] has zero gradient outside, so a
+        pixel that overshoots would never be pulled back by the loss.
+        """
         n, k = z.shape[:2]
         flat = z.reshape(n * k, *z.shape[2:])
         if self.channels_last:
@@ -203,12 +243,14 @@ class TAEHV(nn.Module):
         x = self._run(self._decoder_stages, flat, n)
         if self.patch_size > 1:
             x = F.pixel_shuffle(x, self.patch_size)
-        x = x.clamp(0, 1).reshape(n, x.shape[0] // n, *x.shape[1:])
+        if clamp:
+            x = x.clamp(0, 1)
+        x = x.reshape(n, x.shape[0] // n, *x.shape[1:])
         return x[:, self.frames_to_trim :] if trim else x
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, clamp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.encode(x)
-        return z, self.decode(z)
+        return z, self.decode(z, clamp=clamp)
 
 
 def reconstruction_target(video: torch.Tensor, n_decoded: int) -> torch.Tensor:

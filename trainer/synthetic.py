@@ -1,4 +1,5 @@
-"""Writes small but real video files (textured shapes moving over a panning, noisy background).
+"""Writes small but real video files: textured shapes moving over a panning, noisy background
+(make_synthetic), or a camera moving over real photographs (make_photo_clips).
 
 Demos and tests train on these so that they go through the same PyAV decoding path as a user's videos.
 """
@@ -165,11 +166,7 @@ def _bounce(position: float, length: int) -> float:
     return p if p < length else period - p
 
 
-def make_synthetic(
-    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
-) -> list[Path]:
-    """Write `clips` videos of `frames` frames at height x width into out_dir; each clip differs (its
-    content comes from seed and the clip's index). Returns the written paths, in order."""
+def _write_clips(out_dir, clips, frames, height, width, fps, seed, prefix, frames_of, stream) -> list[Path]:
     if clips < 1 or frames < 1 or fps < 1:
         raise ValueError(f"clips, frames and fps must be at least 1 (got {clips}, {frames}, {fps})")
     if height < 2 or width < 2 or height % 2 or width % 2:
@@ -180,7 +177,82 @@ def make_synthetic(
     codec = video_codec()
     written = []
     for i in range(clips):
-        rng = np.random.default_rng([seed, i])
-        path = out_dir / f"clip-{i:04d}{codec.suffix}"
-        written.append(write_video(path, _clip_frames(rng, frames, height, width), fps, codec))
+        rng = np.random.default_rng([seed, i, *stream])
+        path = out_dir / f"{prefix}-{i:04d}{codec.suffix}"
+        written.append(write_video(path, frames_of(rng, frames, height, width), fps, codec))
     return written
+
+
+def make_synthetic(
+    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
+) -> list[Path]:
+    """Write `clips` videos of `frames` frames at height x width into out_dir; each clip differs (its
+    content comes from seed and the clip's index). Returns the written paths, in order."""
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "clip", _clip_frames, ())
+
+
+# scikit-image's bundled colour photographs (no download): real textures, edges and colour
+# statistics, which the analytic clips above lack.
+PHOTOS = (
+    "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
+    "stereo_motorcycle",
+)  # fmt: skip
+
+
+@functools.cache
+def _photo(name: str) -> np.ndarray:
+    try:
+        import skimage.data
+    except ImportError:
+        raise RuntimeError(
+            "photo clips need scikit-image (pip install scikit-image, or taehv-console[test])"
+        ) from None
+    img = getattr(skimage.data, name)()
+    if isinstance(img, tuple):  # stereo pairs: the left view
+        img = img[0]
+    return np.ascontiguousarray(img[..., :3]).astype(np.float32)
+
+
+def _photo_frames(rng: np.random.Generator, frames: int, height: int, width: int) -> Iterable[np.ndarray]:
+    """A camera moving over one photograph: pan, zoom and a little roll along smooth paths, with
+    hand-held jitter and sensor noise. Frames are sampled bilinearly from the photo."""
+    from scipy.ndimage import map_coordinates
+
+    photo = _photo(PHOTOS[int(rng.integers(len(PHOTOS)))])
+    ph, pw = photo.shape[:2]
+    # The window's scale (photo pixels per output pixel): as large as half the photo allows, so
+    # motion rarely magnifies the photo beyond its own resolution.
+    fit = min(ph / height, pw / width)
+    scale0 = fit * rng.uniform(0.35, 0.7)
+    zoom_rate = rng.uniform(-0.008, 0.008)  # relative change of scale per frame
+    roll0, roll_rate = rng.uniform(-0.1, 0.1), rng.uniform(-0.01, 0.01)  # radians
+    half = np.array([height, width], np.float64) / 2
+    centre0 = np.array([rng.uniform(0.3, 0.7) * ph, rng.uniform(0.3, 0.7) * pw])
+    velocity = rng.uniform(-0.008, 0.008, 2) * np.array([ph, pw])  # photo pixels per frame
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float64)
+    yy, xx = yy - half[0] + 0.5, xx - half[1] + 0.5
+    noise = float(rng.uniform(1.0, 3.0))
+    for t in range(frames):
+        scale = scale0 * (1 + zoom_rate) ** t
+        roll = roll0 + roll_rate * t
+        shake = rng.normal(0, 0.4, 2) * scale
+        centre = centre0 + velocity * t + shake
+        # keep the window's centre inside the photo (reflection handles the corners)
+        centre = np.clip(centre, half * scale * 0.5, np.array([ph, pw]) - half * scale * 0.5)
+        c, s = math.cos(roll), math.sin(roll)
+        py = centre[0] + scale * (c * yy - s * xx)
+        px = centre[1] + scale * (s * yy + c * xx)
+        img = np.stack(
+            [map_coordinates(photo[..., k], (py, px), order=1, mode="reflect") for k in range(3)], -1
+        )
+        img = img + rng.standard_normal(img.shape, dtype=np.float32) * noise
+        yield np.clip(img, 0, 255).round().astype(np.uint8)
+
+
+def make_photo_clips(
+    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
+) -> list[Path]:
+    """Write `clips` videos of a camera moving over scikit-image's sample photographs (real
+    H.264 where PyAV's FFmpeg has an H.264 encoder). Same arguments as make_synthetic; files are
+    named photo-NNNN; returns the written paths, in order."""
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "photo", _photo_frames, (1,))

@@ -29,6 +29,8 @@ from trainer.data import (
 )
 from trainer.events import EventWriter, atomic_write_text
 from trainer.faults import FaultPlan
+from trainer.master_weights import MasterEMA, full_fp32_weights
+from trainer.metrics import DeviceMetrics
 
 EXIT_OK = 0
 EXIT_CONFIG = 2  # bad config, data or checkpoint: nothing to retry
@@ -106,6 +108,9 @@ class Trainer:
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if self.device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         _set_single_process_env()
+        if self.device_kind == "cuda":
+            # clip shapes are fixed for a run, so cuDNN's per-shape algorithm search pays off
+            torch.backends.cudnn.benchmark = True
         if self.device_kind == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
@@ -213,7 +218,9 @@ class Trainer:
         self.data_skipped = 0
         self.best_psnr = -math.inf
         self.last_val: dict | None = None
-        self.ema = self._init_ema() if cfg.optim.ema_decay > 0 else None
+        self.ema = MasterEMA(self.engine, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
+        self.metrics = DeviceMetrics(self.device)
+        self._ema_model = None  # a plain copy of the model that validates the EMA weights
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
 
@@ -254,20 +261,6 @@ class Trainer:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         return teacher.to(self.device, dtype)
 
-    # ---------------------------------------------------------------- EMA
-    def _ema_sources(self):
-        """(name, tensor) pairs EMA tracks: this rank's ZeRO-3 partition, or the full parameter."""
-        for name, p in self.engine.module.named_parameters():
-            yield name, (p.ds_tensor if self.zero_stage == 3 else p)
-
-    def _init_ema(self) -> dict:
-        return {n: t.detach().float().clone() for n, t in self._ema_sources()}
-
-    def _update_ema(self) -> None:
-        d = self.cfg.optim.ema_decay
-        for n, t in self._ema_sources():
-            self.ema[n].mul_(d).add_(t.detach().float(), alpha=1 - d)
-
     # ---------------------------------------------------------------- collectives
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import torch
@@ -289,33 +282,10 @@ class Trainer:
         dist.barrier()
 
     def full_weights(self, use_ema: bool = False) -> dict | None:
-        """Full fp32 tensors on rank 0 (None elsewhere). Collective: every rank must call it."""
-        import torch
-
-        module = self.engine.module
-        swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if use_ema:
-            for n, t in self._ema_sources():
-                swapped.append((t, t.detach().clone()))
-                t.data.copy_(self.ema[n].to(t.dtype))
-        try:
-            if self.zero_stage == 3:
-                import deepspeed
-
-                # params prefetched by the last forward are in flight; settle them before gathering
-                self.engine.empty_partition_cache()
-                with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                    sd = self._copy_state(module) if self.is_main else None
-            else:
-                sd = self._copy_state(module) if self.is_main else None
-        finally:
-            for t, saved in swapped:
-                t.data.copy_(saved)
-        return sd
-
-    @staticmethod
-    def _copy_state(module) -> dict:
-        return {k: v.detach().float().cpu().clone().contiguous() for k, v in module.state_dict().items()}
+        """Full fp32 tensors from the optimizer's master weights (not the module's bf16 copies) on
+        rank 0, None elsewhere. Collective: every rank must call it."""
+        sd = self.ema.full_weights() if use_ema else full_fp32_weights(self.engine)
+        return sd if self.is_main else None
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, reason: str) -> bool:
@@ -342,7 +312,7 @@ class Trainer:
                 "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state() if self.device_kind == "cuda" else None,
                 "samples_consumed": self.samples_consumed,
-                "ema": self.ema,
+                "ema": self.ema.state() if self.ema is not None else None,
             },
             tmp / ckpt.rank_state_name(self.rank),
         )
@@ -402,8 +372,11 @@ class Trainer:
             if self.device_kind == "cuda" and rank_state.get("cuda_rng") is not None:
                 torch.cuda.set_rng_state(rank_state["cuda_rng"])
             self.samples_consumed = int(rank_state["samples_consumed"])
-            if self.ema is not None and rank_state.get("ema"):
-                self.ema = {k: v.to(self.ema[k].device) for k, v in rank_state["ema"].items()}
+            if self.ema is not None and rank_state.get("ema") is not None:
+                try:
+                    self.ema.load(rank_state["ema"], str(st.path / ckpt.rank_state_name(self.rank)))
+                except ValueError as err:
+                    raise ckpt.CheckpointError(str(err)) from None
         state = json.loads((st.path / "trainer" / "state.json").read_text())
         self.step = int(state["step"])
         self.best_psnr = state.get("best_psnr") or -math.inf
@@ -483,7 +456,7 @@ class Trainer:
         from trainer.model import reconstruction_target
 
         cfg = self.cfg.loss
-        z, y = self.engine(x)
+        z, y = self.engine(x, clamp=False)  # the loss pulls back pixels outside [0, 1] too
         target = reconstruction_target(x, y.shape[1])
         recon = F.mse_loss(y.float(), target.float())
         total = cfg.recon_weight * recon
@@ -494,7 +467,7 @@ class Trainer:
             total = total + cfg.distill_encoder_weight * enc
             parts["distill_loss"] = enc.detach()
             if cfg.decoder_on_teacher_latents:
-                y_t = self.engine.module.decode(t_lat)
+                y_t = self.engine.module.decode(t_lat, clamp=False)
                 dec = F.mse_loss(y_t.float(), reconstruction_target(x, y_t.shape[1]).float())
                 total = total + dec
                 parts["decoder_teacher_loss"] = dec.detach()
@@ -510,36 +483,58 @@ class Trainer:
         if self.val_set is None:
             return {}
         self.engine.eval()
-        sums = [0.0, 0.0, 0.0]  # psnr, ssim, clips
+        sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # psnr, ssim, clips; EMA psnr, ssim
+        ema_model = self._ema_validation_model() if self.ema is not None else None
         with torch.no_grad():
             # every rank runs the same number of forward passes (ZeRO-3 gathers in each)
             for index, seed, counts in validation_items(len(self.val_set), self.rank, self.world):
                 item = self.val_set[(index, seed)]
                 self._report_skips(item["skipped"])
                 x = self._to_input(item["video"][None])
-                _z, y = self.engine(x)
-                target = reconstruction_target(x, y.shape[1])
-                if counts:
-                    mse = torch.mean((y.float() - target.float()) ** 2).item()
-                    sums[0] += psnr_from_mse(mse)
-                    sums[1] += ssim_per_frame(y.float(), target.float()).mean().item()
-                    sums[2] += 1
+                for model, at in ((self.engine, 0), (ema_model, 3)):
+                    if model is None:
+                        continue
+                    _z, y = model(x)
+                    target = reconstruction_target(x, y.shape[1])
+                    if counts:
+                        mse = torch.mean((y.float() - target.float()) ** 2).item()
+                        sums[at] += psnr_from_mse(mse)
+                        sums[at + 1] += ssim_per_frame(y.float(), target.float()).mean().item()
+                sums[2] += 1 if counts else 0
         self.engine.train()
-        psnr_sum, ssim_sum, n = self._all_reduce(sums)
+        psnr_sum, ssim_sum, n, ema_psnr_sum, ema_ssim_sum = self._all_reduce(sums)
         if n == 0:
             return {}
         result = {"step": self.step, "psnr": psnr_sum / n, "ssim": ssim_sum / n, "n_clips": int(n)}
+        if ema_model is not None:
+            result.update(ema_psnr=ema_psnr_sum / n, ema_ssim=ema_ssim_sum / n)
         self.last_val = result
         if self.is_main:
             self.events.emit("val", **result)
-            self.tb.add_scalar("val/psnr", result["psnr"], self.step)
-            self.tb.add_scalar("val/ssim", result["ssim"], self.step)
-            print(f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}",
-                  flush=True)  # fmt: skip
-        if result["psnr"] > self.best_psnr:
-            self.best_psnr = result["psnr"]
-            self._export("best", result)
+            for key in ("psnr", "ssim", "ema_psnr", "ema_ssim"):
+                if key in result:
+                    self.tb.add_scalar(f"val/{key}", result[key], self.step)
+            ema_text = f"; EMA PSNR {result['ema_psnr']:.2f} dB" if ema_model is not None else ""
+            print(f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}"
+                  f"{ema_text}", flush=True)  # fmt: skip
+        # with EMA on, the EMA weights are what a user takes away, so they choose best/
+        chosen = result["ema_psnr"] if ema_model is not None else result["psnr"]
+        if chosen > self.best_psnr:
+            self.best_psnr = chosen
+            self._export("best", {**result, "chosen_by": "ema_psnr" if ema_model is not None else "psnr"})
         return result
+
+    def _ema_validation_model(self):
+        """A plain (non-DeepSpeed) model on this device holding the whole EMA weights: every rank
+        validates the EMA without disturbing the engine's (possibly partitioned) parameters."""
+        from trainer.model import build_model
+
+        weights = self.ema.full_weights()  # collective
+        if self._ema_model is None:
+            model = build_model(self.cfg.model.model_copy(update={"init_weights": ""}))
+            self._ema_model = model.to(self.device, self.model_dtype).eval()
+        self._ema_model.load_state_dict(weights)
+        return self._ema_model
 
     def _export(self, name: str, info: dict) -> None:
         """Write consolidated weights to RUN/<name>/taehv.safetensors (collective)."""
@@ -580,12 +575,6 @@ class Trainer:
         stop_reason = "done"
         while self.step < cfg.optim.max_steps:
             stop_now = self.train_step()
-            if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):
-                print(
-                    f"[taehv-train] step {self.step}/{cfg.optim.max_steps} loss {self.last['loss']:.5f} "
-                    f"psnr {self.last['psnr']:.2f} lr {self.last['lr']:.3g} {self.last['samples_per_s']:.2f} clips/s",
-                    flush=True,
-                )
             if stop_now:
                 stop_reason = "signal"
                 break
@@ -617,7 +606,6 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         done, tries = 0, 0
-        sums = {"loss": 0.0, "recon_loss": 0.0, "distill_loss": 0.0, "decoder_teacher_loss": 0.0}
         stop_agreed = False
         while done < cfg.optim.grad_accum:
             tries += 1
@@ -648,41 +636,46 @@ class Trainer:
             self.engine.backward(loss)
             self.engine.step()
             done += 1
-            sums["loss"] += loss.item()
-            for k, v in parts.items():
-                sums[k] += v.item()
+            self.metrics.add_micro_batch({"loss": loss.detach(), **parts})
         if self.ema is not None:
-            self._update_ema()
+            self.ema.update()
         self.step += 1
-        n = cfg.optim.grad_accum
-        keys = list(sums)
-        reduced = self._all_reduce([sums[k] / n for k in keys])
-        means = {k: v / self.world for k, v in zip(keys, reduced)}
         step_time = time.time() - t0
+        self.metrics.add_step(self.engine.get_global_grad_norm(), step_time)
+        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6))
+        if self.step % cfg.schedule.log_every == 0 or self.step in (1, cfg.optim.max_steps) or stop_agreed:
+            self._log_metrics(lr)
+        return stop_agreed
+
+    def _log_metrics(self, lr: float) -> None:
+        """Means since the last log, reduced over ranks: the one place metrics leave the device
+        (collective; every rank calls it at the same steps)."""
+        import torch
+
         from trainer.metrics import psnr_from_mse
 
-        grad_norm = self.engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
+        t0 = time.time()
+        means, grad_norm, step_time = self.metrics.reduce(self.world)
+        self.collective_wait_s += time.time() - t0
         gpu_mem = torch.cuda.max_memory_allocated() / 2**30 if self.device_kind == "cuda" else None
         self.last = {
             "step": self.step, "loss": means["loss"], "recon_loss": means["recon_loss"],
             "psnr": psnr_from_mse(means["recon_loss"]), "lr": lr, "grad_norm": grad_norm,
-            "samples_per_s": cfg.effective_batch / step_time if step_time > 0 else 0.0,
+            "samples_per_s": self.cfg.effective_batch / step_time if step_time > 0 else 0.0,
             "step_time_s": step_time, "gpu_mem_gb": gpu_mem, "nonfinite_skipped": self.nonfinite_skipped,
+            **{k: v for k, v in means.items() if k not in ("loss", "recon_loss")},
         }  # fmt: skip
-        if self.teacher is not None:
-            self.last["distill_loss"] = means["distill_loss"]
-            if cfg.loss.decoder_on_teacher_latents:
-                self.last["decoder_teacher_loss"] = means["decoder_teacher_loss"]
-        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6))
-        if self.is_main or self.step % cfg.schedule.log_every == 0:
-            self.events.emit("step", **self.last)
-        if self.is_main and (self.step % cfg.schedule.log_every == 0 or self.step == 1):
+        self.events.emit("step", **self.last)
+        if self.is_main:
             for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s"):
                 self.tb.add_scalar(f"train/{k}", self.last[k], self.step)
             if grad_norm is not None:
                 self.tb.add_scalar("train/grad_norm", grad_norm, self.step)
-        return stop_agreed
+            print(
+                f"[taehv-train] step {self.step}/{self.cfg.optim.max_steps} loss {self.last['loss']:.5f} "
+                f"psnr {self.last['psnr']:.2f} lr {lr:.3g} {self.last['samples_per_s']:.2f} clips/s",
+                flush=True,
+            )
 
 
 def _json(**fields) -> str:

@@ -26,6 +26,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=float, default=64.0, metavar="MB",
                         help="all-reduce buffer size for --bandwidth (default 64)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="FILE",
+                        help="also write the JSON report to FILE (what an sbatch job's preflight leaves in the run)")
     add_ssh_options(parser)
 
 
@@ -80,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
     say = None if args.json else (lambda msg: print(f"… {msg}", file=sys.stderr))
     with SshPool(ssh_settings(args)) as pool:
         report = run_preflight(topology, cfg, pool, options, progress=say, probes=probes)
+    if args.report:
+        from pathlib import Path
+
+        from trainer.events import atomic_write_text
+
+        atomic_write_text(Path(args.report), json.dumps({**report.to_dict(), "config": chosen}, indent=2) + "\n")
     if args.json:
         json.dump({**report.to_dict(), "config": chosen}, sys.stdout, indent=2)
         print()
@@ -106,7 +114,9 @@ def render(report: Any, chosen: str) -> None:
 
     from taehv_console.commands.detect import render_topology
 
-    console = Console()
+    # unwrapped when written to a file (an sbatch job's node log): a finding stays one line to grep,
+    # and a path is never cut in two
+    console = Console(soft_wrap=not sys.stdout.isatty())
     render_topology(console, report.topology)
     console.print(f"[bold]config[/]: {chosen}")
     ok = sum(1 for p in report.probes if p.ok)

@@ -38,8 +38,9 @@ class Console:
     """A `taehv-console ... --json` process in a session of its own (so a test can SIGKILL it like
     a closed terminal would end it), with its JSON lines collected by a reader thread."""
 
-    def __init__(self, *args: Any, env: dict | None = None, cwd: Path | None = None):
-        self.argv = cli_argv(*args)
+    def __init__(self, *args: Any, env: dict | None = None, cwd: Path | None = None, argv: list[str] | None = None):
+        # argv: the whole command line, when the console runs under another command (salloc ...)
+        self.argv = argv or cli_argv(*args)
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      cwd=cwd, start_new_session=True)
         self.lines: list[dict] = []

@@ -78,3 +78,8 @@ def test_make_synthetic_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "d"),
                           "--size", "48"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "48" in bad.stderr
+    photos = subprocess.run([sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "p"), "--photos",
+                             "--clips", "2", "--frames", "4", "--size", "32x48"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert photos.returncode == 0, photos.stderr
+    assert len(list((tmp_path / "p").glob("photo-*"))) == 2

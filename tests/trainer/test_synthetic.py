@@ -70,3 +70,33 @@ def test_parse_size(text, size):
 def test_parse_size_rejects_malformed(text):
     with pytest.raises(ValueError, match="HEIGHTxWIDTH"):
         parse_size(text)
+
+
+def test_photo_clips_are_real_h264_of_moving_photographs(tmp_path):
+    from trainer.synthetic import make_photo_clips
+
+    paths = make_photo_clips(tmp_path, clips=3, frames=8, height=48, width=64, seed=3)
+    assert [p.name for p in paths] == [f"photo-000{i}{video_codec().suffix}" for i in range(3)]
+    clips = []
+    for p in paths:
+        with av.open(str(p)) as container:
+            if video_codec().codec in ("libx264", "h264", "libopenh264"):
+                assert container.streams.video[0].codec_context.name == "h264"
+        clips.append(decode_all(p).astype(np.float32))
+    assert all(c.shape == (8, 48, 64, 3) for c in clips)
+    assert np.abs(clips[0] - clips[1]).mean() > 10, "different clips show different photographs or views"
+    a = clips[0]
+    assert np.abs(a[-1] - a[0]).mean() > 3, "the camera moves"
+    assert np.abs(a[1] - a[0]).mean() < np.abs(a[-1] - a[0]).mean(), "smoothly: neighbours are closer"
+    # photographs, not noise: neighbouring pixels are strongly correlated
+    row = a[..., 0].reshape(-1, 64)
+    assert np.corrcoef(row[:, :-1].ravel(), row[:, 1:].ravel())[0, 1] > 0.8
+    same = decode_all(make_photo_clips(tmp_path / "again", 1, 8, 48, 64, seed=3)[0])
+    assert np.array_equal(same, clips[0].astype(np.uint8))
+
+
+def test_photo_clips_reject_bad_sizes(tmp_path):
+    from trainer.synthetic import make_photo_clips
+
+    with pytest.raises(ValueError, match="even"):
+        make_photo_clips(tmp_path, 1, 4, 15, 16)

@@ -99,7 +99,10 @@ def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
     assert events(zero2_run, 0, "checkpoint")[-1]["status"] == "complete"
     assert (zero2_run / "final" / "taehv.safetensors").is_file()
     assert (zero2_run / "best" / "taehv.safetensors").is_file()
-    assert json.loads((zero2_run / "best" / "info.json").read_text())["psnr"] == max(v["psnr"] for v in vals)
+    # EMA is on in this run: the EMA weights' validation chooses best/
+    best = json.loads((zero2_run / "best" / "info.json").read_text())
+    assert best["chosen_by"] == "ema_psnr" and best["ema_psnr"] == max(v["ema_psnr"] for v in vals)
+    assert all(0 < v["ema_ssim"] <= 1 for v in vals)
 
 
 def test_corrupt_and_short_videos_are_skipped_and_reported(zero2_run, data_with_bad_clips):

@@ -29,7 +29,7 @@ K8S_JOB = "k8s-job.yaml"
 DEFAULT_PORT = 29500
 
 
-def accelerate_config_name(node: int) -> str:
+def accelerate_config_name(node: int | str) -> str:
     """One accelerate YAML per node: they differ only in machine_rank, which accelerate reads from
     the file (DESIGN's single `accelerate.yaml` would need a --machine_rank on every command line)."""
     return f"accelerate-node-{node}.yaml"
@@ -183,20 +183,50 @@ def _env_lines(cfg: TrainConfig) -> list[str]:
     return export_lines(launch_env(cfg))
 
 
+PREFLIGHT_DIR = "preflight"
+
+
+def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on_bad_exit: bool) -> list[str]:
+    """One srun step with one task per node, each under the node wrapper: it records the task's
+    identity and exit status in `status` (`{node}` filled from SLURM_NODEID, as for the in-allocation
+    backend), and its output goes to the node's log, where the console reads why a node failed."""
+    from taehv_console.core.run.backends import NODE_MODULE
+
+    q = shlex.quote
+    flags = "--kill-on-bad-exit=1 " if kill_on_bad_exit else ""
+    return [
+        f"srun {flags}--nodes={nodes} --ntasks-per-node=1 --output={q(run_dir + '/logs/node-%n.log')} --open-mode=append \\",
+        f'  "$PYTHON" -m {NODE_MODULE} launch --status {q(status)} --node-env SLURM_NODEID --attempt "$ATTEMPT" -- \\',
+        f"  {command}",
+    ]
+
+
 def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
-    """An sbatch script: one task per node, each running accelerate with its own node's config."""
+    """An sbatch script: preflight on the allocation (every node checks itself; an error stops the
+    job before training), then one task per node, each running accelerate with its own node's config.
+
+    The console submits it with TAEHV_PYTHON (its interpreter), TAEHV_ATTEMPT and, for a resume,
+    TAEHV_RESUME (`latest` or a checkpoint) and TAEHV_WEIGHTS_ONLY=1; submitted by hand, `python3`
+    from PATH, attempt 1 and a fresh start stand in."""
     t = cfg.topology
     run_dir = opts.run_dir
+    q = shlex.quote
     name = job_name(cfg, opts)
-    cfg_path = shlex.quote(str(Path(run_dir) / "accelerate-node-")) + '"${SLURM_NODEID}".yaml'
     gpu_line = [f"#SBATCH --gpus-per-node={t.gpus_per_node}"] if t.device == "cuda" else []
-    # the per-node command: machine rank = SLURM_NODEID, master = first host of the allocation
-    node_cmd = (
-        f"exec accelerate launch --config_file {cfg_path}"
-        ' --machine_rank "${SLURM_NODEID}"'
-        ' --main_process_ip "${MASTER_ADDR}" --main_process_port "${MASTER_PORT}"'
-        f" {shlex.join(trainer_command(run_dir))}"
+    preflight_dir = f"{run_dir}/{PREFLIGHT_DIR}"
+    preflight_cmd = (
+        f'"$PYTHON" -m taehv_console.cli preflight --preset {q(str(Path(run_dir) / RUN_TOML))}'
+        f' --runs {q(str(Path(run_dir).parent))} --master-port "$MASTER_PORT"'
+        f" --report {q(preflight_dir + '/node-{node}.json')}"
     )
+    # machine rank = the node's config file (machine_rank in it); master = first host of the allocation
+    train_cmd = (
+        f"accelerate launch --config_file {q(str(Path(run_dir) / accelerate_config_name('{node}')))}"
+        ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+        f" {shlex.join(trainer_command(run_dir))}"
+        ' ${RESUME[@]+"${RESUME[@]}"}'
+    )
+    preflight = _srun_node_step(run_dir, t.nodes, preflight_dir + "/node-{node}.status.json", preflight_cmd, False)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
@@ -211,15 +241,32 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
             f" = {t.world_size} processes"
         ),
         "set -euo pipefail",
-        f"mkdir -p {shlex.quote(run_dir + '/logs')}",
+        'PYTHON="${TAEHV_PYTHON:-python3}"',
+        'ATTEMPT="${TAEHV_ATTEMPT:-1}"',
+        "RESUME=()",
+        'if [ -n "${TAEHV_RESUME:-}" ]; then RESUME+=(--resume "$TAEHV_RESUME"); fi',
+        'if [ -n "${TAEHV_WEIGHTS_ONLY:-}" ]; then RESUME+=(--weights-only); fi',
+        f"mkdir -p {q(run_dir + '/logs')} {q(preflight_dir)}",
         'export MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"',
         f"export MASTER_PORT={opts.main_process_port}",
         *_env_lines(cfg),
         "",
+        "# Preflight on the nodes SLURM gave: each checks itself (packages, data, runs directory, disk,",
+        "# memory; node 0 its master port). Every node finishes, so all findings are kept.",
+        "if ! " + preflight[0],
+        *preflight[1:],
+        "then",
+        "  # the console reads each node's status file: the preflight's exit becomes the node's, so the",
+        "  # run fails naming the node, with the findings from its log",
+        f"  for f in {q(preflight_dir)}/node-*.status.json; do",
+        f'    mv -f "$f" {q(run_dir + "/logs")}/"$(basename "$f")"',
+        "  done",
+        f'  echo "preflight found errors on the allocation; training was not started. Reports:" {q(preflight_dir)} >&2',
+        "  exit 3",
+        "fi",
+        "",
         "# --kill-on-bad-exit: one node failing ends the others now, not at the collective timeout",
-        f"srun --kill-on-bad-exit=1 --nodes={t.nodes} --ntasks-per-node=1 \\",
-        f"  --output={run_dir}/logs/node-%n.log \\",
-        f"  bash -c {shlex.quote(node_cmd)}",
+        *_srun_node_step(run_dir, t.nodes, run_dir + "/logs/node-{node}.status.json", train_cmd, True),
         "",
     ]
     return "\n".join(lines)

@@ -6,7 +6,8 @@ still alive, send the stop signal, SIGKILL what is left.
 - platform: a pod/container of PAI-DLC, Kubeflow or a Kubernetes Indexed Job: this node only,
             machine rank = the platform's node index; the platform starts the others;
 - slurm:    inside an allocation: one detached `srun` starts the wrapper on every node;
-- sbatch:   from a login node: submit the rendered sbatch script; the job is the launcher.
+- sbatch:   from a login node: submit the rendered sbatch script; the job is the launcher (it runs
+            preflight on its nodes first, then the node wrapper on each under srun).
 
 Each node's launcher runs under the node wrapper (core/run/node.py) in its own session; the
 backend records host, pid and pgid, and every later action names that group (and the tree below
@@ -265,9 +266,9 @@ class SbatchBackend(LaunchBackend):
     _ALIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"})
 
     def __init__(self, runner: NodeRunner | None = None, sbatch: str = "sbatch", squeue: str = "squeue",
-                 scancel: str = "scancel", sacct: str = "sacct"):
+                 scancel: str = "scancel", sacct: str = "sacct", scontrol: str = "scontrol"):
         self.runner = runner or LocalRunner("localhost", sys.executable)
-        self.cmd = {"sbatch": sbatch, "squeue": squeue, "scancel": scancel, "sacct": sacct}
+        self.cmd = {"sbatch": sbatch, "squeue": squeue, "scancel": scancel, "sacct": sacct, "scontrol": scontrol}
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
         from taehv_console.core.plan.render import SBATCH
@@ -275,15 +276,16 @@ class SbatchBackend(LaunchBackend):
         script = run.path / SBATCH
         if not script.is_file():
             return Started((), {-1: f"{script} is missing: render the run's files first"})
-        # The rendered script runs `taehv-train --run RUN` as it is: it has no place for a resume's
-        # arguments, so a resume goes through srun inside an allocation instead.
         c0 = commands[0]
-        if "--resume" in c0.argv:
-            return Started((), {-1: "the sbatch backend submits the rendered script, which starts fresh; resume "
-                                    "from inside an allocation (salloc, then `taehv-console resume RUN`: the "
-                                    "slurm backend) "})
+        resume = {"TAEHV_RESUME": "", "TAEHV_WEIGHTS_ONLY": ""}  # never inherited from this console's env
+        if "--resume" in c0.argv:  # the script passes these on to taehv-train
+            resume["TAEHV_RESUME"] = c0.argv[c0.argv.index("--resume") + 1]
+            if "--weights-only" in c0.argv:
+                resume["TAEHV_WEIGHTS_ONLY"] = "1"
         argv = [self.cmd["sbatch"], "--parsable", f"--chdir={run.path}"]
-        env = dict(c0.env)
+        # the script's node wrapper and preflight run with this console's interpreter, and record
+        # this attempt's number in the status files the console reads
+        env = {**c0.env, "TAEHV_PYTHON": self.runner.python, "TAEHV_ATTEMPT": str(attempt), **resume}
         try:
             res = self.runner.run(argv + [str(script)], env=env, timeout=60)
         except (SshError, OSError) as err:
@@ -321,15 +323,25 @@ class SbatchBackend(LaunchBackend):
         return self.processes(run, attempt)
 
     def job_exit_code(self, attempt: Attempt) -> int | None:
+        """From the controller while it still holds the job (MinJobAge, 300 s by default), else
+        from accounting: a cluster without slurmdbd has no sacct, and its jobs still end."""
         if not attempt.slurm_job:
             return None
+        res = self.runner.run([self.cmd["scontrol"], "show", "job", "-o", attempt.slurm_job], timeout=30)
+        fields = dict(tok.partition("=")[::2] for tok in (res.stdout or "").split()) if res.exit_status == 0 else {}
+        if "JobState" in fields and "ExitCode" in fields:
+            return self._exit_code(fields["JobState"], fields["ExitCode"])
         res = self.runner.run([self.cmd["sacct"], "-j", attempt.slurm_job, "-X", "-n", "-P", "-o", "State,ExitCode"],
                               timeout=30)
         line = (res.stdout or "").strip().splitlines()[:1]
         if res.exit_status != 0 or not line:
             return None
         state, _, code = line[0].partition("|")
-        if state.split()[0] in self._ALIVE:
+        return self._exit_code(state, code)
+
+    def _exit_code(self, state: str, code: str) -> int | None:
+        """`EXIT:SIGNAL` of a job that has ended; None while it lives."""
+        if not state.split() or state.split()[0] in self._ALIVE:
             return None
         exit_code, _, sig = code.partition(":")
         try:

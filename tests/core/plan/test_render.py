@@ -202,6 +202,9 @@ def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
         assert str(ds.communication_data_type).endswith(
             rendered["communication_data_type"].replace("fp", "float")
         )
+    if "data_types" in rendered:  # bf16: gradients accumulate in fp32
+        same("data_types", {"grad_accum_dtype": ds.grad_accum_dtype})
+        assert ds.grad_accum_dtype == "fp32"
     # a key the builder adds later must be checked here too, not pass unseen
     assert checked == set(rendered)
     # and the values are the preset's
@@ -249,8 +252,12 @@ def test_sbatch_is_valid_bash_and_asks_for_the_topology(rendered16):
     text = (out / "sbatch.sh").read_text()
     subprocess.run(["bash", "-n", str(out / "sbatch.sh")], check=True)  # bash's own parser
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
-    assert "#SBATCH --ntasks-per-node=1" in text and '--machine_rank "${SLURM_NODEID}"' in text
-    assert "export NCCL_DEBUG=WARN" in text and os.access(out / "sbatch.sh", os.X_OK)
+    assert "#SBATCH --ntasks-per-node=1" in text and "export NCCL_DEBUG=WARN" in text
+    assert os.access(out / "sbatch.sh", os.X_OK)
+    # preflight on the allocation, then training; both under the node wrapper, machine rank from SLURM
+    preflight, train = text.index("taehv_console.cli preflight"), text.index("accelerate launch")
+    assert preflight < text.index("exit 3") < train
+    assert text.count("--node-env SLURM_NODEID") == 2 and "accelerate-node-{node}.yaml" in text
 
 
 def test_cpu_files_say_cpu(tmp_path):

@@ -1,0 +1,188 @@
+"""cpu-smoke across the two nodes of a real SLURM cluster (tests/slurm/cluster.py), driven through
+`taehv-console` as a user runs it: submitted with sbatch from the login node, and launched by a
+console running inside an allocation (salloc). One CPU process per node: 2 ranks, gloo between
+n1 (127.0.0.2) and n2 (127.0.0.3).
+
+The sbatch story (one module fixture, several tests): another job sleeps on both nodes; the run is
+submitted, stopped mid-run (SIGTERM to the console), then resumed with sbatch to its final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from taehv_console.headless import ExitCode
+from tests.e2e.consoles import Console, cli_argv, events, free_port, is_step, run_state
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _args(work: Path, max_steps: int, *extra: str) -> list[str]:
+    return ["--no-tui", "--runs", str(work / "runs"), "--master-port", str(free_port()), "--json",
+            "--preset", "cpu-smoke", "--set", "topology.nodes=2", "--set", "topology.gpus_per_node=1",
+            "--set", f"optim.max_steps={max_steps}", "--set", "schedule.val_every=1000",
+            "--set", "schedule.checkpoint_every=1000",
+            # the two "nodes" share this machine's cores
+            "--env", "OMP_NUM_THREADS=1", *extra]
+
+
+def _run_dir(console: Console, work: Path) -> Path:
+    try:
+        line = console.wait_for(lambda o: o.get("kind") == "phase", 240, "the run to start")
+    except AssertionError:
+        console.wait(30)
+        raise AssertionError(f"{console.tail()}\n{console.stderr[-3000:]}") from None
+    return work / "runs" / line["run"]
+
+
+def _finished_with_weights(rc: int, console: Console, run: Path) -> None:
+    from safetensors.torch import load_file
+
+    assert rc == ExitCode.DONE, console.tail()
+    result = console.result()
+    assert result["phase"] == "done" and result["final_weights"].endswith("final/taehv.safetensors")
+    assert len(load_file(str(run / "final" / "taehv.safetensors"))) > 100
+    starts = [events(run, r, "start")[-1] for r in (0, 1)]
+    assert all(s["world_size"] == 2 for s in starts)
+    assert all(e["reason"] == "done" for e in (events(run, r, "stop")[-1] for r in (0, 1)))
+    # one launcher per SLURM node, each under the node wrapper, with this attempt's number
+    attempt = len(run_state(run)["attempts"])
+    for node in (0, 1):
+        st = json.loads((run / "logs" / f"node-{node}.status.json").read_text())
+        assert st["node"] == node and st["attempt"] == attempt
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------- sbatch story
+
+@pytest.fixture(scope="module")
+def sbatch_story(slurm_cluster, tmp_path_factory):
+    work = tmp_path_factory.mktemp("sbatch")
+    env = slurm_cluster.client_env()
+    seen: dict = {}
+    # another user's job on the same two nodes (OverSubscribe=FORCE lets both run), one task per
+    # node recording its pid
+    pids = work / "neighbour"
+    pids.mkdir()
+    neighbour = slurm_cluster.run(
+        "sbatch", "--parsable", "--nodes=2", "--job-name=neighbour", f"--output={work}/neighbour.out",
+        "--wrap", f"srun --nodes=2 --ntasks-per-node=1 bash -c 'echo $$ > {pids}/$SLURM_NODEID; exec sleep 900'",
+    ).stdout.strip()
+    seen["neighbour"] = neighbour
+    slurm_cluster.wait_job_state(neighbour, {"RUNNING"}, 60)
+    deadline = time.time() + 60
+    while len(list(pids.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    seen["neighbour_pids"] = [int(p.read_text()) for p in sorted(pids.iterdir())]
+
+    # rank 0 sleeps 3 s a step: slow enough that the stop lands mid-run
+    first = Console(*_args(work, 3, "--backend", "sbatch", "--env", "TAEHV_FAULTS=delay:0:*:3"), env=env, cwd=work)
+    run = _run_dir(first, work)
+    seen["run"] = run
+    first.wait_for(lambda o: is_step(o, 1), 400, "step 1")
+    job = run_state(run)["attempts"][-1]["slurm_job"]
+    seen["job_nodes"] = slurm_cluster.job_field(job, "NodeList")
+    beats = [run / "heartbeat" / f"rank-{r}.json" for r in (0, 1)]
+    deadline = time.time() + 60
+    while not all(b.exists() for b in beats) and time.time() < deadline:  # rank 1's may trail rank 0's step
+        time.sleep(0.2)
+    seen["heartbeat_pids"] = [json.loads(b.read_text())["pid"] for b in beats]
+    t0 = time.time()
+    first.signal(signal.SIGTERM)
+    seen["stop_rc"] = first.wait(300)
+    seen["stop_seconds"] = time.time() - t0
+    seen["stop_result"] = first.result()
+    seen["state_after_stop"] = run_state(run)
+    seen["job_state_after_stop"] = slurm_cluster.job_field(job, "JobState")
+    seen["ranks_left"] = [p for p in seen["heartbeat_pids"] if _alive(p)]
+    seen["neighbour_state"] = slurm_cluster.job_field(neighbour, "JobState")
+    seen["neighbour_alive"] = [_alive(p) for p in seen["neighbour_pids"]]
+    seen["stops"] = [events(run, r, "stop")[-1] for r in (0, 1)]
+    slurm_cluster.run("scancel", neighbour, check=False)
+
+    resume = Console("resume", run, "--json", "--env", "TAEHV_FAULTS=", env=env, cwd=work)
+    seen["resume_rc"] = resume.wait(500)
+    seen["resume"] = resume
+    seen["state_at_end"] = run_state(run)
+    return seen
+
+
+def test_sbatch_stop_ends_only_this_jobs_steps_with_a_verified_checkpoint(sbatch_story):
+    from trainer import checkpoint as ckpt
+
+    s = sbatch_story
+    assert s["job_nodes"] == "n[1-2]"
+    assert s["stop_rc"] == ExitCode.STOPPED, s["stop_result"]
+    stops = s["stops"]
+    assert all(e["reason"] == "signal" and e["exit_status"] == 0 for e in stops)
+    step = stops[0]["step"]
+    assert stops[1]["step"] == step
+    state = s["state_after_stop"]
+    assert state["phase"] == "stopped" and state["stop"]["checkpoint_step"] == step and state["stop"]["verified"]
+    status = ckpt.verify(s["run"] / "checkpoints" / f"step-{step}")
+    assert status.ok and status.step == step, status.problems
+    # this job is over and its ranks are gone; the other job on the same nodes still runs
+    assert s["job_state_after_stop"] not in ("RUNNING", "PENDING", "COMPLETING") and s["ranks_left"] == []
+    assert s["neighbour_state"] == "RUNNING" and s["neighbour_alive"] == [True, True]
+
+
+def test_sbatch_resume_runs_to_final_weights_on_both_nodes(sbatch_story):
+    s = sbatch_story
+    _finished_with_weights(s["resume_rc"], s["resume"], s["run"])
+    state = s["state_at_end"]
+    assert state["backend"] == "sbatch" and state["attempts"][-1]["resume"] == "latest"
+    stopped_at = s["stops"][0]["step"]
+    assert events(s["run"], 0, "start")[-1]["resumed_from"].endswith(f"step-{stopped_at}")
+
+
+def test_sbatch_preflight_ran_on_each_node_and_left_its_report(sbatch_story):
+    run = sbatch_story["run"]
+    for node in (0, 1):
+        report = json.loads((run / "preflight" / f"node-{node}.json").read_text())
+        assert report["ok"] and report["topology"]["source"] == "slurm"
+        assert report["topology"]["this_node_rank"] == node and report["topology"]["node_count"] == 2
+
+
+def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp_path):
+    missing = tmp_path / "no-such-data"
+    console = Console(*_args(tmp_path, 3, "--backend", "sbatch", "--data", str(missing)),
+                      env=slurm_cluster.client_env(), cwd=tmp_path)
+    run = _run_dir(console, tmp_path)
+    rc = console.wait(240)
+    result = console.result()
+    assert rc == ExitCode.TRAINING_FAILED, console.tail()
+    assert not (run / "events").exists() or not list((run / "events").iterdir())  # no rank started
+    failure = result["failure"]
+    text = "\n".join([failure["reason"], *failure["log_lines"]])
+    # the findings as the node printed them, one line each
+    assert any("data-missing" in line and f"{missing} does not exist" in line for line in failure["log_lines"]), text
+    for node in (0, 1):
+        report = json.loads((run / "preflight" / f"node-{node}.json").read_text())
+        assert not report["ok"] and any(f["id"] == "data-missing" for f in report["findings"])
+    job = run_state(run)["attempts"][-1]["slurm_job"]
+    assert slurm_cluster.job_field(job, "ExitCode") == "3:0"
+
+
+# ------------------------------------------------------------------------------- in an allocation
+
+def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slurm_cluster, tmp_path):
+    # salloc runs the console on this machine with the allocation's SLURM_* variables: it detects
+    # the SLURM topology and starts every node with srun (the `slurm` backend)
+    argv = ["salloc", "--nodes=2", "--job-name=in-allocation", *cli_argv(*_args(tmp_path, 2))]
+    console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
+    run = _run_dir(console, tmp_path)
+    rc = console.wait(420)
+    state = run_state(run)
+    assert state["backend"] == "slurm" and list(state["hosts"]) == ["n1", "n2"]
+    _finished_with_weights(rc, console, run)
