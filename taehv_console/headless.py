@@ -81,30 +81,65 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------- views
-
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+# Every view renders the RunView of the run's one watch pipeline (core/watch): phase, progress,
+# ETA, stalls and their forensics read the same here as in the TUI and `status`. The controller's
+# snapshot adds only what the console itself did (notes) and the trainer's events as they are.
 
 
 def _num(value: Any, fmt: str) -> str:
-    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+    from taehv_console.core.watch.view import number_text
+
+    return number_text(value, fmt)
+
+
+class _Watched:
+    """What a view has already said about the RunView, so each stall, recovery and forensics
+    report is told once."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.stalled: dict[int, str] = {}  # rank -> the detail it was named with
+        self.reports: set[str] = set()
+
+    def changes(self, view: Any) -> tuple[list[Any], list[int], list[Any]]:
+        """(newly stalled StallTexts, ranks no longer stalled, new forensics summaries)."""
+        from taehv_console.core.watch.view import stall_texts
+
+        now = {s.rank: s for s in stall_texts(view)}
+        new = [s for r, s in now.items() if r not in self.stalled]
+        cleared = [r for r in self.stalled if r not in now]
+        self.stalled = {r: s.detail for r, s in now.items()}
+        reports = [f for f in view.forensics if f.report not in self.reports]
+        self.reports.update(f.report for f in reports)
+        return new, cleared, reports
+
+
+def _frames_lines(summary: Any, top: int = 6) -> list[str]:
+    head = f"forensics for rank {summary.rank} (pid {summary.pid}, node {summary.node}):"
+    lines = [head] + [f"  {f}" for f in summary.frames[:top]]
+    if not summary.frames:
+        lines.append("  no stack: " + ("; ".join(summary.notes) or "py-spy gave none"))
+    else:
+        lines += [f"  note: {n}" for n in summary.notes]
+    if summary.flight_recorder:
+        lines.append(f"  flight recorder: {summary.flight_recorder}")
+    if summary.ras:
+        lines.append(f"  NCCL RAS: {summary.ras}")
+    if summary.report:
+        lines.append(f"  report: {summary.report}")
+    return lines
 
 
 class PlainView:
-    """Timestamped lines, one per reported step at most every `every_s` seconds: what a
-    container's log collector wants."""
+    """Timestamped lines, progress at most every `every_s` seconds, stalls and forensics at once:
+    what a container's log collector wants."""
 
     def __init__(self, out: TextIO, every_s: float = 5.0):
         self.out = out
         self.every_s = every_s
         self._last = 0.0
-        self._phase = None
-        self._step_shown = -1
+        self._step_shown: int | None = -1
+        self._seen = _Watched()
 
     def _line(self, text: str) -> None:
         self.out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
@@ -113,10 +148,7 @@ class PlainView:
     def note(self, text: str) -> None:
         self._line(text)
 
-    def update(self, snap: Any) -> None:
-        if snap.phase != self._phase:
-            self._phase = snap.phase
-            self._line(f"{snap.run_id}: {snap.phase.value} (attempt {snap.attempt})")
+    def update(self, snap: Any, view: Any = None) -> None:
         for note in snap.notes:
             self._line(note)
         for e in snap.events:
@@ -129,23 +161,41 @@ class PlainView:
                 self._line(f"validation step {e.get('step')}: PSNR {_num(e.get('psnr'), '.2f')} dB")
             elif kind == "error":
                 self._line(f"rank {e.get('rank')} error: {str(e.get('message', ''))[:300]}")
-        p = snap.progress
+        if view is None:
+            return
+        self.health(view)
+        run = view.run
         now = time.time()
-        if p["step"] != self._step_shown and (now - self._last >= self.every_s or p["step"] >= p["max_steps"]):
-            self._last, self._step_shown = now, p["step"]
-            self._line(self.progress_text(p))
+        last = run.step is not None and run.max_steps is not None and run.step >= run.max_steps
+        if run.step != self._step_shown and (now - self._last >= self.every_s or last):
+            self._last, self._step_shown = now, run.step
+            self._line(self.progress_text(view))
+
+    def health(self, view: Any) -> None:
+        if view.run.phase != self._seen.phase:
+            self._seen.phase = view.run.phase
+            self._line(f"{view.run.run_id}: {view.run.phase}")
+        new, cleared, reports = self._seen.changes(view)
+        for s in new:
+            self._line(f"STALL: {s.text}")
+        for r in cleared:
+            self._line(f"rank {r} is no longer stalled")
+        for f in reports:
+            for line in _frames_lines(f):
+                self._line(line)
 
     @staticmethod
-    def progress_text(p: Mapping[str, Any]) -> str:
-        return (f"step {p['step']}/{p['max_steps']} loss {_num(p['loss'], '.5f')} psnr {_num(p['psnr'], '.2f')} "
-                f"clips/s {_num(p['samples_per_s'], '.2f')} eta {_fmt_eta(p['eta_s'])}")
+    def progress_text(view: Any) -> str:
+        from taehv_console.core.watch.view import headline
+
+        return headline(view).text
 
     def close(self) -> None:
         return None
 
 
 class RichView(PlainView):
-    """A progress bar (step, loss, PSNR, clips/s, ETA) with notes printed above it."""
+    """A progress bar (step, loss, PSNR, clips/s, ETA) with notes, stalls and forensics above it."""
 
     def __init__(self, out: TextIO):
         super().__init__(out)
@@ -159,24 +209,25 @@ class RichView(PlainView):
         self.bar.start()
 
     def _line(self, text: str) -> None:
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False)
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False, markup=False)
 
-    def update(self, snap: Any) -> None:
-        p = snap.progress
-        stats = (f"loss {_num(p['loss'], '.4f')}  psnr {_num(p['psnr'], '.2f')} dB  "
-                 f"{_num(p['samples_per_s'], '.2f')} clips/s  eta {_fmt_eta(p['eta_s'])}")
-        desc = snap.phase.value if p["ranks_started"] < p["world_size"] and not p["step"] else "step"
-        self.bar.update(self.task, completed=p["step"], total=p["max_steps"], description=desc, stats=stats)
-        if snap.phase != self._phase:
-            self._phase = snap.phase
-            self._line(f"{snap.run_id}: {snap.phase.value} (attempt {snap.attempt})")
+    def update(self, snap: Any, view: Any = None) -> None:
         for note in snap.notes:
             self._line(note)
         for e in snap.events:
             if e.get("kind") == "checkpoint" and e.get("rank") == 0 and e.get("status") == "complete":
                 self._line(f"checkpoint step {e.get('step')}")
             elif e.get("kind") == "error":
-                self._line(f"[red]rank {e.get('rank')} error[/]: {str(e.get('message', ''))[:300]}")
+                self._line(f"rank {e.get('rank')} error: {str(e.get('message', ''))[:300]}")
+        if view is None:
+            return
+        from taehv_console.core.watch.view import headline
+
+        self.health(view)
+        h = headline(view)
+        stats = f"loss {h.loss}  psnr {h.psnr} dB  {h.clips_per_s} clips/s  eta {h.eta}"
+        self.bar.update(self.task, completed=view.run.step or 0, total=view.run.max_steps, description=h.phase,
+                        stats=stats)
 
     def close(self) -> None:
         self.bar.stop()
@@ -184,11 +235,12 @@ class RichView(PlainView):
 
 class JsonView:
     """One JSON object per line: trainer events verbatim (`source: trainer`) and the console's
-    own (`source: console`: phase, note, result)."""
+    own (`source: console`: phase, note, stall, recovered, forensics, health, result)."""
 
     def __init__(self, out: TextIO):
         self.out = out
-        self._phase = None
+        self._seen = _Watched()
+        self._health: Any = None
 
     def emit(self, obj: Mapping[str, Any]) -> None:
         self.out.write(json.dumps(obj, default=str) + "\n")
@@ -197,15 +249,37 @@ class JsonView:
     def note(self, text: str) -> None:
         self.emit({"source": "console", "kind": "note", "time": time.time(), "message": text})
 
-    def update(self, snap: Any) -> None:
-        if snap.phase != self._phase:
-            self._phase = snap.phase
-            self.emit({"source": "console", "kind": "phase", "time": time.time(), "run": snap.run_id,
-                        "phase": snap.phase.value, "attempt": snap.attempt, "progress": dict(snap.progress)})
+    def update(self, snap: Any, view: Any = None) -> None:
         for note in snap.notes:
             self.note(note)
         for e in snap.events:
             self.emit({"source": "trainer", **e})
+        if view is None:
+            return
+        from dataclasses import asdict
+
+        from taehv_console.core.watch.view import progress_dict
+
+        t = time.time()
+        base = {"source": "console", "time": t, "run": view.run.run_id}
+        if view.run.phase != self._seen.phase:
+            self._seen.phase = view.run.phase
+            self.emit({**base, "kind": "phase", "phase": view.run.phase, "attempt": snap.attempt,
+                       "progress": progress_dict(view)})
+        new, cleared, reports = self._seen.changes(view)
+        for s in new:
+            self.emit({**base, "kind": "stall", **asdict(s), "message": s.text})
+        for r in cleared:
+            self.emit({**base, "kind": "recovered", "rank": r})
+        for f in reports:
+            self.emit({**base, "kind": "forensics", **asdict(f)})
+        health = tuple((r.rank, r.state.value, r.blocked_by) for r in view.ranks)
+        if health != self._health:
+            self._health = health
+            self.emit({**base, "kind": "health", "ranks": [
+                {"rank": r.rank, "node": r.node, "state": r.state.value, "step": r.step, "blocked_by": r.blocked_by,
+                 "heartbeat_age_s": r.heartbeat_age_s, "score": r.score, "waiting_s": r.waiting_s,
+                 "detail": r.detail} for r in view.ranks]})
 
     def result(self, obj: Mapping[str, Any]) -> None:
         self.emit({"source": "console", "kind": "result", "time": time.time(), **obj})
@@ -252,29 +326,45 @@ class _Signals:
 
 
 def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
-    """Follow a launched or attached run to its end, rendering into `view`; SIGTERM/SIGINT stop
-    it gracefully. Returns the ExitCode of its outcome and prints a summary."""
+    """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
+    pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully. Returns the
+    ExitCode of its outcome and prints a summary."""
+    from taehv_console.core.watch.runwatch import RunWatch
+
     if grace_s is not None:
         ctrl.grace_s = grace_s
     sigs = _Signals(view)
     sigs.ctrl = ctrl
     sigs.install()
+    watch = RunWatch.for_controller(ctrl).start()
     try:
-        outcome = ctrl.follow(view.update, should_stop=lambda: sigs.count > 0)
+        outcome = ctrl.follow(lambda snap: view.update(snap, watch.view()), should_stop=lambda: sigs.count > 0)
+        view.update(ctrl.snapshot(), watch.final_view())
     finally:
+        watch.stop()
         sigs.restore()
     view.close()
-    return report_outcome(ctrl, outcome, view)
+    return report_outcome(ctrl, outcome, view, watch.final_view())
 
 
-def report_outcome(ctrl: Any, outcome: Any, view: Any) -> ExitCode:
+def report_ended(ctrl: Any, view: Any) -> ExitCode:
+    """A run that is not running (any more): its RunView read once, then how it ended."""
+    from taehv_console.core.watch.monitor import snapshot_once
+
+    run_view = snapshot_once(ctrl.run.path)
+    view.update(ctrl.snapshot(), run_view)
+    return report_outcome(ctrl, ctrl.outcome(), view, run_view)
+
+
+def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> ExitCode:
     code = exit_code_for(outcome.phase)
-    summary = outcome_dict(ctrl, outcome, code)
+    summary = outcome_dict(ctrl, outcome, code, run_view)
     if isinstance(view, JsonView):
         view.result(summary)
         return code
-    view.note(f"{ctrl.run.run_id}: {outcome.phase.value} at step {outcome.progress['step']}"
-              f"/{outcome.progress['max_steps']} (exit {code.value} {code.name.lower()})")
+    p = summary["progress"]
+    view.note(f"{ctrl.run.run_id}: {outcome.phase.value} at step {p.get('step')}"
+              f"/{p.get('max_steps')} (exit {code.value} {code.name.lower()})")
     if outcome.failure is not None:
         view.note(f"failure: {outcome.failure.summary()}")
         for line in outcome.failure.log_lines:
@@ -289,11 +379,14 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any) -> ExitCode:
     return code
 
 
-def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode) -> dict[str, Any]:
+def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) -> dict[str, Any]:
     from dataclasses import asdict
 
+    from taehv_console.core.watch.view import progress_dict
+
+    progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
     return {"run": ctrl.run.run_id, "run_dir": str(ctrl.run.path), "phase": outcome.phase.value,
-            "exit_code": int(code), "exit_name": code.name.lower(), "progress": dict(outcome.progress),
+            "exit_code": int(code), "exit_name": code.name.lower(), "progress": progress,
             "failure": asdict(outcome.failure) if outcome.failure else None,
             "stop": asdict(outcome.stop) if outcome.stop else None, "final_weights": outcome.final_weights}
 
@@ -432,9 +525,8 @@ def _attach_if_live(run: Any, pool: Any, view: Any, args: argparse.Namespace, na
             return None  # created, never started: launch it
         if ctrl.reconcile() != "live":
             if named:  # the named run has ended: show how, do not start it again behind the user's back
-                view.update(ctrl.snapshot())
                 view.note(f"{run.run_id} is not running; to continue it: taehv-console resume {run.path}")
-                return report_outcome(ctrl, ctrl.outcome(), view)
+                return report_ended(ctrl, view)
             return None
         view.note(f"{run.run_id} is running: attaching to it instead of launching")
         return follow(ctrl, view, args.grace)

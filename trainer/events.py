@@ -10,6 +10,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class EventWriter:
         self.heartbeat_path = run_dir / "heartbeat" / f"rank-{rank}.json"
         # line-buffered append: a crash loses at most the line being written, never earlier ones
         self._f = open(self.path, "a", buffering=1)
+        self._beat_lock = threading.Lock()  # the collective watch writes heartbeats from its thread
+        self._last_beat: dict[str, Any] = {}
 
     def emit(self, kind: str, **fields: Any) -> dict:
         event = {"v": EVENT_VERSION, "time": time.time(), "rank": self.rank, "kind": kind}
@@ -57,7 +60,18 @@ class EventWriter:
     def heartbeat(self, step: int, **extra: Any) -> None:
         beat = {"step": step, "time": time.time(), "pid": os.getpid(), "host": self.host}
         beat.update({k: _finite(v) for k, v in extra.items()})
-        atomic_write_text(self.heartbeat_path, json.dumps(beat))
+        with self._beat_lock:
+            self._last_beat = beat
+            atomic_write_text(self.heartbeat_path, json.dumps(beat))
+
+    def waiting_heartbeat(self, since: float, op: str) -> None:
+        """The last heartbeat again, saying this rank has been blocked in a collective since
+        `since`: the console tells the rank that holds the others up by its absence."""
+        with self._beat_lock:
+            if not self._last_beat:
+                return
+            beat = {**self._last_beat, "time": time.time(), "waiting_since": since, "waiting_op": op}
+            atomic_write_text(self.heartbeat_path, json.dumps(beat))
 
     def close(self) -> None:
         if not self._f.closed:
@@ -76,3 +90,41 @@ def read_events(path: Path) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return events
+
+
+class CollectiveWatch:
+    """Marks the time a rank spends blocked in a collective. A daemon thread rewrites the heartbeat
+    once a wait has lasted `after_s` (a normal all-reduce never does), so the console can name the
+    rank that is not waiting (stuck in data loading or compute, or stopped) while its peers are.
+    Costs nothing per step: the hot path sets and clears one attribute."""
+
+    def __init__(self, events: EventWriter, after_s: float = 2.0):
+        self.events = events
+        self.after_s = after_s
+        self._since: float | None = None
+        self._op = ""
+        self._told: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="taehv-collective-watch", daemon=True)
+        self._thread.start()
+
+    def enter(self, op: str) -> None:
+        self._op = op
+        self._since = time.time()
+
+    def leave(self) -> None:
+        self._since = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(1.0, self.after_s / 2)):
+            since = self._since
+            if since is None or since == self._told or time.time() - since < self.after_s:
+                continue
+            self._told = since
+            try:
+                self.events.waiting_heartbeat(since, self._op)
+            except OSError:
+                pass  # the next heartbeat says the same; a failed write must not kill the thread
+
+    def close(self) -> None:
+        self._stop.set()

@@ -27,7 +27,7 @@ from trainer.data import (
     split_train_val,
     validation_items,
 )
-from trainer.events import EventWriter, atomic_write_text
+from trainer.events import CollectiveWatch, EventWriter, atomic_write_text
 from trainer.faults import FaultPlan
 from trainer.master_weights import MasterEMA, full_fp32_weights
 from trainer.metrics import DeviceMetrics
@@ -142,6 +142,7 @@ class Trainer:
             )
         self.faults = FaultPlan(self.rank)
         self.events = EventWriter(self.run_dir, self.rank)
+        self.collective_watch = CollectiveWatch(self.events)
         self.ckpt_root = self.run_dir / "checkpoints"
         if self.is_main:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -269,8 +270,12 @@ class Trainer:
         dev = self.device if self.device_kind == "cuda" else "cpu"
         t0 = time.time()
         t = torch.tensor(values, dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        out = t.tolist()  # on CUDA the wait for the other ranks lands here, so it is inside the timing
+        self.collective_watch.enter("all_reduce")
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+            out = t.tolist()  # on CUDA the wait for the other ranks lands here, so it is inside the timing
+        finally:
+            self.collective_watch.leave()
         # Time blocked on the other ranks: every rank's step time is the same (collectives line them
         # up), so step time minus this wait is what tells a straggler from the ranks waiting for it.
         self.collective_wait_s += time.time() - t0
@@ -279,7 +284,11 @@ class Trainer:
     def _barrier(self) -> None:
         import torch.distributed as dist
 
-        dist.barrier()
+        self.collective_watch.enter("barrier")
+        try:
+            dist.barrier()
+        finally:
+            self.collective_watch.leave()
 
     def full_weights(self, use_ema: bool = False) -> dict | None:
         """Full fp32 tensors from the optimizer's master weights (not the module's bf16 copies) on

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from taehv_console.core.run.lock import RunBusyError
     from taehv_console.core.run.rundir import RunNotFoundError
     from taehv_console.core.run.state import StateError
-    from taehv_console.headless import ExitCode, follow, make_view, report_outcome
+    from taehv_console.headless import ExitCode, follow, make_view, report_ended
 
     try:
         target = pick_run(args, prefer_live=True)
@@ -52,9 +52,8 @@ def run(args: argparse.Namespace) -> int:
                     view.note(f"attached to {target.run_id}: "
                               + "; ".join(ctrl.backend.describe(ctrl.attempt)))
                     return int(follow(ctrl, view, args.grace))
-                view.update(ctrl.snapshot())
                 view.note(f"{target.run_id} is not running")
-                return int(report_outcome(ctrl, ctrl.outcome(), view))
+                return int(report_ended(ctrl, view))
             finally:
                 ctrl.close()
     finally:

@@ -92,8 +92,10 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
 
     from taehv_console.core.run.control import probe_live
     from taehv_console.core.run.lock import is_locked, read_holder
-    from taehv_console.core.run.progress import AttemptEvents
     from taehv_console.core.run.state import StateError
+    from taehv_console.core.watch.monitor import snapshot_once
+    from taehv_console.core.watch.runwatch import monitor_hosts
+    from taehv_console.core.watch.view import progress_dict, stall_texts
     from trainer import checkpoint as ckpt
     from trainer.config import ConfigError
 
@@ -118,16 +120,24 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
                 attempts=len(state.attempts))
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)
-    events = AttemptEvents(run.events, cfg.topology.world_size, cfg.optim.max_steps,
-                           dict(a.event_offsets) if a else {})
-    events.poll()
-    info["progress"] = events.progress.snapshot()
-    if a is not None and a.ended is None and check:
+    live = a is not None and a.ended is None
+    # The run's one view, read once: the same phase, progress, ETA, per-rank health, stalls and
+    # forensics the following console shows. A live run's nodes are sampled once (process states).
+    view = snapshot_once(run.path, hosts=monitor_hosts(state.backend, state.hosts), pool=pool,
+                         agents=live and check and not brief)  # fmt: skip
+    info["progress"] = progress_dict(view)
+    info["stalled"] = [{"rank": s.rank, "node": s.node, "pid": s.pid, "detail": s.detail, "waiting": list(s.waiting),
+                        "text": s.text} for s in stall_texts(view)]  # fmt: skip
+    if live and check:
         alive = {n: (str(p) if isinstance(p, Exception) else list(p)) for n, p in procs.items()}
         info["alive"] = alive
         info["live"] = any(isinstance(p, Exception) or p for p in procs.values())
     if brief:
         return info
+    plain = view.to_dict()
+    info["ranks"] = plain["ranks"]
+    info["collective"] = plain["collective"]
+    info["forensics"] = plain["forensics"]
     newest = ckpt.scan(run.checkpoints, deep=False).newest
     info["checkpoint"] = {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} \
         if newest else None
@@ -150,6 +160,8 @@ def _print_list(infos: list[dict[str, Any]]) -> None:
     for i in infos:
         p = i.get("progress") or {}
         phase = i.get("phase", "?")
+        if i.get("stalled"):
+            phase += " (rank " + ", ".join(str(s["rank"]) for s in i["stalled"]) + " stalled)"
         if i.get("live") is False and phase in ("running", "stopping", "launching"):
             phase += " (nothing alive)"
         table.add_row(i["run"], phase, f"{p.get('step', '-')}/{p.get('max_steps', '-')}",
@@ -171,9 +183,17 @@ def _print_one(i: dict[str, Any]) -> None:
         c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
     p = i.get("progress")
     if p:
-        from taehv_console.headless import PlainView
+        from taehv_console.core.watch.view import duration_text, number_text
 
-        c.print(f"  {PlainView.progress_text(p)}, ranks started {p['ranks_started']}/{p['world_size']}")
+        step = f"{p.get('step')}/{p.get('max_steps')}" if p.get("max_steps") else str(p.get("step", "-"))
+        c.print(f"  {p.get('phase')} step {step} loss {number_text(p.get('loss'), '.4g')} psnr "
+                f"{number_text(p.get('psnr'), '.2f')} clips/s {number_text(p.get('samples_per_s'), '.3g')} "
+                f"eta {duration_text(p.get('eta_s'))}")
+    for st in i.get("stalled", []):
+        c.print(f"  [red]STALL[/]: {st['text']}", markup=True)
+        f = next((f for f in reversed(i.get("forensics") or []) if f.get("rank") == st["rank"]), None)
+        for frame in (f or {}).get("frames", [])[:6]:
+            c.print(f"    {frame}", markup=False)
     for n in i.get("nodes", []):
         alive = (i.get("alive") or {}).get(n["index"])
         live = "" if alive is None else (f", alive: {alive}" if alive else ", nothing alive")

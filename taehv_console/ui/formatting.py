@@ -7,6 +7,12 @@ from collections.abc import Sequence
 
 from textual.content import Content
 
+from taehv_console.core.watch.view import duration_text, number_text
+
+# durations and numbers read the same in every front end (headless and status use these too)
+duration = duration_text
+num = number_text
+
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
 # symbol + word: a state stays readable without colour (NO_COLOR, high contrast, colour blindness)
@@ -57,23 +63,6 @@ def badge(state: str) -> Content:
     return Content.styled(f"{symbol} {word}", f"bold {health_style(state)}")
 
 
-def duration(seconds: float | None) -> str:
-    """3s, 4m05s, 2h07m, 3d04h: at most two units, never more than 6 characters."""
-    if seconds is None:
-        return "-"
-    s = round(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
 def age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -88,10 +77,6 @@ def size(nbytes: float | None) -> str:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1000
     return "-"
-
-
-def num(value: float | None, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 def pct(value: float | None) -> str:

@@ -26,6 +26,7 @@ class RunSession:
         self.pool = pool
         self.facts = dict(facts or {})
         self.monitor: Any = None
+        self.watch: Any = None
         self._stop = threading.Event()
         self._detach = threading.Event()
         self._following = threading.Lock()
@@ -75,19 +76,19 @@ class RunSession:
 
     # ------------------------------------------------------------------ watching
     def monitor_hosts(self) -> list[str] | None:
-        hosts = list(self.ctrl.state.hosts)
-        if self.ctrl.state.backend == "local" or len(set(hosts)) != len(hosts) or not hosts:
-            return None  # this machine only (local mode names it by its hostname)
-        return hosts
+        from taehv_console.core.watch.runwatch import monitor_hosts
+
+        return monitor_hosts(self.ctrl.state.backend, self.ctrl.state.hosts)
 
     def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
-        from taehv_console.core.watch.monitor import Monitor
+        """The run's one watch pipeline (with stall forensics), as --no-tui follows it."""
+        from taehv_console.core.watch.runwatch import RunWatch
 
         if self.monitor is None:
-            self.monitor = Monitor(self.run.path, hosts=self.monitor_hosts(), pool=self.pool, facts=self.facts,
-                                   config=config)
+            self.watch = RunWatch.for_controller(self.ctrl, config=config, facts=self.facts)
+            self.monitor = self.watch.monitor
             self.monitor.subscribe(on_state)
-            self.monitor.start()
+            self.watch.start()
         return self.monitor
 
     def node_index(self, name: str) -> int | None:
@@ -153,7 +154,7 @@ class RunSession:
         """Stop watching and release the run (nothing of the run itself is stopped)."""
         self._detach.set()
         if self.monitor is not None:
-            self.monitor.stop()
+            self.watch.stop()
             self.monitor = None
         # the follow loop leaves at its next callback (within ~2 s); the lock goes with it
         with self._following:

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from taehv_console.core.cluster.hosts import validate_host
+from taehv_console.core.forensics.flight_recorder import FR_DIR, flight_recorder_env
 from trainer.config import ENV_NAME_RE, TrainConfig, config_to_toml
 from trainer.ds_config import build_deepspeed_config
 
@@ -158,13 +159,21 @@ def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str
     return ["accelerate", "launch", "--config_file", config_file, *trainer_command(opts.run_dir)]
 
 
-def launch_env(cfg: TrainConfig) -> dict[str, str]:
+def launch_env(cfg: TrainConfig, run_dir: str | None = None) -> dict[str, str]:
     """Environment every node's launcher needs: the config's NCCL settings, and on CPU the switch
-    that makes DeepSpeed use its CPU accelerator (it would look for CUDA otherwise)."""
-    env = dict(cfg.distributed.nccl_env)
+    that makes DeepSpeed use its CPU accelerator (it would look for CUDA otherwise). With the run
+    directory, an NCCL run also gets Flight Recorder's dump pipe and dump files (core/forensics);
+    the config's own nccl_env wins over those."""
+    env = flight_recorder_launch_env(cfg, run_dir) if run_dir else {}
+    env.update(cfg.distributed.nccl_env)
     if cfg.topology.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env
+
+
+def flight_recorder_launch_env(cfg: TrainConfig, run_dir: str | Path) -> dict[str, str]:
+    """Flight Recorder's variables for an NCCL run (nothing for gloo: it has no dump pipe)."""
+    return flight_recorder_env(run_dir) if cfg.topology.device == "cuda" else {}
 
 
 def export_lines(env: Mapping[str, str]) -> list[str]:
@@ -179,8 +188,8 @@ def export_lines(env: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _env_lines(cfg: TrainConfig) -> list[str]:
-    return export_lines(launch_env(cfg))
+def _env_lines(cfg: TrainConfig, run_dir: str) -> list[str]:
+    return export_lines(launch_env(cfg, run_dir))
 
 
 PREFLIGHT_DIR = "preflight"
@@ -246,10 +255,12 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         "RESUME=()",
         'if [ -n "${TAEHV_RESUME:-}" ]; then RESUME+=(--resume "$TAEHV_RESUME"); fi',
         'if [ -n "${TAEHV_WEIGHTS_ONLY:-}" ]; then RESUME+=(--weights-only); fi',
-        f"mkdir -p {q(run_dir + '/logs')} {q(preflight_dir)}",
+        # the Flight Recorder folder too: torch's dump writer does not create it
+        f"mkdir -p {q(run_dir + '/logs')} {q(preflight_dir)}"
+        + (f" {q(run_dir + '/' + FR_DIR + '/live')}" if t.device == "cuda" else ""),
         'export MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"',
         f"export MASTER_PORT={opts.main_process_port}",
-        *_env_lines(cfg),
+        *_env_lines(cfg, run_dir),
         "",
         "# Preflight on the nodes SLURM gave: each checks itself (packages, data, runs directory, disk,",
         "# memory; node 0 its master port). Every node finishes, so all findings are kept.",
@@ -298,7 +309,7 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
         },
         {"name": "MASTER_ADDR", "value": f"{name}-0.{service}.{opts.k8s_namespace}.svc.cluster.local"},
         {"name": "MASTER_PORT", "value": str(opts.main_process_port)},
-        *({"name": k, "value": v} for k, v in sorted(launch_env(cfg).items())),
+        *({"name": k, "value": v} for k, v in sorted(launch_env(cfg, opts.run_dir).items())),
     ]
     resources: dict = {}
     if t.device == "cuda":

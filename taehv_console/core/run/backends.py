@@ -16,6 +16,8 @@ it), never a process name.
 
 from __future__ import annotations
 
+import enum
+
 import re
 import sys
 from abc import ABC, abstractmethod
@@ -25,11 +27,31 @@ from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out
+from taehv_console.core.forensics.flight_recorder import prepare_dirs
+from taehv_console.core.plan.render import flight_recorder_launch_env
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
 
 NODE_MODULE = "taehv_console.core.run.node"
-BACKENDS = ("local", "ssh", "platform", "slurm", "sbatch")
+
+
+class BackendKind(str, enum.Enum):
+    """How a run's nodes are started; state.json stores the value. The controller dispatches on
+    this, never on strings."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    PLATFORM = "platform"  # one pod per node, each starting its own (Kubernetes, PAI-DLC ...)
+    SLURM = "slurm"  # inside an allocation: srun starts every node
+    SBATCH = "sbatch"  # from a login node: the submitted job is the launcher
+
+    @property
+    def slurm(self) -> bool:
+        """SLURM starts every node: this console expects every node's exit status."""
+        return self in (BackendKind.SLURM, BackendKind.SBATCH)
+
+
+BACKENDS = tuple(k.value for k in BackendKind)
 
 
 class BackendError(RuntimeError):
@@ -94,6 +116,20 @@ class LaunchBackend(ABC):
         return None
 
 
+def flight_recorder_env_for(run: RunDir) -> dict[str, str]:
+    """Flight Recorder's variables for an NCCL run, pointing into this run directory (the
+    controller builds its env without one), with the dump folder made (torch does not make it).
+    Empty for gloo, or when run.toml cannot be read (the launch reports that itself)."""
+    try:
+        cfg = run.load_config()
+        env = flight_recorder_launch_env(cfg, run.path)
+        if env:
+            prepare_dirs(run.path)
+    except (OSError, ValueError):
+        return {}
+    return env
+
+
 def _leader_start(run: RunDir, launcher: NodeLauncher, attempt: int) -> int | None:
     """The wrapper's recorded start time, when its status file is the one of this launcher."""
     if launcher.index < 0:
@@ -134,10 +170,11 @@ class RunnerBackend(LaunchBackend):
             c = by_index[int(key)]
             r = self._runner(c.host)
             p = r.start_detached(wrapper_argv(r.python, c, attempt), log_path=c.log, cwd=c.cwd or None,
-                                 env=dict(c.env), timeout=self.timeout + 30)
+                                 env={**fr_env, **c.env}, timeout=self.timeout + 30)
             return NodeLauncher(index=c.index, host=c.host, pid=p.pid, pgid=p.pgid, log=p.log, started=time.time())
 
         by_index = {c.index: c for c in commands}
+        fr_env = flight_recorder_env_for(run)  # the command's own env wins
         results = fan_out([str(c.index) for c in commands], one, self.pool.settings.max_parallel)
         launchers, errors = [], {}
         for key, res in results.items():
@@ -229,7 +266,7 @@ class SrunBackend(LaunchBackend):
         argv = self.srun_argv(run, commands, attempt)
         try:
             p = self.local.start_detached(argv, log_path=str(run.logs / "srun.log"), cwd=str(run.path),
-                                          env=dict(commands[0].env))
+                                          env={**flight_recorder_env_for(run), **commands[0].env})
         except (SshError, OSError) as err:
             return Started((), {-1: _why(err)})
         return Started((NodeLauncher(index=-1, host="localhost", pid=p.pid, pgid=p.pgid, log=p.log,
@@ -353,14 +390,16 @@ class SbatchBackend(LaunchBackend):
         return [f"SLURM job {attempt.slurm_job}"] if attempt.slurm_job else []
 
 
-def make_backend(kind: str, pool: SshPool, nodes: int = 1) -> LaunchBackend:
-    if kind in ("local", "ssh", "platform"):
-        return RunnerBackend(kind, pool)
-    if kind == "slurm":
+def make_backend(kind: str | BackendKind, pool: SshPool, nodes: int = 1) -> LaunchBackend:
+    try:
+        k = BackendKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})") from None
+    if k is BackendKind.SLURM:
         return SrunBackend(pool, nodes)
-    if kind == "sbatch":
+    if k is BackendKind.SBATCH:
         return SbatchBackend()
-    raise ValueError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})")
+    return RunnerBackend(k.value, pool)
 
 
 def hosts_are_local(hosts: Sequence[str]) -> bool:

@@ -17,12 +17,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.run.backends import BackendError, LaunchBackend, NodeCommand, make_backend
+from taehv_console.core.run.backends import BackendError, BackendKind, LaunchBackend, NodeCommand, make_backend
 from taehv_console.core.run.failure import (
     NodeEvidence,
     attempt_log_text,
@@ -33,7 +33,7 @@ from taehv_console.core.run.failure import (
 from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.progress import AttemptEvents, file_sizes
 from taehv_console.core.run.rundir import RunDir, create_run_dir
-from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from taehv_console.core.run.state import Attempt, Failure, NodeLauncher, Phase, RunState, StopRecord
 
 if TYPE_CHECKING:  # 3.10 has no typing.Self
     from typing_extensions import Self
@@ -82,6 +82,36 @@ def stop_grace_s(cfg: Any) -> float:
 
 def _me() -> str:
     return f"{os.getpid()}@{socket.gethostname()}"
+
+
+# ------------------------------------------------------------------------------------- verdict
+
+def verdict(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int], stop_requested: bool) -> Phase:
+    """How an attempt ended, from the `stop` events its watched ranks wrote (rank -> event) and
+    whether this console asked it to stop. Every rank said `done`: DONE (even mid-stop: it finished
+    first); any rank stopped with an error: FAILED; every rank stopped, or a stop was asked: STOPPED;
+    otherwise some rank ended without a word: FAILED."""
+    watched = set(watched)
+    mine = {r: e for r, e in stops.items() if r in watched}
+    reported = watched <= set(mine)
+    reasons = {str(e.get("reason")) for e in mine.values()}
+    if reported and reasons == {"done"}:
+        return Phase.DONE
+    if "error" in reasons:
+        return Phase.FAILED
+    if reported or stop_requested:
+        return Phase.STOPPED
+    return Phase.FAILED
+
+
+def stop_step(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int]) -> int | None:
+    """The step every watched rank stopped (and checkpointed) at; None unless they all said and agree."""
+    watched = set(watched)
+    mine = [e for r, e in stops.items() if r in watched]
+    if not watched <= set(stops) or {str(e.get("reason")) for e in mine} - {"signal", "done"}:
+        return None
+    steps = {e.get("step") for e in mine}
+    return steps.pop() if len(steps) == 1 else None
 
 
 # ------------------------------------------------------------------------------------ creation
@@ -159,8 +189,9 @@ class RunController:
     """Controls one run from this console. Make it with `RunController.open` (takes the lock)."""
 
     def __init__(self, run: RunDir, backend: LaunchBackend, lock: RunLock, state: RunState, cfg: Any,
-                 writes_state: bool = True):
+                 writes_state: bool = True, pool: Any = None):
         self.run = run
+        self.pool = pool  # the nodes' runners, for whoever watches the run beside the controller
         self.backend = backend
         self.lock = lock
         self.state = state
@@ -190,7 +221,7 @@ class RunController:
         except BaseException:
             lock.release()
             raise
-        return cls(run, backend, lock, state, cfg, writes_state=lock_name is None)
+        return cls(run, backend, lock, state, cfg, writes_state=lock_name is None, pool=pool)
 
     def close(self) -> None:
         self.backend.close()
@@ -215,6 +246,10 @@ class RunController:
         return self.state.attempt
 
     @property
+    def kind(self) -> BackendKind:
+        return BackendKind(self.state.backend)
+
+    @property
     def world_size(self) -> int:
         return self.cfg.topology.world_size
 
@@ -227,10 +262,31 @@ class RunController:
 
     # -- liveness
     def processes(self) -> dict[int, tuple[int, ...] | Exception]:
-        a = self.attempt
+        a = self._adopt() or self.attempt
         if a is None or (not a.nodes and not a.slurm_job):
             return {}
         return self.backend.processes(self.run, a)
+
+    def _adopt(self) -> Attempt | None:
+        """An attempt whose launchers were started but never recorded (the console was killed in
+        between) takes them over from their wrappers' status files (pid, pgid, start time), so it
+        is seen as live: never marked failed while it trains, never launched a second time."""
+        a = self.attempt
+        if a is None or a.ended is not None or a.nodes or a.slurm_job or self.kind.slurm:
+            return None
+        found = []
+        for i in self.state.controlled:
+            st = self.run.node_status(i)
+            if st is None or st.attempt != a.number or st.started < a.started - PEER_START_MARGIN_S:
+                continue
+            host = self._host(i) or "localhost"
+            found.append(NodeLauncher(index=i, host=host, pid=st.pid, pgid=st.pgid, log=str(self.run.node_log(i)),
+                                      started=st.started))  # fmt: skip
+        if not found:
+            return None
+        self._note("adopted node launcher(s) " + ", ".join(f"{n.index} (pgid {n.pgid})" for n in found)
+                   + " from their status files: the console that started them never recorded them")
+        return self._save(self.state.with_attempt(replace(a, nodes=tuple(found)))).attempt
 
     def live_nodes(self) -> dict[int, tuple[int, ...]]:
         """node -> live pids for nodes with anything left; an unreachable node counts as live
@@ -417,7 +473,7 @@ class RunController:
             st = self.run.node_status(i)
             if st is None:
                 continue
-            mine = i in self.state.controlled or self.state.backend in ("slurm", "sbatch")
+            mine = i in self.state.controlled or self.kind.slurm
             if (st.attempt == a.number) if mine else (st.started >= a.started - PEER_START_MARGIN_S):
                 out[i] = st
         return out
@@ -432,7 +488,7 @@ class RunController:
         watched = self._watched_nodes()
         exited = {i for i, st in statuses.items() if st.exited}
         failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}
-        if self.backend.kind == "sbatch" and not self.live_nodes():
+        if self.kind is BackendKind.SBATCH and not self.live_nodes():
             code = self.backend.job_exit_code(a)
             if code is not None:
                 exited = set(watched)
@@ -493,15 +549,15 @@ class RunController:
                 continue
             if node >= 0 and node not in exited:
                 self._vanished[node] = self._host(node) or "?"
-            elif node < 0 and self.backend.kind == "slurm" and not set(watched) <= exited:
+            elif node < 0 and self.kind is BackendKind.SLURM and not set(watched) <= exited:
                 self._vanished[node] = "srun"
 
     def _watched_nodes(self) -> tuple[int, ...]:
         # nodes whose exit status this console expects: its own; on the platform's node 0, all
         # (the other pods write theirs to the shared run directory too)
-        if self.state.backend == "platform" and 0 in self.state.controlled:
+        if self.kind is BackendKind.PLATFORM and 0 in self.state.controlled:
             return tuple(range(self.cfg.topology.nodes))
-        if self.state.backend in ("slurm", "sbatch"):
+        if self.kind.slurm:
             return tuple(range(self.cfg.topology.nodes))
         return tuple(self.state.controlled)
 
@@ -595,22 +651,14 @@ class RunController:
         left = self._kill_leftovers()
         verified = not left and not self.live_nodes()
         stops = self._await_stops(STATUS_LAG_S)
-        reported = self._watched_ranks() <= set(stops)
-        reasons = {str(e.get("reason")) for e in stops.values()}
-        step = None
-        if reported and reasons <= {"signal", "done"}:
-            steps = {e.get("step") for e in stops.values()}
-            step = steps.pop() if len(steps) == 1 else None
+        ranks = self._watched_ranks()
+        step = stop_step(stops, ranks)
         record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
-        if reported and reasons == {"done"}:
-            phase, outcome = Phase.DONE, "done"  # it finished on its own while we were stopping it
-        elif "error" in reasons:
-            phase, outcome = Phase.FAILED, "failed"  # a rank failed on the way out: say which and why
+        phase = verdict(stops, ranks, stop_requested=True)
+        if phase is Phase.FAILED:  # a rank failed on the way out: say which and why
             self._save(replace(self.state, failure=self._diagnose(self._statuses(), self._tail().progress, (),
                                                                   {}, time.time())))
-        else:
-            phase, outcome = Phase.STOPPED, "stopped"
-        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=outcome)),
+        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)),
                            phase=phase, stop=record))
         where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
         self._note(f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}"))
@@ -638,22 +686,16 @@ class RunController:
         left = {} if self._wait_gone(STATUS_LAG_S) else self._kill_leftovers()
         ranks = self._watched_ranks()
         stops = {r: e for r, e in progress.stops.items() if r in ranks}
-        reported = ranks <= set(stops)
-        reasons = {str(e.get("reason")) for e in stops.values()}
-        if reported and reasons == {"done"}:
-            phase = Phase.DONE
-        elif reported and "error" not in reasons:
-            phase = Phase.STOPPED  # stopped from outside the console (a signal to the launchers)
-            if self.state.stop is None:
-                steps = {e.get("step") for e in stops.values()}
-                self.state = replace(self.state, stop=StopRecord(
-                    requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
-                    reason="signal", grace_s=0, checkpoint_step=steps.pop() if len(steps) == 1 else None,
-                    verified=not left, finished=time.time()))
-        else:
+        phase = verdict(stops, ranks, stop_requested=False)
+        if phase is Phase.STOPPED and self.state.stop is None:
+            # stopped from outside the console (a signal to the launchers)
+            self.state = replace(self.state, stop=StopRecord(
+                requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
+                reason="signal", grace_s=0, checkpoint_step=stop_step(stops, ranks), verified=not left,
+                finished=time.time()))
+        elif phase is Phase.FAILED:
             failure = self._diagnose(self._statuses(), progress, (), {}, time.time())
             self._save(replace(self.state, failure=failure))
-            phase = Phase.FAILED
         self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)), phase=phase))
         self._note(f"run {phase.value}")
         return True

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_console.core.run.state import Failure
+from taehv_console.core.watch.logscan import LogScanner
 
-ROOT_CAUSE = "Root Cause (first observed failure)"
-_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.MULTILINE)
-_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
-_HOST = re.compile(r"^\s*host\s*:\s*(\S+)", re.MULTILINE)
+_RULE = re.compile(r"\s*={10,}\s*")  # the line that closes torchelastic's block
 # what a rank reports when a *peer* went away: a consequence, never the first failure
 _PEER_SYMPTOM = re.compile(
     r"connection closed by peer|connection reset|broken pipe|econnreset|connection refused|"
@@ -58,26 +56,22 @@ def attempt_log_text(log: Path, node: int, attempt: int, limit: int = 256 << 10)
 
 
 def parse_root_cause(text: str) -> RootCause | None:
-    """torchelastic's block, from its title to the closing ===== line (the last one in the text)."""
-    at = text.rfind(ROOT_CAUSE)
-    if at < 0:
+    """torchelastic's block (the last one in the text), read by the same LogScanner the monitor
+    runs on the node logs, so the console and the dashboard agree on what it says."""
+    lines = text.splitlines()
+    scanner = LogScanner()
+    found = scanner.feed("log", lines) + scanner.flush("log")
+    blocks = [s for s in found if s.kind == "root_cause"]
+    if not blocks:
         return None
-    lines = []
-    for line in text[at:].splitlines():
-        if lines and re.fullmatch(r"\s*={10,}\s*", line):
+    sig = blocks[-1]
+    block = []
+    for line in lines[sig.line - 1 :]:
+        if block and _RULE.fullmatch(line):
             break
-        lines.append(line.rstrip())
-    block = "\n".join(lines)
-    rank = _RANK.search(block)
-    code = _EXIT.search(block)
-    host = _HOST.search(block)
-    return RootCause(
-        rank=int(rank.group(1)) if rank else None,
-        local_rank=int(rank.group(2)) if rank else None,
-        exit_code=int(code.group(1)) if code else None,
-        host=host.group(1) if host else None,
-        lines=tuple(lines[:20]),
-    )
+        block.append(line.rstrip())
+    return RootCause(rank=sig.rank, local_rank=sig.get("local_rank"), exit_code=sig.get("exitcode"), host=sig.host,
+                     lines=tuple(block[:20]))
 
 
 def tail_lines(text: str, n: int = 15) -> tuple[str, ...]:

@@ -1,14 +1,13 @@
-"""Just enough of the trainer's events for control and a progress line: new lines of every rank's
-events file read from a byte offset, folded into the current step, loss, PSNR, clips/s, ETA and
-each rank's `stop`. The full watcher (health, stragglers, histories) is core/watch's job; this is
-the minimum that stop, failure detection and the headless progress need.
+"""What the controller's verdict needs from this attempt's trainer events, and nothing more: each
+rank's start, `stop` and first `error`, the step and the newest completed checkpoint, read from the
+byte offsets where the attempt began (an earlier attempt's `stop` must never end this one).
+Everything a front end shows (loss, PSNR, ETA, health) comes from core/watch's RunView.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,25 +57,16 @@ def file_sizes(events_dir: Path) -> dict[int, int]:
 
 @dataclass
 class RunProgress:
-    """What the events of one attempt say so far. Mutable, owned by one controller thread;
-    front ends get `snapshot()` copies."""
+    """This attempt's events so far. Mutable, owned by one controller thread."""
 
     world_size: int
     max_steps: int
     step: int = 0
-    first_step: int | None = None  # the first step this attempt reported (a resume starts late)
-    loss: float | None = None
-    psnr: float | None = None
-    samples_per_s: float | None = None
-    lr: float | None = None
-    val_psnr: float | None = None
     checkpoint_step: int | None = None  # newest checkpoint this attempt completed
     started_ranks: set[int] = field(default_factory=set)
     stops: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its stop event
     errors: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its first error event
-    first_step_time: float | None = None
     last_event_time: float | None = None
-    _step_times: deque = field(default_factory=lambda: deque(maxlen=20))
 
     def add(self, event: dict[str, Any]) -> None:
         kind, rank = event.get("kind"), event.get("rank")
@@ -86,17 +76,6 @@ class RunProgress:
             self.step = max(self.step, int(event.get("step") or 0))
         elif kind == "step" and rank == 0:
             self.step = int(event.get("step", self.step))
-            if self.first_step is None:
-                self.first_step = self.step
-                self.first_step_time = event.get("time")
-            self.loss = event.get("loss")
-            self.psnr = event.get("psnr")
-            self.samples_per_s = event.get("samples_per_s")
-            self.lr = event.get("lr")
-            if event.get("step_time_s"):
-                self._step_times.append(float(event["step_time_s"]))
-        elif kind == "val" and rank == 0:
-            self.val_psnr = event.get("psnr")
         elif kind == "checkpoint" and rank == 0 and event.get("status") == "complete":
             self.checkpoint_step = event.get("step")
         elif kind == "error" and isinstance(rank, int):
@@ -104,27 +83,10 @@ class RunProgress:
         elif kind == "stop" and isinstance(rank, int):
             self.stops[rank] = event
 
-    @property
-    def eta_s(self) -> float | None:
-        if not self._step_times or self.step >= self.max_steps:
-            return None
-        per_step = sorted(self._step_times)[len(self._step_times) // 2]  # median: one slow step is no trend
-        return per_step * (self.max_steps - self.step)
-
-    def all_stopped(self) -> bool:
-        return len(self.stops) >= self.world_size
-
-    def stop_reasons(self) -> set[str]:
-        return {str(e.get("reason")) for e in self.stops.values()}
-
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "step": self.step, "max_steps": self.max_steps, "loss": self.loss, "psnr": self.psnr,
-            "samples_per_s": self.samples_per_s, "lr": self.lr, "val_psnr": self.val_psnr,
-            "eta_s": self.eta_s, "checkpoint_step": self.checkpoint_step,
-            "ranks_started": len(self.started_ranks), "world_size": self.world_size,
-            "ranks_stopped": len(self.stops),
-        }
+        return {"step": self.step, "max_steps": self.max_steps, "checkpoint_step": self.checkpoint_step,
+                "ranks_started": len(self.started_ranks), "world_size": self.world_size,
+                "ranks_stopped": len(self.stops)}
 
 
 class AttemptEvents:

@@ -46,6 +46,7 @@ class EventFold:
         self.clips: deque[tuple[float, float]] = deque(maxlen=history_len)
         self.val: deque[tuple[float, float]] = deque(maxlen=history_len)
         self.notices: deque[Notice] = deque(maxlen=notices_len)
+        self._notice_keys: dict[Notice, None] = {}  # notices already given (insertion-ordered, bounded)
         self.last_step: dict | None = None  # newest rank-0 step event
         self.last_val: dict | None = None
         self.best_val_psnr: float | None = None
@@ -160,8 +161,16 @@ class EventFold:
                                                      f"({skipped} so far)", 0)  # fmt: skip
 
     def _notice(self, t: Any, severity: str, text: str, rank: int | None) -> None:
-        self.notices.append(Notice(time=float(t) if isinstance(t, (int, float)) else 0.0, severity=severity,
-                                   source="events", text=text, rank=rank))  # fmt: skip
+        notice = Notice(time=float(t) if isinstance(t, (int, float)) else 0.0, severity=severity, source="events",
+                        text=text, rank=rank)  # fmt: skip
+        # One event is one notice, however often its line is read: a file read again from the
+        # start (replaced, or truncated and rewritten) showed "rank 0 stopped ..." twice.
+        if notice.time and notice in self._notice_keys:
+            return
+        self._notice_keys[notice] = None
+        if len(self._notice_keys) > 4 * (self.notices.maxlen or 100):
+            self._notice_keys.pop(next(iter(self._notice_keys)))
+        self.notices.append(notice)
 
     # ------------------------------------------------------------------ views
     def checkpoint_in_flight(self) -> int | None:

@@ -5,8 +5,9 @@ Ranks: starting / healthy / straggler / stalled / failed / stopped.
 - stalled: no heartbeat progress for `stall_factor` x the median step time (never under a floor;
   longer before the first step and at steps that validate or checkpoint).
 - In data parallel training every rank waits in the same collectives, so when one rank hangs all
-  heartbeats stop together. The rank holding the others up (its process stopped or dead, a lower
-  step, or the lowest last-completed count in the watchdog's lines) is the stalled one; the others
+  heartbeats stop together. The rank holding the others up (its process stopped or dead, the one
+  not blocked in a collective while the others are, a lower step, or the lowest last-completed
+  count in the watchdog's lines) is the stalled one; the others
   are healthy and `blocked_by` it. That names the laggard long before the collective timeout.
 - straggler: score = fastest rank's own work per step / this rank's (the resilience tooling's
   convention: 1.0 fastest, 0.5 twice as slow), own work = step time - time waiting in all-reduces.
@@ -67,6 +68,12 @@ class RankObservation:
     process_time: float | None = None  # console clock of the agent sample holding `process`
     pause_allowance_s: float = 0.0  # this step validates or checkpoints: may pause this long
     signals: tuple[LogSignal, ...] = ()  # error lines naming this rank or its pid
+    waiting_since: float | None = None  # console clock: blocked in a collective since (heartbeat)
+    metrics: tuple[tuple[str, float], ...] = ()  # the heartbeat's other numbers, carried into RankHealth
+    # medians of the last `straggler_window` step_times / busy, when the caller computed them once
+    # (2,048 ranks twice a second: recomputing them per view was a large share of its cost)
+    step_median: float | None = None
+    busy_median: float | None = None
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -97,7 +104,8 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
     recent = [t for o in obs for t in o.step_times[-window:]]
     median_step = _median(recent)
     stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
-    busy_med = {o.rank: _median(o.busy[-window:]) for o in obs if len(o.busy) >= policy.straggler_min_steps}
+    busy_med = {o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
+                for o in obs if len(o.busy) >= policy.straggler_min_steps}
     fastest = min(busy_med.values()) if busy_med else None
 
     out: dict[int, RankHealth] = {}
@@ -134,9 +142,11 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
             state = RankState.STARTING if not o.step_times else RankState.HEALTHY
         # built once here (not copied per decision): 512 ranks twice a second
         out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
-                                 step_time_s=_median(o.step_times[-window:]), busy_s=busy_med.get(o.rank),
+                                 step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
+                                 busy_s=busy_med.get(o.rank),
                                  score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
-                                 detail=detail)  # fmt: skip
+                                 detail=detail, metrics=o.metrics,
+                                 waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
 
     by_rank = {o.rank: o for o in obs}
     collective = None
@@ -166,12 +176,21 @@ def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Ma
     failed = [r for r, h in out.items() if h.state is RankState.FAILED]
     stopped = [r for r in stale if out[r].process in ("stopped", "tracing-stop")]
     steps = {r: out[r].step for r in stale if out[r].step is not None}
+    # The trainer says in its heartbeat when it has been blocked in a collective for a while: the
+    # ranks that are not (stuck in data loading or compute, or not running at all) hold the others.
+    waiting = [r for r in stale if by_rank[r].waiting_since is not None]
+    not_waiting = [r for r in stale if by_rank[r].waiting_since is None]
     culprits: list[int] = []
     evidence = ""
     if failed:
         culprits, evidence = failed, f"rank {failed[0]} failed: {out[failed[0]].detail}"
     elif stopped:
         culprits, evidence = stopped, f"process {out[stopped[0]].pid} of rank {stopped[0]} is stopped (signal)"
+    elif waiting and not_waiting:
+        culprits = not_waiting
+        others = ", ".join(map(str, waiting[:8])) + (" ..." if len(waiting) > 8 else "")
+        evidence = (f"rank {culprits[0]} is not in a collective while rank(s) {others} wait in one "
+                    f"(no progress for {stale[culprits[0]]:.0f} s)")
     elif steps and min(steps.values()) < max(steps.values()):
         low = min(steps.values())
         culprits = [r for r, s in steps.items() if s == low]

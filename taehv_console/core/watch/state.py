@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,15 @@ class RankHealth:
     process: str = ""  # the agent's view of the process ("" when no agent reports it)
     blocked_by: int | None = None  # healthy, but stuck in a collective waiting for this rank
     detail: str = ""
+    waiting_s: float | None = None  # blocked in a collective this long (the trainer's heartbeat says so)
+    # every other number the rank's heartbeat carries (wait_s, data_wait_s ...), by name
+    metrics: tuple[tuple[str, float], ...] = ()
+
+    def metric(self, name: str) -> float | None:
+        for k, v in self.metrics:
+            if k == name:
+                return v
+        return None
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,86 @@ class CollectiveStall:
     @property
     def timeout_in_s(self) -> float | None:
         return None if self.timeout_s is None else max(0.0, self.timeout_s - self.stalled_for_s)
+
+
+@dataclass(frozen=True)
+class ForensicsSummary:
+    """What the forensics of one confirmed stall found (core/forensics writes the report into the
+    run directory's forensics/; every front end reads it from there): the stalled rank's stack,
+    top frame first, and what the tools said (py-spy missing, Flight Recorder unavailable ...)."""
+
+    rank: int | None
+    node: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    time: float | None = None
+    frames: tuple[str, ...] = ()  # the stalled rank's main-thread stack, innermost first
+    peer_frames: tuple[str, ...] = ()  # a healthy peer's, for comparison
+    dump_path: str | None = None
+    notes: tuple[str, ...] = ()
+    flight_recorder: str = ""
+    ras: str = ""
+    report: str = ""  # the report file, relative to the run directory
+
+    @classmethod
+    def from_report(cls, data: Any, path: str = "") -> ForensicsSummary:
+        """From a ForensicsReport's to_json() dict; unknown keys are ignored, missing ones empty."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a forensics report is a JSON object")
+        stalled = data.get("stalled_rank")
+        ref = data.get("stalled") if isinstance(data.get("stalled"), dict) else {"rank": stalled}
+        if not isinstance(ref.get("rank"), int) and isinstance(stalled, int):
+            ref = {**ref, "rank": stalled}
+        dumps = [d for d in data.get("dumps") or () if isinstance(d, dict)]
+
+        def frames_of(d: dict | None) -> tuple[str, ...]:
+            if d is None:
+                return ()
+            return tuple(_frame_text(f) for f in d.get("frames") or ())
+
+        mine = next((d for d in dumps if d.get("role") == "stalled"), None) or \
+            next((d for d in dumps if d.get("rank") == ref.get("rank")), None)
+        peer = next((d for d in dumps if d is not mine), None)
+        if mine is not None:
+            ref = {"host": mine.get("host") or None, "pid": mine.get("pid") or None, **{k: v for k, v in ref.items() if v is not None}}
+
+        def text(v: Any) -> str:
+            if v is None:
+                return ""
+            if isinstance(v, str):
+                return v
+            if isinstance(v, (list, tuple)):
+                return "; ".join(str(x) for x in v)
+            if isinstance(v, dict):
+                return str(v.get("summary") or v.get("verdict") or v.get("note") or json_text(v))
+            return str(v)
+
+        t = data.get("time")
+        return cls(rank=ref.get("rank") if isinstance(ref.get("rank"), int) else None, node=_opt_str(ref.get("node")),
+                   host=_opt_str(ref.get("host")), pid=ref.get("pid") if isinstance(ref.get("pid"), int) else None,
+                   time=float(t) if isinstance(t, (int, float)) else None, frames=frames_of(mine),
+                   peer_frames=frames_of(peer), dump_path=_opt_str(mine.get("path")) if mine else None,
+                   notes=tuple(str(n) for n in data.get("notes") or ()), flight_recorder=text(data.get("flight_recorder")),
+                   ras=text(data.get("ras")), report=path)  # fmt: skip
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _frame_text(f: Any) -> str:
+    if isinstance(f, str):
+        return f
+    if isinstance(f, dict):
+        name = f.get("name") or f.get("function") or "?"
+        where = f.get("filename") or f.get("file") or ""
+        line = f.get("line") or f.get("lineno")
+        return f"{name} ({where}:{line})" if where else str(name)
+    return str(f)
+
+
+def json_text(v: Any) -> str:
+    return json.dumps(v, default=str)[:300]
 
 
 # ------------------------------------------------------------------------------------------ nodes
@@ -311,7 +401,11 @@ class SourceStatus:
 
 
 @dataclass(frozen=True)
-class ClusterState:
+class RunView:
+    """The one view of a run every front end renders (TUI, --no-tui plain and --json, status,
+    attach): phase, progress and ETA in `run`, per-rank and per-node health, the collective stall,
+    checkpoints, the console's record (state.json: failure diagnosis, stop) and stall forensics."""
+
     time: float
     seq: int
     run: RunHeader
@@ -324,6 +418,24 @@ class ClusterState:
     signals: tuple[LogSignal, ...] = ()
     scalars: tuple[Series, ...] = ()  # TensorBoard scalars when a logdir is watched
     sources: tuple[SourceStatus, ...] = ()
+    console: Any = None  # the RunState from state.json (phase, attempts, failure, stop), when there is one
+    forensics: tuple[ForensicsSummary, ...] = ()  # newest last
+
+    @property
+    def failure(self) -> Any:
+        """The failure diagnosis the controlling console recorded (core/run/failure.py)."""
+        return self.console.failure if self.console is not None else None
+
+    @property
+    def stalled(self) -> tuple[RankHealth, ...]:
+        """The ranks named as stalled (the laggard of a collective stall, or a rank left behind)."""
+        return tuple(r for r in self.ranks if r.state is RankState.STALLED)
+
+    def forensics_for(self, rank: int) -> ForensicsSummary | None:
+        for f in reversed(self.forensics):
+            if f.rank == rank:
+                return f
+        return None
 
     def node(self, name: str) -> NodeSnapshot | None:
         for n in self.nodes:
@@ -342,17 +454,24 @@ class ClusterState:
         return _plain(self)
 
 
+ClusterState = RunView  # the name the TUI's messages and older callers use
+
+
 def _plain(obj: Any) -> Any:
     if isinstance(obj, enum.Enum):
         return obj.value
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        if hasattr(obj, "to_dict") and not isinstance(obj, ClusterState):
+        if hasattr(obj, "to_dict") and not isinstance(obj, RunView):
             return obj.to_dict()  # NodeFacts and friends know their own form
         out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         if isinstance(obj, LogSignal):
             out["fields"] = {k: _plain(v) for k, v in obj.fields}
         if isinstance(obj, CollectiveStall):
             out["timeout_in_s"] = obj.timeout_in_s
+        if isinstance(obj, RankHealth):
+            out["metrics"] = {k: _plain(v) for k, v in obj.metrics}
+        if isinstance(obj, RunView):
+            out["stalled"] = [r.rank for r in obj.stalled]
         return out
     if isinstance(obj, (tuple, list)):
         return [_plain(v) for v in obj]

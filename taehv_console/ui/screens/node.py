@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Log, Static, TabbedContent, TabPane
@@ -46,6 +46,30 @@ def node_header(node: Any, state: Any) -> Content:
     if node.clock_offset_s is not None:
         line2 += [Content.styled("  clock ", "dim"), f"{node.clock_offset_s:+.2f}s"]
     return Content("\n").join([Content.assemble(*parts), Content.assemble(*line2)])
+
+
+def stack_content(state: Any, node_name: str) -> Content:
+    """The stalled ranks of this node, each with its stack from the stall's forensics (py-spy,
+    innermost frame first) and what the tools said, as `status --json` carries them."""
+    stalled = [r for r in state.stalled if r.node == node_name]
+    if not stalled:
+        return Content.styled("no stalled rank on this node: a stall's stack shows here once forensics ran", "dim")
+    lines: list[Any] = []
+    for r in stalled:
+        lines.append(Content.styled(f"rank {r.rank} stalled (pid {r.pid}): {r.detail}", f.health_style("stalled")))
+        report = state.forensics_for(r.rank)
+        if report is None:
+            lines.append(Content.styled("  collecting its stack ...", "dim"))
+            continue
+        lines += [Content(f"  {frame}") for frame in report.frames] or [Content.styled("  no stack", "dim")]
+        lines += [Content.styled(f"  note: {n}", "dim") for n in report.notes]
+        if report.flight_recorder:
+            lines.append(Content(f"  flight recorder: {report.flight_recorder}"))
+        if report.ras:
+            lines.append(Content(f"  NCCL RAS: {report.ras}"))
+        if report.report:
+            lines.append(Content.styled(f"  report: {report.report}", "dim"))
+    return Content("\n").join(lines)
 
 
 def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
@@ -114,6 +138,7 @@ class NodeScreen(Screen):
         Binding("escape", "back", "Back", id="back", tooltip="Back to the dashboard"),
         Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log", show=False),
         Binding("c", "show_tab('charts')", "Charts", id="show-charts", tooltip="Loss, PSNR, GPU utilisation"),
+        Binding("k", "show_tab('stack')", "Stack", id="show-stack", tooltip="A stalled rank's stack (forensics)"),
         Binding("f", "toggle_follow", "Follow", id="follow-log", tooltip="Keep the log scrolled to its end"),
         Binding("slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"),
         Binding("n", "next_match", "Next match", id="next-match", tooltip="Next line matching the search",
@@ -142,6 +167,8 @@ class NodeScreen(Screen):
                 yield MetricPlot("loss", "step", id="loss-plot")
                 yield MetricPlot("PSNR (dB)", "step", id="psnr-plot")
                 yield MetricPlot("GPU utilisation (%)", "seconds ago", id="util-plot")
+            with TabPane("stack", id="stack"), VerticalScroll():
+                yield Static("", id="stack-text")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -174,6 +201,7 @@ class NodeScreen(Screen):
         gpus.border_title = f"GPUs: {len(node.sample.gpus)}× {', '.join(names)}" if names else "GPUs"
         ranks = [r for r in state.ranks if r.node == node.name]
         self._fill(self.query_one("#ranks", DataTable), rank_rows(ranks))
+        self.query_one("#stack-text", Static).update(stack_content(state, node.name))
         if self.query_one(TabbedContent).active == "charts":
             self._plot(state)
 

@@ -152,3 +152,18 @@ def test_a_writer_with_spaces_takes_the_full_path_and_gives_the_same_result():
     f = EventFold(history_len=10)
     f.feed(0, spaced)
     assert [x for x, _ in f.loss] == [float(s) for s in range(1990, 2000)] and f.last_step["step"] == 1999
+
+
+def test_a_stop_read_twice_is_one_notice_but_a_second_stop_is_another():
+    """After a stop the events pane said "rank 0 stopped at step 26: signal" twice: a file read
+    again from its start feeds its lines again. One event is one notice; a later attempt's own
+    stop at the same step (another time) is a notice of its own."""
+    f = EventFold()
+    stop = _line(kind="stop", step=26, reason="signal", time=50.0)
+    f.feed(0, [_line(kind="start", world_size=2, max_steps=40, time=1.0), _step(26, time=49.0), stop])
+    f.feed(0, [stop])  # the same line again (a re-read)
+    texts = [n.text for n in f.notices]
+    assert texts.count("rank 0 stopped at step 26: signal") == 1
+    f.feed(0, [_line(kind="start", world_size=2, max_steps=40, time=60.0),
+               _line(kind="stop", step=26, reason="signal", time=61.0)])
+    assert [n.text for n in f.notices].count("rank 0 stopped at step 26: signal") == 2

@@ -212,3 +212,19 @@ def test_node_degraded_by_a_straggler():
     ranks, _ = assess_ranks([obs(0, busy=[1.0] * 8), obs(1, busy=[3.0] * 8)], POL, NOW)
     state, detail = assess_node("n0", ranks, None, None, POL, agent_expected=False)
     assert state is NodeState.DEGRADED and "rank 1 straggler" in detail
+
+
+@pytest.mark.parametrize("status", ["running", "sleeping", None])
+def test_the_rank_not_waiting_in_a_collective_holds_up_those_that_are(status):
+    """A rank stuck in data loading or compute (its process running, or no agent at all): every
+    heartbeat is stale at the same step, but the peers' heartbeats say they wait in an all-reduce."""
+    ranks, coll = assess_ranks([obs(0, age=30, status=status, waiting_since=NOW - 28),
+                                obs(1, age=30, status=status),
+                                obs(2, age=30, status=status, waiting_since=NOW - 27)], POL, NOW)  # fmt: skip
+    assert states(ranks) == [RankState.HEALTHY, RankState.STALLED, RankState.HEALTHY]
+    assert ranks[0].blocked_by == 1 and ranks[2].blocked_by == 1 and ranks[0].waiting_s == 28.0
+    assert coll is not None and coll.laggard_rank == 1 and coll.waiting_ranks == (0, 2)
+    assert "not in a collective" in ranks[1].detail
+    # without the waiting marks nobody stands out: every rank stalled, laggard unknown
+    ranks, coll = assess_ranks([obs(0, age=30, status=status), obs(1, age=30, status=status)], POL, NOW)
+    assert coll is not None and coll.laggard_rank is None

@@ -15,7 +15,8 @@ import time
 import psutil
 import pytest
 
-from taehv_console.core.watch.monitor import Monitor, PollerConfig, _CallPoller, _Scheduler, snapshot_once
+from taehv_console.core.watch.monitor import Monitor, PollerConfig, snapshot_once
+from taehv_console.core.watch.scheduling import CallPoller, Scheduler
 from taehv_console.core.watch.state import ClusterState, NodeState, RankState
 from tests.core.watch.conftest import FakeRun, fast_config, wait_state
 
@@ -127,9 +128,9 @@ def test_polls_never_overlap_and_failures_back_off():
         calls["bad"].append(time.monotonic())
         raise OSError("node unreachable")
 
-    sched = _Scheduler(workers=4)
-    slow_p = _CallPoller("slow", PollerConfig(0.01, 0.1), slow)  # due every 10 ms, takes 300 ms
-    bad_p = _CallPoller("bad", PollerConfig(0.05, 1.0, backoff_max_s=0.4), bad)
+    sched = Scheduler(workers=4)
+    slow_p = CallPoller("slow", PollerConfig(0.01, 0.1), slow)  # due every 10 ms, takes 300 ms
+    bad_p = CallPoller("bad", PollerConfig(0.05, 1.0, backoff_max_s=0.4), bad)
     sched.add(slow_p)
     sched.add(bad_p)
     sched.start()

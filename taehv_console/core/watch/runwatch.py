@@ -1,0 +1,127 @@
+"""A run being followed: its one Monitor (the RunView every front end renders) and the stall
+responder, which runs forensics once per newly confirmed stall on a background thread, so the view
+keeps refreshing while py-spy and Flight Recorder take their seconds. Reports are written to the
+run directory (forensics/report-*.json); the monitor reads them back into the view like any other
+source, so `status --json` on another machine shows the same stack.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from taehv_console.core.forensics import ForensicsReport, RankRef, StallForensics
+from taehv_console.core.watch.monitor import Monitor, MonitorConfig
+from taehv_console.core.watch.state import RankHealth, RankState, RunView
+from trainer.events import atomic_write_text
+
+REPORT_GLOB = "forensics/report-*.json"
+
+
+def monitor_hosts(backend: str, hosts: Sequence[str]) -> list[str] | None:
+    """The nodes a monitor watches for a run as state.json records it; None: this machine only
+    (a local run, or loopback "nodes" sharing one name)."""
+    hosts = list(hosts)
+    if backend == "local" or len(set(hosts)) != len(hosts) or not hosts:
+        return None
+    return hosts
+
+
+class StallResponder:
+    """Subscribed to a Monitor: each rank that turns stalled (once per process and stall) gets one
+    StallForensics.collect() on a thread of its own; the report lands in RUN/forensics/."""
+
+    def __init__(self, run_dir: Path, pool: Any, hosts: Sequence[str], forensics: Any = None):
+        self.run_dir = Path(run_dir)
+        self.hosts = list(hosts)
+        self.forensics = forensics or StallForensics(self.run_dir, pool)
+        self._done: set[tuple[int, int | None]] = set()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, view: RunView) -> None:
+        stalled = {(r.rank, r.pid) for r in view.stalled}
+        with self._lock:
+            # a stall that cleared and came back is a new one: forget the ones no longer stalled
+            self._done &= stalled
+            new = [r for r in view.stalled if (r.rank, r.pid) not in self._done and r.pid is not None]
+            self._done.update((r.rank, r.pid) for r in new)
+        for r in new:
+            t = threading.Thread(target=self._collect, args=(r, self._peer(view, r)), daemon=True,
+                                 name=f"taehv-forensics-rank-{r.rank}")
+            self._threads.append(t)
+            t.start()
+
+    def _ref(self, r: RankHealth) -> RankRef:
+        node = self.hosts.index(r.node) if r.node in self.hosts else 0
+        return RankRef(rank=r.rank, node=node, host=r.node, pid=int(r.pid or 0))
+
+    def _peer(self, view: RunView, stalled: RankHealth) -> RankHealth | None:
+        live = [r for r in view.ranks if r.rank != stalled.rank and r.pid is not None
+                and r.state not in (RankState.FAILED, RankState.STOPPED)]  # fmt: skip
+        blocked = [r for r in live if r.blocked_by == stalled.rank]
+        return (blocked or live or [None])[0]
+
+    def _collect(self, r: RankHealth, peer: RankHealth | None) -> None:
+        path = self.run_dir / f"forensics/report-rank-{r.rank}-{int(time.time() * 1000)}.json"
+        extra = {"stalled": {"rank": r.rank, "node": r.node, "pid": r.pid}, "detail": r.detail}
+
+        def save(report: ForensicsReport) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps({**report.to_json(), **extra}, default=str))
+
+        try:
+            save(self.forensics.collect(self._ref(r), self._ref(peer) if peer else None, on_partial=save))
+        except Exception as err:  # noqa: BLE001 - forensics must never take the console down: say why instead
+            report = ForensicsReport(stalled_rank=r.rank, dumps=(), notes=(f"forensics failed: {err!r}"[:300],),
+                                     flight_recorder=(), ras=None, time=time.time())
+            try:
+                save(report)
+            except OSError:
+                pass
+
+    def join(self, timeout: float = 5.0) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+
+class RunWatch:
+    """The one pipeline for a followed run: Monitor + StallResponder. view() is the newest RunView."""
+
+    def __init__(self, run_dir: Path, pool: Any, backend: str, hosts: Sequence[str], *, agents: bool = True,
+                 config: MonitorConfig | None = None, facts: dict | None = None, forensics: Any = None):  # fmt: skip
+        self.run_dir = Path(run_dir)
+        watched = monitor_hosts(backend, hosts)
+        self.monitor = Monitor(self.run_dir, hosts=watched, pool=pool, agents=agents, config=config, facts=facts)
+        self.responder = StallResponder(self.run_dir, pool, watched or list(hosts)[:1], forensics)
+        self.monitor.subscribe(self.responder)
+
+    @classmethod
+    def for_controller(cls, ctrl: Any, **kw: Any) -> RunWatch:
+        return cls(ctrl.run.path, ctrl.pool, ctrl.state.backend, ctrl.state.hosts, **kw)
+
+    def start(self) -> RunWatch:
+        self.monitor.start()
+        return self
+
+    def view(self) -> RunView:
+        return self.monitor.snapshot()
+
+    def final_view(self) -> RunView:
+        """A view built now, after the run ended (state.json and the last events read)."""
+        for p in self.monitor._pollers:
+            if p.name.startswith(("events", "heartbeats")):
+                try:
+                    p.run_once()
+                except Exception:  # noqa: BLE001 - recorded on the source
+                    pass
+        with self.monitor._lock:
+            return self.monitor._build(time.time())
+
+    def stop(self) -> None:
+        self.monitor.stop()
+        self.responder.join(timeout=1.0)
