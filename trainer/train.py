@@ -428,7 +428,7 @@ class Trainer:
         rank0 = torch.load(st.path / ckpt.rank_state_name(0), map_location="cpu", weights_only=True)
         self.rescale_data_from = (int(rank0["samples_consumed"]), int(st.world_size))
         if self.ema is not None:
-            self.ema = MasterEMA(self.engine, self.cfg.optim.ema_decay)
+            self.ema = MasterEMA(self.engine, self.cfg.optim.ema_decay)  # from the loaded master weights
         if self.is_main:
             print(f"[taehv-train] loaded the universal checkpoint {st.path / ckpt.UNIVERSAL} "
                   f"(written by {st.world_size} processes) at {self.world}", flush=True)

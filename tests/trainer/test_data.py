@@ -499,8 +499,13 @@ def test_sampler_epochs_reshuffle_and_seeds_are_unique():
     stream = take(ResumableSampler(16, 0, 1, seed=5), 48)
     epochs = [[i for i, _ in stream[e * 16 : (e + 1) * 16]] for e in range(3)]
     assert all(sorted(e) == list(range(16)) for e in epochs) and epochs[0] != epochs[1]
-    seeds = [s for _, s in stream] + [s for _, s in take(ResumableSampler(16, 1, 2, seed=5), 48)]
+    rank0, rank1 = take(ResumableSampler(16, 0, 2, seed=5), 24), take(ResumableSampler(16, 1, 2, seed=5), 24)
+    seeds = [s for _, s in rank0 + rank1]
     assert len(set(seeds)) == len(seeds)
+    # a sample's seed is a function of its global position, so 2 ranks draw what 1 rank draws
+    # (a resume at another world size continues the same data)
+    dealt = [x for pair in zip(rank0, rank1) for x in pair]
+    assert dealt == stream
     assert take(ResumableSampler(16, 0, 1, seed=6), 16) != stream[:16]
 
 

@@ -58,8 +58,10 @@ def resume_elsewhere(run, clip_dir, stage: int, source, world: int, max_steps: i
     for s, e in resumed.items():
         assert e["lr"] == pytest.approx(lr_at(s - 1, cfg))
         assert e["lr"] == pytest.approx(original[s]["lr"])
-        # the same weights, optimizer moments and samples: the original run's loss
-        assert e["loss"] == pytest.approx(original[s]["loss"], rel=2e-3), (s, e, original[s])
+        # the same weights, optimizer moments and samples: the original run's loss. Reductions in
+        # another order differ in the last bits, and early Adam steps amplify that to ~1% after a
+        # leg; a restart (or a lost optimizer state) is off by orders of magnitude this early on
+        assert e["loss"] == pytest.approx(original[s]["loss"], rel=2e-2), (s, e, original[s])
     assert ckpt.verify(run / "checkpoints" / f"step-{max_steps}").world_size == world
 
 
