@@ -1,13 +1,16 @@
 """Training clips/s and MFU per GPU: TAEHV steps at the full clip (12x480x720) and at the author's
 crop recipe (12x64x64), bf16, fed by synthetic tensors already on the device or by the trainer's
-own loader reading a directory of clips.
+own loader reading a directory of clips; and the author's distillation recipe with HunyuanVideo's VAE
+run online every step against latents cached once (what `taehv-train cache-latents` buys).
 
     python benchmarks/gpu_throughput.py                              # synthetic, both recipes
     python benchmarks/gpu_throughput.py --modes synthetic,loader --data DIR --workers 8
+    python benchmarks/gpu_throughput.py --modes teacher-online,teacher-cached [--teacher VAE_DIR]
     python benchmarks/gpu_throughput.py --device cpu --tiny          # CI smoke: untimed, tiny clips
 
 MFU counts 6.1 TFLOP per 12x480x720 clip-step (FACTS: forward 2.04 TFLOP, backward twice that),
-scaled by pixels x frames, against the H100's dense bf16 peak of 989 TFLOP/s.
+scaled by pixels x frames, against the H100's dense bf16 peak of 989 TFLOP/s. It counts the
+student's FLOPs only: an online teacher (~29.9 TFLOP per 12x480x720 encode) shows as fewer clips/s.
 """
 
 from __future__ import annotations
@@ -58,9 +61,8 @@ class Result:
 
 
 # ---------------------------------------------------------------- where batches come from
-# A mode is a function giving an endless iterator of uint8 batches (N×T×3×H×W) for a Setting. Add
-# modes here (e.g. teacher online vs cached latents, once the trainer's distillation path lands:
-# each needs its own step too, so register a step function beside it in STEPS).
+# A mode is a function giving an endless iterator of batches for a Setting (uint8 N×T×3×H×W, or
+# (clip, teacher latents) for the cached recipe), with its step function registered in STEPS.
 
 
 def synthetic_batches(s: Setting, args) -> Iterator[torch.Tensor]:
@@ -88,9 +90,43 @@ def loader_batches(s: Setting, args) -> Iterator[torch.Tensor]:
             yield batch["video"].to(args.device, non_blocking=True)
 
 
-MODES: dict[str, Callable[[Setting, object], Iterator[torch.Tensor]]] = {
+_TEACHER: dict[str, torch.nn.Module] = {}
+
+
+def teacher(args) -> torch.nn.Module:
+    """HunyuanVideo's VAE from --teacher, or its architecture with random weights (the cost is the
+    real one; weights do not matter for timing); --tiny takes a tiny one so CI's smoke run is cheap."""
+    if "vae" not in _TEACHER:
+        from diffusers import AutoencoderKLHunyuanVideo
+
+        if args.teacher:
+            vae = AutoencoderKLHunyuanVideo.from_pretrained(args.teacher)
+        elif args.tiny:
+            vae = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
+                                            mid_block_add_attention=False)  # fmt: skip
+        else:
+            vae = AutoencoderKLHunyuanVideo()
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        _TEACHER["vae"] = vae.requires_grad_(False).eval().to(args.device, dtype)
+    return _TEACHER["vae"]
+
+
+def cached_batches(s: Setting, args) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Synthetic clips with their teacher latents computed once, outside the timed steps: training
+    from `taehv-train cache-latents`' output reads latents and never runs the teacher."""
+    from trainer.teacher import encode
+
+    clip = next(synthetic_batches(s, args))
+    latents = encode(teacher(args), clip.float().div(255)).float()
+    while True:
+        yield clip, latents
+
+
+MODES: dict[str, Callable[[Setting, object], Iterator]] = {
     "synthetic": synthetic_batches,
     "loader": loader_batches,
+    "teacher-online": synthetic_batches,
+    "teacher-cached": cached_batches,
 }
 
 
@@ -117,7 +153,26 @@ def reconstruction_step(model: TAEHV, opt, video_u8: torch.Tensor, args) -> None
     opt.zero_grad(set_to_none=True)
 
 
-STEPS = {"synthetic": reconstruction_step, "loader": reconstruction_step}
+def distill_step(model: TAEHV, opt, batch, args) -> None:
+    """The author's recipe per micro-batch: encoder MSE to the teacher's latents, decoder run on
+    them with MSE to the frames. Online, the teacher encodes every batch (bf16, no grad)."""
+    from trainer.teacher import encode
+
+    video_u8, latents = batch if isinstance(batch, tuple) else (batch, None)
+    x = video_u8.float().div_(255)
+    if latents is None:
+        latents = encode(teacher(args), x).float()
+    with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16):
+        z = model.encode(x)
+        y = model.decode(latents, clamp=False)
+    loss = F.mse_loss(z.float(), latents) + F.mse_loss(y.float(), reconstruction_target(x, y.shape[1]))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+STEPS = {"synthetic": reconstruction_step, "loader": reconstruction_step,
+         "teacher-online": distill_step, "teacher-cached": distill_step}
 
 
 def sync(device: str) -> None:
@@ -155,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--data", type=Path, help="a directory of clips, for --modes loader")
     p.add_argument("--workers", type=int, default=8, help="loader processes, for --modes loader")
+    p.add_argument("--teacher", type=Path, help="a diffusers AutoencoderKLHunyuanVideo directory, for the teacher "
+                   "modes (default: its architecture with random weights, which costs the same)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--channels-last", action="store_true", default=True)

@@ -50,6 +50,20 @@ def test_tiny_cpu_run_goes_through_synthetic_and_loader(tmp_path):
     assert "not a measurement" in r.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tiny_cpu_run_times_the_teacher_online_against_cached_latents():
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--no-bf16", "--modes",
+         "teacher-online,teacher-cached", "--recipes", "full"],
+        capture_output=True, text=True, timeout=540, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("teacher")]
+    assert [row[0] for row in rows] == ["teacher-online", "teacher-cached"]
+    assert all(float(row[4]) > 0 for row in rows)
+
+
 def test_loader_mode_without_data_says_what_is_missing():
     r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--modes", "loader"],
                        capture_output=True, text=True, timeout=300)  # fmt: skip

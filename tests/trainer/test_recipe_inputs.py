@@ -226,15 +226,6 @@ def test_discriminator_learns_and_its_checkpoint_round_trips(tmp_path):
     assert fresh.optimizer_steps() == 15
 
 
-def test_distill_step_timing_for_the_throughput_benchmark(teacher_dir):
-    """The function benchmarks/gpu_throughput.py calls, once on CPU at a tiny size (untimed)."""
-    from trainer.teacher import load_teacher, time_distill_steps
-
-    out = time_distill_steps("cpu", frames=8, height=32, width=32, steps=1, warmup=1, teacher=load_teacher(teacher_dir))
-    assert out["online_s_per_step"] > 0 and out["cached_s_per_step"] > 0
-    assert out["online_clips_per_s"] == pytest.approx(1 / out["online_s_per_step"])
-
-
 def test_adversarial_term_needs_frames_for_its_groups():
     from trainer.config import ConfigError
 
