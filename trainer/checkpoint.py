@@ -12,6 +12,9 @@ Timelines: resuming from a checkpoint older than the newest moves the newer ones
 
 from __future__ import annotations
 
+import contextlib
+import errno
+
 import json
 import math
 import os
@@ -152,6 +155,32 @@ def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: 
     os.rename(tmp_dir, final)
     write_latest(tmp_dir.parent, final.name)
     return final
+
+
+def _nearly_full(path: Path, below: int = 16 << 20) -> bool:
+    try:
+        return shutil.disk_usage(path).free < below
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def disk_full_named(where: Path):
+    """A write into `where` that fails on a full filesystem raises ENOSPC naming `where`: torch.save's
+    stream writer says only "file write failed", and the console reports "disk full on node X at
+    PATH" from these words."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno == errno.ENOSPC and err.filename:
+            raise
+        if err.errno == errno.ENOSPC or _nearly_full(where):
+            raise OSError(errno.ENOSPC, f"No space left on device ({err})", str(where)) from err
+        raise
+    except RuntimeError as err:
+        if _nearly_full(where):
+            raise OSError(errno.ENOSPC, f"No space left on device ({err})", str(where)) from err
+        raise
 
 
 def write_latest(root: Path, name: str) -> None:

@@ -320,32 +320,33 @@ class Trainer:
             (tmp / "trainer").mkdir(parents=True)
             self.events.emit("checkpoint", step=step, path=str(tmp), status="started", reason=reason)
         self._barrier()
-        self.engine.save_checkpoint(str(tmp), tag=ckpt.DS_TAG, client_state={"step": step}, save_latest=False)
-        weights = self.full_weights()
-        ema_weights = self.full_weights(use_ema=True) if self.ema is not None else None
-        torch.save(
-            {
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state() if self.device_kind == "cuda" else None,
-                "samples_consumed": self.samples_consumed,
-                "ema": self.ema.state() if self.ema is not None else None,
-            },
-            tmp / ckpt.rank_state_name(self.rank),
-        )
-        if self.is_main:
-            save_file(weights, str(tmp / ckpt.WEIGHTS))
-            if ema_weights is not None:
-                save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
-            if self.adversary is not None:
-                self.adversary.save(tmp)  # every rank holds the same discriminator: rank 0's copy is it
-            atomic_write_text(
-                tmp / "trainer" / "state.json",
-                _json(
-                    step=step, best_psnr=self.best_psnr if math.isfinite(self.best_psnr) else None,
-                    nonfinite_skipped=self.nonfinite_skipped, data_skipped=self.data_skipped,
-                    world_size=self.world, preset=self.cfg.run.preset, last_val=self.last_val,
-                ),
-            )  # fmt: skip
+        with ckpt.disk_full_named(tmp):
+            self.engine.save_checkpoint(str(tmp), tag=ckpt.DS_TAG, client_state={"step": step}, save_latest=False)
+            weights = self.full_weights()
+            ema_weights = self.full_weights(use_ema=True) if self.ema is not None else None
+            torch.save(
+                {
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state() if self.device_kind == "cuda" else None,
+                    "samples_consumed": self.samples_consumed,
+                    "ema": self.ema.state() if self.ema is not None else None,
+                },
+                tmp / ckpt.rank_state_name(self.rank),
+            )
+            if self.is_main:
+                save_file(weights, str(tmp / ckpt.WEIGHTS))
+                if ema_weights is not None:
+                    save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
+                if self.adversary is not None:
+                    self.adversary.save(tmp)  # every rank holds the same discriminator: rank 0's copy is it
+                atomic_write_text(
+                    tmp / "trainer" / "state.json",
+                    _json(
+                        step=step, best_psnr=self.best_psnr if math.isfinite(self.best_psnr) else None,
+                        nonfinite_skipped=self.nonfinite_skipped, data_skipped=self.data_skipped,
+                        world_size=self.world, preset=self.cfg.run.preset, last_val=self.last_val,
+                    ),
+                )  # fmt: skip
         self.faults.sleep("ckpt_sleep", step)
         self._barrier()
         ok, message, final = 1.0, "", None

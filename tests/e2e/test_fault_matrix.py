@@ -36,6 +36,7 @@ from taehv_console.core.cluster.ssh import (
 )
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.run.control import RunController
+from taehv_console.core.run.failure import choose_failure
 from taehv_console.core.run.state import Phase
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
@@ -63,6 +64,7 @@ from tests.core.run.conftest import (  # noqa: F401 - launch_fake and pool are f
     step_of,
     wait_for,
 )
+from tests.core.run.fake_launcher import fake_commands
 from tests.core.watch.conftest import FIXTURES
 from tests.trainer.conftest import clip_dir  # noqa: F401 - a fixture used here
 from tests.trainer.runs import Launch, base_config, events, run_to_end, write_run
@@ -265,8 +267,60 @@ def test_07_disk_full_during_a_save_keeps_the_last_checkpoint(tmp_path, clip_dir
         chosen, _ = ckpt.resolve_resume(root, "latest")
         assert chosen.step == 2
         assert not (root / "step-4").exists()  # nothing half-written was published
+        # what the console makes of the rank's own words: the node and the path, not a bare traceback
+        said = (failed[0] if failed[0].get("kind") == "error" else {**failed[0], "message": failed[0].get("message")})
+        failure = choose_failure([], {0: said}, 1, time.time())
+        assert failure.reason.startswith("disk full on node 0 at ") and str(root) in failure.reason, failure.reason
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def _fill(fs: Path) -> Path:
+    """Write a file until the filesystem under `fs` has not one page left."""
+    filler = fs / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                pass
+    return filler
+
+
+@pytest.mark.timeout(180)
+def test_07b_disk_full_under_the_console_stops_the_nodes_and_records_the_failure_once_space_allows(
+        tmp_path, pool):  # noqa: F811 - pool is the fixture imported above
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)
+    ctrl = None
+    try:
+        run = make_run(runs, nodes=2)
+        ctrl = RunController.open(run, pool, purpose="test")
+        fake_commands(ctrl, 1, 1000, 0.2)
+        ctrl.launch()
+        wait_for(lambda: step_of(ctrl) >= 2, 60, "two steps")
+        victim = rank_pid(run, 1)
+        filler = _fill(runs)
+        os.kill(victim, signal.SIGKILL)
+        notes: list[str] = []
+        outcome = ctrl.follow(on_update=lambda snap: notes.extend(snap.notes), interval=0.1)  # a crash here was the hole
+        assert outcome.phase is Phase.FAILED
+        assert all(p == () for p in ctrl.processes().values())  # the nodes were stopped all the same
+        said = [n for n in notes if n.startswith("disk full on ")]
+        assert len(said) == 1 and str(run.state_path) in said[0], notes  # said once, with the path
+        assert run.read_state().phase is not Phase.FAILED  # nothing could be recorded yet
+        filler.unlink()
+        assert ctrl.flush_state()
+        assert run.read_state().phase is Phase.FAILED and run.read_state().failure is not None
+    finally:
+        if ctrl is not None:
+            ctrl.backend.kill(ctrl.run, ctrl.attempt)
+            ctrl.close()
+        subprocess.run(["umount", "-l", str(runs)], check=False)
 
 
 # ------------------------------------------------------------------ 8. damaged shards

@@ -27,6 +27,7 @@ from taehv_console.core.run.failure import (
     NodeEvidence,
     attempt_log_text,
     choose_failure,
+    write_failure_text,
     parse_root_cause,
     tail_lines,
 )
@@ -34,6 +35,7 @@ from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.progress import AttemptEvents, file_sizes
 from taehv_console.core.run.rundir import RunDir, create_run_dir
 from taehv_console.core.run.state import Attempt, Failure, NodeLauncher, Phase, RunState, StopRecord
+from trainer import checkpoint as ckpt
 
 if TYPE_CHECKING:  # 3.10 has no typing.Self
     from typing_extensions import Self
@@ -205,6 +207,8 @@ class RunController:
         self._vanished: dict[int, str] = {}
         self._trouble_since: float | None = None
         self._killed: tuple[str, ...] = ()
+        self._unsaved = False  # a state write failed (disk full): flush_state() retries it
+        self._write_error: OSError | None = None
         # set from another thread (a second Ctrl-C): the stop in progress skips the rest of its grace
         self.hurry = False
 
@@ -224,8 +228,11 @@ class RunController:
         return cls(run, backend, lock, state, cfg, writes_state=lock_name is None, pool=pool)
 
     def close(self) -> None:
-        self.backend.close()
-        self.lock.release()
+        try:
+            self.flush_state()
+        finally:
+            self.backend.close()
+            self.lock.release()
 
     def __enter__(self) -> Self:
         return self
@@ -235,8 +242,31 @@ class RunController:
 
     # -- state
     def _save(self, state: RunState) -> RunState:
-        self.state = self.run.write_state(state) if self.writes_state else state
+        """Record `state`. A write that fails (a full disk, ENOSPC, above all) never stops the
+        console from doing what comes next, stopping the nodes first of all: the state is kept in
+        memory, said once, and written by the next save or flush_state() once space allows."""
+        self.state = state
+        if self.writes_state:
+            self._unsaved = True
+            self.flush_state()
         return self.state
+
+    def flush_state(self) -> bool:
+        """Write the state if a save is pending; True when state.json says what the console knows."""
+        if not self._unsaved:
+            return True
+        try:
+            self.state = self.run.write_state(self.state)
+        except OSError as err:
+            if self._write_error is None:
+                self._note(f"{write_failure_text(err, self.run.state_path)}: the run's state is kept in memory "
+                           "and written when space allows")  # fmt: skip
+            self._write_error = err
+            return False
+        if self._write_error is not None:
+            self._note(f"run state written to {self.run.state_path} again")
+        self._unsaved, self._write_error = False, None
+        return True
 
     def _note(self, text: str) -> None:
         self._notes.append(text)
@@ -370,8 +400,6 @@ class RunController:
     def resume_point(self, weights_only: bool = False, from_path: str | None = None) -> ResumePoint:
         """The checkpoint a resume starts from (newest complete one, or `from_path`), checked against
         this run's world size before anything starts."""
-        from trainer import checkpoint as ckpt
-
         if from_path:
             st = ckpt.verify(Path(from_path))
             if not st.ok:
@@ -444,6 +472,7 @@ class RunController:
                           on_update=on_update)
                 self.run.stop_request_path.unlink(missing_ok=True)
                 return self.outcome()
+            self.flush_state()
             ended = self._check(now)
             if events or self._notes or ended or now - last_push >= 2.0:
                 on_update(self.snapshot(events))
@@ -652,7 +681,7 @@ class RunController:
         verified = not left and not self.live_nodes()
         stops = self._await_stops(STATUS_LAG_S)
         ranks = self._watched_ranks()
-        step = stop_step(stops, ranks)
+        step = self._verified_checkpoint(stop_step(stops, ranks))
         record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
         phase = verdict(stops, ranks, stop_requested=True)
         if phase is Phase.FAILED:  # a rank failed on the way out: say which and why
@@ -665,6 +694,21 @@ class RunController:
         if on_update:
             on_update(self.snapshot())
         return record
+
+    def _verified_checkpoint(self, claimed: int | None) -> int | None:
+        """The checkpoint a stop left, as the checkpoint directory proves (manifest, sizes, archive
+        directories), not as the ranks' stop events claim: a save that failed on a full disk still
+        ends in a `stop` naming its step."""
+        if claimed is None:
+            return None
+        st = ckpt.verify(self.run.checkpoints / f"step-{claimed}")
+        if st.ok:
+            return claimed
+        newest = ckpt.scan(self.run.checkpoints).newest
+        self._note(f"the ranks stopped at step {claimed}, but checkpoints/step-{claimed} does not verify "
+                   f"({'; '.join(st.problems[:2]) or st.state}); newest verified checkpoint: "
+                   + (f"step {newest.step}" if newest else "none"))  # fmt: skip
+        return newest.step if newest else None
 
     def _await_stops(self, seconds: float) -> dict[int, Mapping[str, Any]]:
         """The watched ranks' `stop` events, waiting up to `seconds` for the ones not read yet (a
@@ -691,7 +735,7 @@ class RunController:
             # stopped from outside the console (a signal to the launchers)
             self.state = replace(self.state, stop=StopRecord(
                 requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
-                reason="signal", grace_s=0, checkpoint_step=stop_step(stops, ranks), verified=not left,
+                reason="signal", grace_s=0, checkpoint_step=self._verified_checkpoint(stop_step(stops, ranks)), verified=not left,
                 finished=time.time()))
         elif phase is Phase.FAILED:
             failure = self._diagnose(self._statuses(), progress, (), {}, time.time())

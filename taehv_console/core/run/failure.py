@@ -10,7 +10,9 @@ symptom, and last a bare non-zero exit.
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +160,28 @@ def choose_failure(
     return None
 
 
+# What a full disk looks like in a rank's words: Python's OSError, or torch.save's stream writer.
+_DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC", re.I)
+_QUOTED_PATH = re.compile(r"""['"](/[^'"]+)['"]""")
+
+
+def disk_full_path(*texts: str) -> str | None:
+    """The path a disk-full error names ("" when it names none); None when the texts tell of no full disk."""
+    text = "\n".join(t for t in texts if t)
+    if not _DISK_FULL.search(text):
+        return None
+    m = _QUOTED_PATH.search(text[_DISK_FULL.search(text).start():]) or _QUOTED_PATH.search(text)
+    return m.group(1) if m else ""
+
+
+def write_failure_text(err: OSError, path: Path | str) -> str:
+    """What the console says when it cannot write one of its own files (state.json, say)."""
+    where = f"{socket.gethostname()} at {path}"
+    if err.errno == errno.ENOSPC:
+        return f"disk full on {where}"
+    return f"could not write on {where}: {err.strerror or err}"
+
+
 def _signal_name(signum: int) -> str:
     import signal
 
@@ -173,6 +197,12 @@ def _rank_error(rank: int, event: Mapping, node: int | None, ev, gpus_per_node: 
     message = event.get("message", "")
     lines = [f"rank {rank}: {message}"]
     lines += [ln.rstrip() for ln in str(event.get("traceback", "")).splitlines() if ln.strip()][-tail:]
-    return Failure(reason=f"rank {rank} failed: {message}"[:500], node=node, host=ev.host if ev else None,
+    reason = f"rank {rank} failed: {message}"
+    full = disk_full_path(str(message), str(event.get("traceback", "")), str(event.get("path", "")))
+    if full is not None:
+        host = ev.host if ev and ev.host else None
+        where = f"node {node}" + (f" ({host})" if host else "")
+        reason = f"disk full on {where} at {full or 'an unnamed path'}: rank {rank} failed: {message}"
+    return Failure(reason=reason[:500], node=node, host=ev.host if ev else None,
                    rank=rank, local_rank=rank % max(1, gpus_per_node), exit_code=exit_code,
                    log_lines=tuple(lines), detected=now)

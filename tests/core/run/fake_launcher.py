@@ -3,8 +3,10 @@ where control depends on it, at no DeepSpeed cost.
 
 - starts `--ranks` rank processes, each in a session of its own (torchrun does the same);
 - each rank writes the trainer's events (start, step every --step-s, checkpoint, stop) and
-  heartbeats into RUN; a stop request (SIGTERM) finishes the step, "checkpoints" and writes
-  `stop` (reason signal), exit 0; at --max-steps it stops with reason done;
+  heartbeats into RUN; a stop request (SIGTERM) finishes the step, checkpoints through the trainer's
+  own protocol (each rank its files in step-N.tmp, rank 0 finalizes once all are there: a real,
+  verifiable checkpoint of stand-in bytes) and writes `stop` (reason signal), exit 0; at
+  --max-steps it stops with reason done;
 - the launcher forwards SIGTERM to every rank's group and exits 1 afterwards (torchrun's
   SignalException), or 0 when the ranks finished on their own;
 - when a rank dies it prints torchelastic's "Root Cause (first observed failure)" block, kills
@@ -12,7 +14,9 @@ where control depends on it, at no DeepSpeed cost.
 Options by environment for odd cases: FAKE_IGNORE_TERM=1 (ranks ignore SIGTERM: SIGKILL needed),
 FAKE_FAIL_AT=rank:step (that rank raises an error at that step), FAKE_STOP_FILE=path (every rank
 stops once it exists: the trainer's collective stop agreement, across consoles), FAKE_SLOW_STOP=
-rank:seconds (that rank says `stop` late, as rank 0 does while it finalizes the checkpoint).
+rank:seconds (that rank says `stop` late, as rank 0 does while it finalizes the checkpoint),
+FAKE_SAVE_FAIL=1 (the save fails, e.g. on a full disk: nothing is published, yet every rank still
+says `stop` at its step, as the trainer does).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
+
+from trainer import checkpoint as ckpt
 
 
 def emit(run: Path, rank: int, kind: str, **fields) -> None:
@@ -33,6 +40,36 @@ def emit(run: Path, rank: int, kind: str, **fields) -> None:
     line = json.dumps({"v": 1, "time": time.time(), "rank": rank, "kind": kind, **fields})
     with open(run / "events" / f"rank-{rank}.jsonl", "a") as f:
         f.write(line + "\n")
+
+
+def _archive(path: Path) -> None:
+    """Bytes shaped like torch.save's (a zip with data.pkl), which is what verification reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("archive/data.pkl", b"stand-in")
+
+
+def save_checkpoint(run: Path, rank: int, world: int, step: int, wait_s: float = 15.0) -> bool:
+    """This rank's part of a ZeRO-2 checkpoint; rank 0 waits for the others' (the trainer's barrier)
+    and publishes it with the trainer's finalize. False when a rank's files never came."""
+    tmp = run / "checkpoints" / f"step-{step}.tmp"
+    _archive(tmp / ckpt.rank_state_name(rank))
+    _archive(tmp / ckpt.DS_TAG / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    if rank != 0:
+        return True
+    if os.environ.get("FAKE_SAVE_FAIL") == "1":
+        return False
+    _archive(tmp / ckpt.DS_TAG / "mp_rank_00_model_states.pt")
+    (tmp / ckpt.WEIGHTS).write_bytes(b"stand-in weights")
+    (tmp / "trainer" / "state.json").write_text(json.dumps({"step": step}))
+    deadline = time.time() + wait_s
+    while ckpt.check_files(tmp, world, 2) and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        ckpt.finalize(tmp, step, world, 2)
+    except ckpt.CheckpointError:
+        return False
+    return True
 
 
 def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, start_step: int) -> int:
@@ -75,7 +112,10 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
         if (at is not None and step >= at) or (stop_file is not None and stop_file.exists()):
             if rank == int(slow_rank):
                 time.sleep(float(slow_s))
-            emit(run, rank, "checkpoint", step=step, status="complete", path=str(run / f"checkpoints/step-{step}"))
+            saved = save_checkpoint(run, rank, world, step)
+            if rank == 0:
+                emit(run, rank, "checkpoint", step=step, status="complete" if saved else "failed",
+                     path=str(run / f"checkpoints/step-{step}"))
             emit(run, rank, "stop", step=step, reason="signal", exit_status=0, signal="SIGTERM")
             return 0
     emit(run, rank, "stop", step=step, reason="done", exit_status=0)

@@ -49,6 +49,18 @@ def test_a_run_that_reaches_max_steps_is_done_and_leaves_nothing(launch_fake):
     assert outcome.progress["step"] == 4
 
 
+def test_a_stop_reports_the_verified_checkpoint_not_the_step_the_stop_events_claim(launch_fake):
+    ctrl = launch_fake(nodes=2, step_s=0.2, env={"FAKE_SAVE_FAIL": "1"})
+    wait_for(lambda: step_of(ctrl) >= 2, 30, "two steps")
+    notes: list[str] = []
+    record = ctrl.stop(grace_s=20, on_update=lambda snap: notes.extend(snap.notes))
+    claimed = {e["step"] for e in ctrl._tail().progress.stops.values()}
+    assert len(claimed) == 1 and claimed.pop() >= 2  # every rank said it stopped at a step ...
+    assert record.checkpoint_step is None  # ... but no checkpoint of it verifies, and none is claimed
+    assert ctrl.run.read_state().stop.checkpoint_step is None
+    assert any("does not verify" in n and "newest verified checkpoint: none" in n for n in notes), notes
+
+
 def test_stop_checkpoints_the_current_step_and_leaves_nothing_but_spares_other_processes(
         launch_fake, unrelated_sleeper):
     ctrl = launch_fake(nodes=2, step_s=0.3)
