@@ -23,7 +23,10 @@ def _probe(stage: int, precision: str) -> list[dict]:
            "--master_port", str(free_port()), str(PROBE), str(stage), precision]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500, cwd=ROOT)
-    lines = [json.loads(ln.split("PROBE ", 1)[1]) for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
+    # both ranks print to one pipe: a rank's line may land right after the other's text, before its
+    # newline, so each report is decoded from its marker on rather than line by line
+    decoder = json.JSONDecoder()
+    lines = [decoder.raw_decode(chunk)[0] for chunk in r.stdout.split("PROBE ")[1:]]
     assert r.returncode == 0 and len(lines) == 2, f"probe failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return sorted(lines, key=lambda d: d["rank"])
 
