@@ -55,12 +55,11 @@ from tests.core.cluster.test_ssh_hung import (  # noqa: F401 - frozen_node is a 
 from tests.core.plan.test_render_injection import write_preset
 from tests.core.run.conftest import (  # noqa: F401 - launch_fake and pool are fixtures used here
     alive,
-    kill_console,
     launch_fake,
+    launch_then_kill_console,
     make_run,
     pool,
     rank_pid,
-    start_console,
     step_of,
     wait_for,
 )
@@ -178,12 +177,7 @@ def test_02_a_sigstopped_rank_is_reported_stalled_and_recovers_on_sigcont(launch
 
 def test_03_killing_the_console_leaves_training_running_and_attach_takes_it_over(tmp_path, pool):
     run = make_run(tmp_path / "runs", nodes=2, max_steps=30)
-    console = start_console(run, max_steps=30, step_s=0.2)
-    try:
-        assert console.stdout.readline().strip() == "launched"
-        wait_for(lambda: run.event_file(0).exists() and '"step"' in run.event_file(0).read_text(), 30, "a step")
-    finally:
-        kill_console(console)
+    launch_then_kill_console(run, max_steps=30, step_s=0.2)
     with RunController.open(run, pool, purpose="attach") as ctrl:
         assert ctrl.reconcile() == "live"  # not marked failed while it trains
         outcome = ctrl.follow(interval=0.1)

@@ -109,6 +109,17 @@ def start_console(run: RunDir, max_steps: int = 1000, step_s: float = 0.2, ranks
                             env={**os.environ, "PYTHONPATH": str(root)})
 
 
+def launch_then_kill_console(run: RunDir, max_steps: int, step_s: float) -> None:
+    """A separate console launches `run`; once rank 0 has written a step, the console is SIGKILLed
+    (its launchers run on in sessions of their own)."""
+    console = start_console(run, max_steps=max_steps, step_s=step_s)
+    try:
+        assert console.stdout.readline().strip() == "launched"
+        wait_for(lambda: run.event_file(0).exists() and '"step"' in run.event_file(0).read_text(), 30, "a step")
+    finally:
+        kill_console(console)
+
+
 def kill_console(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the console's own session: it never holds the run's launchers
     proc.wait()

@@ -28,6 +28,7 @@ from taehv_console.core.run.state import Phase
 from tests.core.run.conftest import (
     alive,
     kill_console,
+    launch_then_kill_console,
     make_run,
     rank_pid,
     start_console,
@@ -137,12 +138,7 @@ def test_a_launcher_killed_with_its_wrapper_counts_as_vanished(launch_fake, monk
 
 def test_closing_the_console_keeps_training_and_attach_picks_it_up(tmp_path, pool):
     run = make_run(tmp_path / "runs", nodes=2, max_steps=40)
-    console = start_console(run, max_steps=40, step_s=0.25)
-    try:
-        assert console.stdout.readline().strip() == "launched"
-        wait_for(lambda: run.event_file(0).exists() and '"step"' in run.event_file(0).read_text(), 30, "a step")
-    finally:
-        kill_console(console)
+    launch_then_kill_console(run, max_steps=40, step_s=0.25)
     before = _rank0_step(run)
     time.sleep(1.0)
     assert _rank0_step(run) > before  # the launchers outlived the console that started them
