@@ -35,22 +35,24 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from taehv_console.core.cluster.hosts import InvalidHostError, is_local_host, validate_host
+from taehv_console.core.cluster.nodecall import (
+    Failure,
+    NodeCallError,
+    NodeReply,
+    SshError,
+    failed,
+    fix_for_exit,
+    helper_name,
+    parse_reply,
+)
 from taehv_console.core.models import CommandResult
 
 T = TypeVar("T")
+SPAWN = "taehv_console.core.cluster.spawn"
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # ---------------------------------------------------------------------------------------- errors
-
-class SshError(Exception):
-    """Reaching or running on a node failed. `fix` says what the user can do about it."""
-
-    def __init__(self, host: str, message: str, fix: str = ""):
-        super().__init__(message)
-        self.host = host
-        self.fix = fix
-
 
 class HostKeyUnknownError(SshError):
     def __init__(self, host: str, known_name: str, key_type: str, fingerprint: str, known_hosts: str):
@@ -331,9 +333,58 @@ class DetachedProcess:
     log: str
 
 
-class StreamingProcess(Protocol):
-    def readline(self, timeout: float) -> str | None: ...
-    def close(self) -> None: ...
+class NodeStream:
+    """A running command's output, read line by line as it comes, from a local pipe or an SSH
+    channel: the one reader of streamed output (port listeners, node agents). Lines are split here,
+    not by a buffered file object, so a select() never says "nothing to read" while whole lines sit
+    in a buffer; stderr is drained as it comes (a full pipe or window would stall the command) and
+    its tail kept to say why a command ended."""
+
+    STDERR_TAIL = 2000
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.stderr_tail = b""
+        self.exited = False  # stdout reached EOF: the command ended or the channel closed
+
+    def _pump(self, timeout: float) -> bool:
+        """Wait up to `timeout` for output and take what is there; False when nothing came."""
+        raise NotImplementedError
+
+    def _stderr(self, data: bytes) -> None:
+        self.stderr_tail = (self.stderr_tail + data)[-self.STDERR_TAIL:]
+
+    def _take(self, upto: int) -> str:
+        line, self._buf = self._buf[:upto], self._buf[upto + 1:]
+        return line.decode(errors="replace")
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line (without its newline) within `timeout`, else None. At EOF a last line
+        without a newline is returned as it is: a reply cut short is the caller's to judge."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf and not self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._pump(left):
+                break
+        cut = self._buf.find(b"\n")
+        if cut >= 0:
+            return self._take(cut)
+        if self.exited and self._buf:
+            return self._take(len(self._buf))
+        return None
+
+    def read_lines(self) -> list[str]:
+        """Every line that has arrived, without waiting (a poller's read)."""
+        for _ in range(64):  # bounded: a chatty command must not hold the poller
+            if self.exited or not self._pump(0.0):
+                break
+        lines = []
+        while (line := self.readline(0.0)) is not None:
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 class NodeRunner(Protocol):
@@ -344,97 +395,122 @@ class NodeRunner(Protocol):
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin_data: str | None = None,
             env: Mapping[str, str] | None = None) -> CommandResult: ...
-    def open(self, argv: Sequence[str]) -> StreamingProcess: ...
+    def open(self, argv: Sequence[str]) -> NodeStream: ...
+    def call(self, module: str, args: Sequence[str] = (), *, timeout: float | None = None,
+             stdin_data: str | None = None, env: Mapping[str, str] | None = None, require: Iterable[str] = (),
+             in_process: Callable[[list[str]], Mapping[str, Any]] | None = None) -> NodeReply: ...
 
 
-def _parse_json_line(result: CommandResult, what: str) -> dict:
-    for line in reversed(result.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                break
-    tail = (result.stderr or result.stdout).strip()[-500:]
-    raise SshError(result.host, f"{result.host}: {what} failed (exit {result.exit_status}): {tail}",
-                   "check that taehv-console is installed for the node's python (--python)")
+def reply_for_error(host: str, helper: str, err: BaseException, *, python: str = "python",
+                    elapsed_s: float = 0.0) -> NodeReply:
+    """The reply of a helper call that never ran (the node unreachable, a timeout, no python)."""
+    if isinstance(err, NodeCallError):
+        return NodeReply(host=host, helper=helper, ok=False, error=err, elapsed_s=elapsed_s)
+    text, fix = str(err).removeprefix(f"{host}: "), getattr(err, "fix", "")
+    if isinstance(err, (CommandTimeoutError, TimeoutError)):
+        # "<python> did not finish within N s": the helper's name is in the message already
+        failure = Failure.TIMEOUT
+        if "did not finish " in text:
+            text = "did not finish " + text.split("did not finish ", 1)[1]
+    elif isinstance(err, SshError):
+        failure = Failure.UNREACHABLE
+    elif isinstance(err, CommandError):
+        failure, text = Failure.UNREACHABLE, f"cannot be sent: {err}"
+    elif isinstance(err, FileNotFoundError):
+        failure, text, fix = Failure.EXIT, f"cannot start: {err}", fix_for_exit(127, "", python, host)
+    else:
+        failure, text = Failure.UNREACHABLE, f"cannot run: {type(err).__name__}: {err}"
+    return failed(host, helper, failure, text or type(err).__name__, fix=fix, elapsed_s=elapsed_s)
 
 
-class _SpawnMixin:
-    """start_detached / signal_group / group_pids through the spawn module, for both runners."""
+class _HelperCalls:
+    """The one way to run a project helper on the node (`call`), and the process-group helpers
+    built on it; shared by both runners, so SSH and this machine behave the same."""
 
     host: str
     python: str
+    runs_here = False
 
     def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def call(self, module: str, args: Sequence[str] = (), *, timeout: float | None = None,
+             stdin_data: str | None = None, env: Mapping[str, str] | None = None, require: Iterable[str] = (),
+             in_process: Callable[[list[str]], Mapping[str, Any]] | None = None) -> NodeReply:
+        """Run `python -m module args...` on the node and read its JSON reply. Never raises for a
+        node's problem: the reply carries it (`.value()` raises it). `in_process` does the same
+        work without starting a Python, on this machine only (for polls every second)."""
+        helper = helper_name(module, args)
+        require = tuple(require)
+        started, t0 = time.time(), time.monotonic()
+        if in_process is not None and self.runs_here:
+            try:
+                data = dict(in_process(list(args)))
+            except Exception as err:  # noqa: BLE001 - the same reply as a helper that crashed
+                return reply_for_error(self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0)
+            return parse_reply(self.host, helper, json.dumps(data), require=require, python=self.python,
+                               elapsed_s=time.monotonic() - t0, started_at=started)
+        try:
+            res = self.run([self.python, "-m", module, *args], timeout=timeout, stdin_data=stdin_data, env=env)
+        except Exception as err:  # noqa: BLE001 - every failure to run becomes the reply's error
+            return reply_for_error(self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0)
+        return parse_reply(self.host, helper, res.stdout, res.stderr, res.exit_status, require=require,
+                           python=self.python, elapsed_s=res.seconds, started_at=res.started_at or started)
 
     def start_detached(self, argv: Sequence[str], *, log_path: str, cwd: str | None = None,
                        env: Mapping[str, str] | None = None, timeout: float | None = 30) -> DetachedProcess:
         """Start argv on the node in a new session (setsid), stdin /dev/null, output appended to
         log_path; return its pid and pgid at once. The process outlives this connection."""
-        cmd = [self.python, "-m", "taehv_console.core.cluster.spawn", "start", "--log", log_path]
-        if cwd:
-            cmd += ["--cwd", cwd]
+        args = ["start", "--log", log_path] + (["--cwd", cwd] if cwd else [])
         for k, v in (env or {}).items():
             if not _ENV_KEY.fullmatch(k):
                 raise CommandError(f"environment variable name {k!r} is not a plain name")
-            cmd += ["--env", f"{k}={v}"]
-        out = _parse_json_line(self.run(cmd + ["--", *argv], timeout=timeout), "starting a detached process")
-        if "error" in out:
-            raise SshError(self.host, f"{self.host}: cannot start {argv[0]}: {out['error']}")
+            args += ["--env", f"{k}={v}"]
+        reply = self.call(SPAWN, [*args, "--", *argv], timeout=timeout, require=("pid", "pgid", "log"))
+        if reply.error is not None and reply.error.failure is Failure.REFUSED:
+            raise NodeCallError(self.host, reply.helper, Failure.REFUSED,
+                                f"cannot start {argv[0]}: {reply.error.detail}")
+        out = reply.value()
         return DetachedProcess(host=self.host, pid=int(out["pid"]), pgid=int(out["pgid"]), log=out["log"])
 
     def signal_group(self, pgid: int, sig: str = "TERM", *, timeout: float | None = 30) -> bool:
         """Signal a process group on the node; False when the group no longer exists."""
-        out = _parse_json_line(self.run([self.python, "-m", "taehv_console.core.cluster.spawn", "signal",
-                                         "--pgid", str(int(pgid)), "--signal", sig], timeout=timeout),
-                               "signalling a process group")
-        return bool(out.get("sent"))
+        reply = self.call(SPAWN, ["signal", "--pgid", str(int(pgid)), "--signal", sig], timeout=timeout)
+        return bool(reply.value().get("sent"))
 
     def group_pids(self, pgid: int, *, timeout: float | None = 30) -> tuple[int, ...]:
         """Live processes of a process group on the node (empty once everything has exited)."""
-        out = _parse_json_line(self.run([self.python, "-m", "taehv_console.core.cluster.spawn", "pids",
-                                         "--pgid", str(int(pgid))], timeout=timeout),
-                               "listing a process group")
-        return tuple(int(p) for p in out.get("pids", ()))
+        reply = self.call(SPAWN, ["pids", "--pgid", str(int(pgid))], timeout=timeout, require=("pids",))
+        return tuple(int(p) for p in reply.value()["pids"])
 
 
-class _RemoteStream:
-    """A running remote command whose stdout is read line by line (e.g. a port listener)."""
+class _RemoteStream(NodeStream):
+    """A command on a node over SSH, its stdout streamed."""
 
     def __init__(self, channel: Any):
+        super().__init__()
         self._chan = channel
-        self._buf = b""
 
-    def readline(self, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([self._chan], [], [], left)
-            if not r:
-                return None
-            while self._chan.recv_stderr_ready():
-                self._chan.recv_stderr(65536)  # not shown; read so the window never fills
-            if self._chan.recv_ready():
-                data = self._chan.recv(65536)
-                if not data:
-                    break
-                self._buf += data
-            elif self._chan.exit_status_ready() and not self._chan.recv_ready():
-                break
-        if not self._buf:
-            return None
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode(errors="replace")
+    def _pump(self, timeout: float) -> bool:
+        r, _, _ = select.select([self._chan], [], [], max(timeout, 0.0))
+        if not r:
+            return False
+        while self._chan.recv_stderr_ready():
+            self._stderr(self._chan.recv_stderr(65536))
+        if self._chan.recv_ready():
+            data = self._chan.recv(65536)
+            self._buf += data
+            self.exited = not data
+        elif self._chan.exit_status_ready() or self._chan.closed or self._chan.eof_received:
+            self.exited = True
+        return True
 
     def close(self) -> None:
         # Closing the channel closes the command's stdin; our helpers exit on that.
         self._chan.close()
 
 
-class SshConnection(_SpawnMixin):
+class SshConnection(_HelperCalls):
     """One authenticated SSH connection to a node. Channels may be opened from several threads."""
 
     def __init__(self, target: HostTarget, client: Any, settings: SshSettings,
@@ -528,7 +604,7 @@ class SshConnection(_SpawnMixin):
                              stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                              seconds=time.monotonic() - t0, started_at=started)
 
-    def open(self, argv: Sequence[str]) -> StreamingProcess:
+    def open(self, argv: Sequence[str]) -> NodeStream:
         return _RemoteStream(self._channel(build_command(argv)))
 
     def close(self) -> None:
@@ -603,50 +679,57 @@ def connect(alias: str, settings: SshSettings,
 
 # ----------------------------------------------------------------------------------------- local
 
-class _LocalStream:
-    def __init__(self, proc: subprocess.Popen):
-        self._proc = proc
-        self._buf = b""
-        self._eof = False
+class _LocalStream(NodeStream):
+    """A command on this machine, its stdout streamed (raw pipes, never Python's buffered files)."""
 
-    def readline(self, timeout: float) -> str | None:
-        # Read the raw pipe into our own buffer, as _SshStream does: select() on the buffered text
-        # file would say "nothing to read" while whole lines sit in Python's buffer.
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf and not self._eof:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                return None
-            chunk = os.read(fd, 65536)
-            if chunk:
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self._open = {proc.stdout.fileno(): True, proc.stderr.fileno(): False}  # fd -> is stdout
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _pump(self, timeout: float) -> bool:
+        if not self._open:
+            self.exited = True
+            return False
+        r, _, _ = select.select(list(self._open), [], [], max(timeout, 0.0))
+        for fd in r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.exited = self.exited or self._open[fd]
+                del self._open[fd]
+            elif self._open[fd]:
                 self._buf += chunk
             else:
-                self._eof = True
-        if b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-        elif self._buf:
-            line, self._buf = self._buf, b""
-        else:
-            return None
-        return line.decode(errors="replace")
+                self._stderr(chunk)
+        return bool(r)
 
     def close(self) -> None:
-        if self._proc.stdin:
-            self._proc.stdin.close()
         try:
+            if self._proc.stdin:
+                self._proc.stdin.close()  # our helpers' cue to exit
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            self._proc.kill()  # the process we started, by its own pid
             self._proc.wait()
+        except OSError:
+            pass
+        for f in (self._proc.stdout, self._proc.stderr):
+            if f:
+                f.close()
 
 
-class LocalRunner(_SpawnMixin):
+class LocalRunner(_HelperCalls):
     """This machine, with the same interface as an SSH connection (no shell involved at all)."""
+
+    runs_here = True
 
     def __init__(self, host: str = "localhost", python: str = sys.executable,
                  command_timeout_s: float = 120.0):
@@ -671,10 +754,10 @@ class LocalRunner(_SpawnMixin):
         return CommandResult(host=self.host, argv=tuple(argv), exit_status=proc.returncode, stdout=out,
                              stderr=err, seconds=time.monotonic() - t0, started_at=started)
 
-    def open(self, argv: Sequence[str]) -> StreamingProcess:
+    def open(self, argv: Sequence[str]) -> NodeStream:
         build_command(argv)
         return _LocalStream(subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+                                             stderr=subprocess.PIPE, bufsize=0, start_new_session=True))
 
 
 # ----------------------------------------------------------------------------------------- pool
@@ -796,6 +879,21 @@ class SshPool:
     def is_down(self, host: str) -> bool:
         with self._guard:
             return host in self._down
+
+    def call(self, host: str, module: str, args: Sequence[str] = (), **kw: Any) -> NodeReply:
+        """runner(host).call(...); a node that cannot be reached is a failed reply, not a raise."""
+        try:
+            runner = self.runner(host)
+        except Exception as err:  # noqa: BLE001 - the reply carries it
+            return reply_for_error(host, helper_name(module, args), err, python=self.settings.python)
+        return runner.call(module, args, **kw)
+
+    def call_all(self, hosts: Iterable[str], module: str, args: Sequence[str] = (), **kw: Any) -> dict[str, NodeReply]:
+        """The same helper call on every host in parallel, one reply per host (in input order)."""
+        hosts = list(hosts)
+        got = fan_out(hosts, lambda h: self.call(h, module, args, **kw), self.settings.max_parallel)
+        return {h: r if isinstance(r, NodeReply) else reply_for_error(h, helper_name(module, args), r)
+                for h, r in got.items()}
 
     def run_all(self, hosts: Iterable[str], argv: Sequence[str] | Callable[[str], Sequence[str]], *,
                 timeout: float | None = None) -> dict[str, CommandResult | Exception]:

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 
-from taehv_console.core.cluster.ssh import CommandError, LocalRunner, NodeRunner, SshError, _parse_json_line
+from taehv_console.core.cluster.ssh import NodeRunner
 from taehv_console.core.forensics import flight_recorder, pyspy, ras
 
 NODE_MODULE = "taehv_console.core.forensics.node"
@@ -50,17 +50,14 @@ def run_action(args: argparse.Namespace) -> dict:
 
 
 def node_command(runner: NodeRunner, args: Sequence[str], *, timeout: float = 60.0) -> dict:
-    """Run one forensics action on the runner's node and return its reply. A node that cannot be
-    reached, or whose helper fails, gives {"kind": "unreachable", "error": ...}: never raises."""
-    if isinstance(runner, LocalRunner):
-        # this machine: the same function without starting a Python per call
-        return run_action(build_parser().parse_args(list(args)))
-    try:
-        res = runner.run([runner.python, "-m", NODE_MODULE, *args], timeout=timeout)
-        return _parse_json_line(res, f"`{NODE_MODULE} {args[0]}`")
-    except (SshError, CommandError, OSError) as err:
-        fix = getattr(err, "fix", "")
-        return {"kind": UNREACHABLE, "error": f"{err}" + (f" ({fix})" if fix else "")}
+    """Run one forensics action on the runner's node and return its reply (in-process for this
+    machine, without starting a Python per call). A node that cannot be reached, or whose helper
+    fails, gives {"kind": "unreachable", "error": ...}: never raises."""
+    reply = runner.call(NODE_MODULE, args, timeout=timeout, require=("kind",),
+                        in_process=lambda a: run_action(build_parser().parse_args(a)))
+    if reply.error is not None:
+        return {"kind": UNREACHABLE, "error": reply.error.with_fix()}
+    return dict(reply.data)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
