@@ -2,7 +2,8 @@
 way nccl-tests does: algbw = bytes / time, busbw = algbw × 2(N−1)/N (what each link carried).
 
 Each node runs `python -m taehv_console.core.cluster.bandwidth --rank R ...`; rank 0 prints the
-result as JSON. `measure_bandwidth` starts them all over the node runners and collects it.
+result as JSON, the others {"rank": R}. `measure_bandwidth` starts them all over the node runners
+and collects it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from taehv_console.core.models import BandwidthResult
 
 MODULE = "taehv_console.core.cluster.bandwidth"
+_RESULT_KEYS = ("backend", "nodes", "bytes", "iterations", "seconds_per_iteration", "algbw_gbps", "busbw_gbps")
 
 
 def bus_bandwidth(algbw: float, nodes: int) -> float:
@@ -77,10 +79,11 @@ def measure_bandwidth(
 
     def one(i: str):
         r = runners[int(i)]
-        argv = [r.python, "-m", MODULE, "--rank", i, "--world-size", str(world), "--master-addr", master_addr,
-                "--master-port", str(port), "--bytes", str(nbytes), "--iterations", str(iterations),
-                "--backend", backend, "--timeout", str(timeout_s)]
-        return r.run(argv, timeout=timeout_s + 30, env=dict(env or {}))
+        args = ["--rank", i, "--world-size", str(world), "--master-addr", master_addr, "--master-port", str(port),
+                "--bytes", str(nbytes), "--iterations", str(iterations), "--backend", backend, "--timeout",
+                str(timeout_s)]
+        return r.call(MODULE, args, timeout=timeout_s + 30, env=dict(env or {}),
+                      require=_RESULT_KEYS if i == "0" else ("rank",))
 
     results = fan_out([str(i) for i in range(world)], one, max_parallel=world)
     failures = []
@@ -88,13 +91,12 @@ def measure_bandwidth(
         host = runners[int(i)].host
         if isinstance(res, Exception):
             failures.append(f"{host}: {res}")
-        elif res.exit_status != 0:
-            failures.append(f"{host}: exit {res.exit_status}: {(res.stderr or res.stdout).strip()[-300:]}")
+        elif not res.ok:
+            failures.append(res.why)
     if failures:
         raise SshError(runners[0].host, "all-reduce test failed: " + "; ".join(failures),
                        "check that the master port is reachable and the NCCL/GLOO socket settings")
-    line = results["0"].stdout.strip().splitlines()[-1]
-    return BandwidthResult(**json.loads(line))
+    return BandwidthResult(**{k: results["0"].data[k] for k in _RESULT_KEYS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     result = worker(a.rank, a.world_size, a.master_addr, a.master_port, a.bytes, a.iterations, a.backend,
                     a.timeout)
-    if result is not None:
-        print(json.dumps(result.to_dict()))
+    # every rank answers, so the console reads each the same way; rank 0 with the figures
+    print(json.dumps(result.to_dict() if result is not None else {"rank": a.rank}))
     return 0
 
 

@@ -4,14 +4,15 @@ turned into a ProbeResult (facts, or what went wrong and the fix), with the node
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from taehv_console.core.cluster.hosts import InvalidHostError, validate_host
-from taehv_console.core.cluster.ssh import CommandError, NodeRunner, SshError, SshPool
-from taehv_console.core.models import CommandResult, NodeFacts, ProbeResult
+from taehv_console.core.cluster.nodecall import NodeReply
+from taehv_console.core.cluster.ssh import NodeRunner, SshPool
+from taehv_console.core.models import NodeFacts, ProbeResult
 
 PROBE_MODULE = "taehv_console.core.cluster.probe"
 
@@ -22,11 +23,8 @@ def node_path(path: str) -> str:
     return path if path.startswith("~") else os.path.abspath(path)
 
 
-def probe_argv(python: str, paths: Mapping[str, str] | None = None) -> list[str]:
-    argv = [python, "-m", PROBE_MODULE]
-    for label, path in (paths or {}).items():
-        argv += ["--path", f"{label}={path}"]
-    return argv
+def probe_args(paths: Mapping[str, str] | None = None) -> list[str]:
+    return [a for label, path in (paths or {}).items() for a in ("--path", f"{label}={path}")]
 
 
 def clock_offset(remote_clock: float, sent_at: float, received_at: float) -> float:
@@ -39,42 +37,24 @@ def clock_offset(remote_clock: float, sent_at: float, received_at: float) -> flo
     return 0.0
 
 
-def result_from_command(host: str, result: CommandResult | BaseException, python: str) -> ProbeResult:
-    if isinstance(result, SshError):
-        return ProbeResult(host=host, error=str(result), fix=result.fix)
-    if isinstance(result, (InvalidHostError, CommandError)):
-        return ProbeResult(host=host, error=f"{host}: {result}", fix="fix the host name in the hostfile")
-    if isinstance(result, BaseException):
-        return ProbeResult(host=host, error=f"{host}: {type(result).__name__}: {result}")
-    if result.exit_status != 0:
-        tail = (result.stderr.strip() or result.stdout.strip())[-400:]
-        if result.exit_status == 127 or "No such file or directory" in tail:
-            fix = f"{python} is not on {host}: pass --python with the node's interpreter"
-        elif "No module named" in tail:
-            fix = f"install taehv-console for {python} on {host} (pip install -e . in the project)"
-        else:
-            fix = "run the probe by hand on the node to see the full error"
-        return ProbeResult(host=host, error=f"{host}: probe failed (exit {result.exit_status}): {tail}",
-                           fix=fix, seconds=result.seconds)
+def result_from_reply(reply: NodeReply) -> ProbeResult:
+    """The probe's reply as a ProbeResult: facts with the node's clock offset, or the error."""
+    if not reply.ok:
+        assert reply.error is not None
+        return ProbeResult(host=reply.host, error=str(reply.error), fix=reply.error.fix, seconds=reply.elapsed_s)
     try:
-        line = result.stdout.strip().splitlines()[-1]
-        facts = NodeFacts.from_dict(json.loads(line))
-    except (IndexError, ValueError, TypeError) as err:
-        return ProbeResult(host=host, error=f"{host}: probe printed no facts ({err}): {result.stdout[-200:]!r}",
-                           fix="check the node's login scripts: they must not print to stdout",
-                           seconds=result.seconds)
-    received = result.started_at + result.seconds
-    return ProbeResult(host=host, facts=facts, seconds=result.seconds,
-                       clock_offset_s=round(clock_offset(facts.clock, result.started_at, received), 3))
+        facts = NodeFacts.from_dict(dict(reply.data))
+    except (ValueError, TypeError, KeyError) as err:
+        return ProbeResult(host=reply.host, error=f"{reply.host}: {reply.helper}: its facts do not read: {err}",
+                           fix="check that the node runs the same taehv-console version", seconds=reply.elapsed_s)
+    received = reply.started_at + reply.elapsed_s
+    return ProbeResult(host=reply.host, facts=facts, seconds=reply.elapsed_s,
+                       clock_offset_s=round(clock_offset(facts.clock, reply.started_at, received), 3))
 
 
 def probe_runner(runner: NodeRunner, paths: Mapping[str, str] | None = None,
                  timeout: float | None = None) -> ProbeResult:
-    try:
-        result: CommandResult | BaseException = runner.run(probe_argv(runner.python, paths), timeout=timeout)
-    except Exception as err:
-        result = err
-    return result_from_command(runner.host, result, runner.python)
+    return result_from_reply(runner.call(PROBE_MODULE, probe_args(paths), timeout=timeout))
 
 
 def probe_hosts(
@@ -95,13 +75,9 @@ def probe_hosts(
             valid.append(h)
         except InvalidHostError as err:
             answers[h] = ProbeResult(host=h, error=f"{h!r}: {err}", fix="fix the host name in the hostfile")
-    found = pool.map(valid, lambda r: probe_runner(r, paths, timeout))
-    for h, r in found.items():
-        if isinstance(r, ProbeResult):
-            answers[h] = r
-        else:
-            answers[h] = result_from_command(h, r, pool.settings.python)
-            if not answers[h].seconds:
-                answers[h] = ProbeResult(host=h, error=answers[h].error, fix=answers[h].fix,
-                                         seconds=time.monotonic() - t0)
+    replies = pool.call_all(valid, PROBE_MODULE, probe_args(paths), timeout=timeout)
+    for h, reply in replies.items():
+        answers[h] = result_from_reply(reply)
+        if not answers[h].seconds:  # never reached: how long finding that out took
+            answers[h] = replace(answers[h], seconds=time.monotonic() - t0)
     return tuple(answers[h] for h in hosts)

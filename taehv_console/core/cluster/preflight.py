@@ -6,7 +6,6 @@ Errors stop a launch; warnings are shown and do not.
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from taehv_console.core.cluster.gather import node_path, probe_hosts
 from taehv_console.core.cluster.hosts import is_local_host
+from taehv_console.core.cluster.nodecall import helper_name, read_reply
 from taehv_console.core.models import (
     BandwidthResult,
     Finding,
@@ -496,21 +496,6 @@ class PreflightOptions:
     loader_timeout_s: float = 180.0
 
 
-def _json_of(result) -> dict:
-    if isinstance(result, Exception) or result.exit_status != 0:
-        return {}
-    try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {}
-
-
-def _why(result) -> str:
-    if isinstance(result, Exception):
-        return str(result)
-    return (result.stderr or result.stdout).strip()[-200:] or f"exit {result.exit_status}"
-
-
 def run_preflight(
     topology: Topology,
     cfg: TrainConfig,
@@ -578,18 +563,16 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
         say("checking that the runs directory is shared")
         token = secrets.token_hex(8)
         writer = reachable[0]
-        w = pool.runner(writer)
-        wrote = _json_of(_safe(lambda: w.run([w.python, "-m", NODECHECK, "token-write", runs_dir, token])))
+        wrote = pool.call(writer, NODECHECK, ["token-write", runs_dir, token])
         if wrote.get("ok"):
-            reads = pool.map(reachable[1:], lambda r: r.run([r.python, "-m", NODECHECK, "token-read",
-                                                              runs_dir, token]))
-            shared = {h: bool(_json_of(r).get("found")) for h, r in reads.items()}
-            _safe(lambda: w.run([w.python, "-m", NODECHECK, "token-remove", runs_dir, token]))
+            reads = pool.call_all(reachable[1:], NODECHECK, ["token-read", runs_dir, token])
+            shared = {h: bool(r.get("found")) for h, r in reads.items()}
+            pool.call(writer, NODECHECK, ["token-remove", runs_dir, token])
             findings += check_runs_shared(shared, runs_dir, writer)
         else:
             findings.append(Finding("runs-not-writable", E,
                                     f"{writer}: cannot write into runs directory {runs_dir} "
-                                    f"({wrote.get('error', 'no answer')})",
+                                    f"({wrote.why or 'no answer'})",
                                     "choose a writable --runs", writer))
 
     # master port: free on the master, reachable from every worker
@@ -636,15 +619,14 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
     if cfg.loss.distilling and reachable:
         say("checking the teacher on every node" if not cfg.loss.teacher_cache else "checking the latent cache")
 
-        def recipe_check(r):
-            if cfg.loss.teacher_cache:
-                return r.run([r.python, "-m", NODECHECK, "latent-cache", node_path(cfg.loss.teacher_cache)],
-                             timeout=60)  # fmt: skip
-            return r.run([r.python, "-m", NODECHECK, "teacher", node_path(cfg.loss.teacher), "--subfolder",
-                          cfg.loss.teacher_subfolder, "--channels", str(cfg.model.latent_channels)], timeout=600)
-
-        answers = pool.map(reachable, recipe_check)
-        findings += check_recipe(cfg, {h: _json_of(r) or _why(r) for h, r in answers.items()})
+        if cfg.loss.teacher_cache:
+            answers = pool.call_all(reachable, NODECHECK, ["latent-cache", node_path(cfg.loss.teacher_cache)],
+                                    timeout=60)
+        else:
+            answers = pool.call_all(reachable, NODECHECK, ["teacher", node_path(cfg.loss.teacher), "--subfolder",
+                                                           cfg.loss.teacher_subfolder, "--channels",
+                                                           str(cfg.model.latent_channels)], timeout=600)
+        findings += check_recipe(cfg, {h: dict(r.data) if r.ok else r.why for h, r in answers.items()})
     findings += check_processes_vs_gpus(topology, facts, cfg)
     findings += check_visible_devices(facts)
     if cfg.topology.device == "cuda":
@@ -670,10 +652,9 @@ def _check_loader(pool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: 
     if not hosts:
         return []
     section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
-    answers = pool.map(hosts, lambda r: r.run(
-        [r.python, "-m", NODECHECK, "loader", "--data-config", section, "--clips", str(options.loader_clips)],
-        timeout=options.loader_timeout_s))
-    measured = {h: _json_of(r) or {"ok": False, "error": _why(r)} for h, r in answers.items()}
+    answers = pool.call_all(hosts, NODECHECK, ["loader", "--data-config", section, "--clips", str(options.loader_clips)],
+                            timeout=options.loader_timeout_s)
+    measured = {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
     targets = {}
     for h in hosts:
         gpus = facts[h].visible_gpus
@@ -681,35 +662,22 @@ def _check_loader(pool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: 
     return check_loader(measured, cfg, targets, facts)
 
 
-def _safe(fn):
-    try:
-        return fn()
-    except Exception as err:
-        return err
-
-
 def _check_port(pool, master: str, master_addr: str, port: int, workers: list[str], timeout: float) -> list[Finding]:
-    m = pool.runner(master)
     if not workers:
-        free = _json_of(_safe(lambda: m.run([m.python, "-m", NODECHECK, "port-free", "--port", str(port)])))
-        return check_master_port(port, master, (bool(free.get("free")), free.get("error", "no answer")), {})
+        free = pool.call(master, NODECHECK, ["port-free", "--port", str(port)])
+        return check_master_port(port, master, (bool(free.get("free")), free.why or "no answer"), {})
     try:
-        stream = m.open([m.python, "-m", NODECHECK, "listen", "--port", str(port),
-                         "--seconds", str(timeout * 4 + 10)])
+        m = pool.runner(master)
+        stream = m.open([m.python, "-m", NODECHECK, "listen", "--port", str(port), "--seconds", str(timeout * 4 + 10)])
     except Exception as err:
         return check_master_port(port, master, (False, str(err)), {})
     try:
-        first = stream.readline(timeout + 10)
-        state = json.loads(first) if first and first.startswith("{") else {}
+        state = read_reply(stream, master, helper_name(NODECHECK, ["listen"]), timeout + 10)
         if not state.get("listening"):
-            return check_master_port(port, master, (False, state.get("error", "the listener did not start")), {})
-        answers = pool.map(workers, lambda r: r.run(
-            [r.python, "-m", NODECHECK, "connect", "--host", master_addr, "--port", str(port),
-             "--timeout", str(timeout)], timeout=timeout + 30))
-        reach = {}
-        for h, r in answers.items():
-            got = _json_of(r)
-            reach[h] = (bool(got.get("ok")), got.get("error") or _why(r))
+            return check_master_port(port, master, (False, state.why or "the listener did not start"), {})
+        answers = pool.call_all(workers, NODECHECK, ["connect", "--host", master_addr, "--port", str(port),
+                                                     "--timeout", str(timeout)], timeout=timeout + 30)
+        reach = {h: (bool(r.get("ok")), r.why) for h, r in answers.items()}
         return check_master_port(port, master, (True, ""), reach)
     finally:
         stream.close()  # closes the listener's stdin: it exits at once

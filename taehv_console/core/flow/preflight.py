@@ -4,7 +4,6 @@ of the result."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,10 +43,8 @@ def free_port(topology: Topology, pool: SshPool, first: int | None = None) -> in
     host = topology.hosts[0] if topology.uses_ssh else "localhost"
     runner = pool.runner(host)
     for candidate in range(port, port + 50):
-        try:
-            res = runner.run([runner.python, "-m", NODECHECK, "port-free", "--port", str(candidate)], timeout=30)
-            answer = json.loads(res.stdout.strip().splitlines()[-1])
-        except Exception:  # noqa: BLE001 - preflight reports an unreachable node properly
+        answer = runner.call(NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",))
+        if not answer.ok:  # preflight reports an unreachable node properly
             return port
         if answer.get("free"):
             return candidate

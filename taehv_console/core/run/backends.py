@@ -121,18 +121,6 @@ def _leader_start(run: RunDir, launcher: NodeLauncher, attempt: int) -> int | No
     return None
 
 
-def _json_out(result: Any, host: str, what: str) -> dict:
-    import json
-
-    if result.exit_status != 0:
-        tail = (result.stderr or result.stdout).strip()[-300:]
-        raise BackendError(f"{host}: {what} failed (exit {result.exit_status}): {tail}")
-    for line in reversed(result.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise BackendError(f"{host}: {what} printed no answer")
-
-
 class RunnerBackend(LaunchBackend):
     """local, ssh and platform: node launchers started through NodeRunners (SSH or this machine)."""
 
@@ -172,13 +160,10 @@ class RunnerBackend(LaunchBackend):
                       self.pool.settings.max_parallel)
         return {int(k): v for k, v in out.items()}
 
-    def _node_call(self, launcher: NodeLauncher, args: list[str]) -> dict:
-        r = self._runner(launcher.host)
-        if isinstance(r, LocalRunner):
-            # this machine: the same functions in-process, without a Python start per poll
-            return _local_node_call(args)
-        res = r.run([r.python, "-m", NODE_MODULE, *args], timeout=self.timeout)
-        return _json_out(res, launcher.host, f"`{NODE_MODULE} {args[0]}`")
+    def _node_call(self, launcher: NodeLauncher, args: list[str], require: tuple[str, ...]) -> Mapping[str, Any]:
+        # this machine: the same functions in-process, without a Python start per poll
+        return self._runner(launcher.host).call(NODE_MODULE, args, timeout=self.timeout, require=require,
+                                                in_process=_local_node_call).value()
 
     @staticmethod
     def _ident(launcher: NodeLauncher, start: int | None) -> list[str]:
@@ -186,19 +171,19 @@ class RunnerBackend(LaunchBackend):
 
     def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
         def one(n: NodeLauncher, start: int | None):
-            return tuple(self._node_call(n, ["pids", *self._ident(n, start)])["pids"])
+            return tuple(self._node_call(n, ["pids", *self._ident(n, start)], ("pids",))["pids"])
 
         return self._each(run, attempt, None, one)
 
     def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
         def one(n: NodeLauncher, start: int | None):
-            return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"])
+            return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"], ("signalled",))
 
         return {k: _why(v) for k, v in self._each(run, attempt, nodes, one).items() if isinstance(v, Exception)}
 
     def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
         def one(n: NodeLauncher, start: int | None):
-            return tuple(self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"])["left"])
+            return tuple(self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"], ("left",))["left"])
 
         return self._each(run, attempt, nodes, one)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+TAIL_MODULE = "taehv_console.core.watch.tail"
 DEFAULT_MAX_BYTES = 8 << 20  # per poll and file: one huge backlog never blocks the other files
 
 
@@ -137,9 +138,8 @@ class RemoteFiles:
     def read(self, root, append, whole, known, max_bytes):
         request = json.dumps({"root": str(root), "append": list(append), "whole": list(whole),
                               "known": {k: list(v) for k, v in known.items()}, "max_bytes": max_bytes})  # fmt: skip
-        result = self.runner.run([self.runner.python, "-m", "taehv_console.core.watch.tail"],
-                                 stdin_data=request, timeout=self.timeout_s)  # fmt: skip
-        return decode_response(result.stdout, result.stderr, result.exit_status, self.name)
+        reply = self.runner.call(TAIL_MODULE, stdin_data=request, timeout=self.timeout_s, require=("chunks",))
+        return decode_response(reply.value())
 
 
 def encode_response(chunks: Iterable[Chunk]) -> str:
@@ -148,12 +148,8 @@ def encode_response(chunks: Iterable[Chunk]) -> str:
          "whole": c.whole, "data": base64.b64encode(c.data).decode()} for c in chunks]})  # fmt: skip
 
 
-def decode_response(stdout: str, stderr: str = "", status: int = 0, host: str = "") -> list[Chunk]:
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("{")), None)
-    if status != 0 or line is None:
-        tail = (stderr or stdout).strip()[-400:]
-        raise OSError(f"{host}: reading the run directory failed (exit {status}): {tail or 'no output'}")
-    data = json.loads(line)
+def decode_response(data: Mapping[str, Any]) -> list[Chunk]:
+    """The chunks of the helper's reply (the runner's call has checked that it is one)."""
     return [Chunk(c["path"], int(c["ino"]), int(c["size"]), int(c["mtime_ns"]), int(c["start"]),
                   base64.b64decode(c["data"]), bool(c["whole"])) for c in data["chunks"]]  # fmt: skip
 

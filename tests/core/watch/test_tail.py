@@ -9,8 +9,9 @@ import os
 
 import pytest
 
+from taehv_console.core.cluster.nodecall import NodeCallError
 from taehv_console.core.cluster.ssh import LocalRunner
-from taehv_console.core.watch.tail import LocalFiles, RemoteFiles, Tailer, decode_response, read_chunks
+from taehv_console.core.watch.tail import LocalFiles, RemoteFiles, Tailer, read_chunks
 
 
 class CountingFiles(LocalFiles):
@@ -122,9 +123,12 @@ def test_remote_helper_gives_the_same_chunks_through_a_runner(tmp_path):
     assert t_remote.poll().lines == {"logs/node-0.log": [b"partial"]}
 
 
-def test_a_failing_helper_is_an_error_with_the_nodes_words():
-    with pytest.raises(OSError, match="gpu7: reading the run directory failed .exit 1.: Traceback"):
-        decode_response("", "Traceback ...", 1, "gpu7")
+def test_a_failing_helper_is_an_error_with_the_nodes_words(tmp_path):
+    # a node whose python cannot run the helper: the node, the helper and its words are named
+    (tmp_path / "python").write_text("#!/bin/sh\necho 'Traceback: no module taehv_console' >&2\nexit 1\n")
+    (tmp_path / "python").chmod(0o755)
+    with pytest.raises(NodeCallError, match="gpu7: tail: exit 1: Traceback: no module taehv_console"):
+        RemoteFiles(LocalRunner("gpu7", python=str(tmp_path / "python"))).read(str(tmp_path), ["*.log"], [], {}, 1024)
 
 
 def test_tail_over_real_ssh(sshd, tmp_path):
