@@ -16,6 +16,7 @@ when something changed.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -407,11 +408,12 @@ def snapshot_once(run_dir: str | Path, *, hosts: Sequence[str] | None = None, po
                 a.first_open = time.time()
                 try:
                     runner = mon._runner(host)
-                    argv = agent_argv(runner.python, str(mon.run_dir), 1.0) + ["--count", "1"]
-                    res = runner.run(argv, timeout=30)
-                    mon.ingest.apply_agent_lines(a, res.stdout.splitlines(), time.time())
+                    _python, _m, module, *args = agent_argv(runner.python, str(mon.run_dir), 1.0)
+                    reply = runner.call(module, [*args, "--count", "1"], timeout=30, require=("host", "time"))
+                    if reply.ok:
+                        mon.ingest.apply_agent_lines(a, [json.dumps(dict(reply.data))], time.time())
                     if a.sample is None:
-                        a.status = f"no sample (exit {res.exit_status}): {res.stderr.strip()[-200:]}"
+                        a.status = f"no sample: {reply.why or 'not an agent sample'}"
                 except Exception as err:  # noqa: BLE001 - this node's sample is missing; others still count
                     a.status = f"no sample: {err}"
             mon.agents_on = True
