@@ -106,13 +106,6 @@ def fix_for_exit(status: int, tail: str, python: str, host: str) -> str:
     return "run the helper by hand on the node to see the whole error"
 
 
-def failed(host: str, helper: str, failure: Failure, detail: str, *, fix: str = "",
-           elapsed_s: float = 0.0) -> NodeReply:
-    """The reply for a call that never gave output: the node unreachable, a timeout, no start."""
-    error = NodeCallError(host, helper, failure, detail, fix=fix)
-    return NodeReply(host=host, helper=helper, ok=False, error=error, elapsed_s=elapsed_s)
-
-
 def parse_reply(host: str, helper: str, stdout: str, stderr: str = "", status: int = 0, *,
                 require: Iterable[str] = (), python: str = "python", elapsed_s: float = 0.0,
                 started_at: float = 0.0) -> NodeReply:

@@ -40,7 +40,6 @@ from taehv_console.core.cluster.nodecall import (
     NodeCallError,
     NodeReply,
     SshError,
-    failed,
     fix_for_exit,
     helper_name,
     parse_reply,
@@ -420,7 +419,8 @@ def reply_for_error(host: str, helper: str, err: BaseException, *, python: str =
         failure, text, fix = Failure.EXIT, f"cannot start: {err}", fix_for_exit(127, "", python, host)
     else:
         failure, text = Failure.UNREACHABLE, f"cannot run: {type(err).__name__}: {err}"
-    return failed(host, helper, failure, text or type(err).__name__, fix=fix, elapsed_s=elapsed_s)
+    error = NodeCallError(host, helper, failure, text or type(err).__name__, fix=fix)
+    return NodeReply(host=host, helper=helper, ok=False, error=error, elapsed_s=elapsed_s)
 
 
 class _HelperCalls:

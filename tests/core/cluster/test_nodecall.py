@@ -171,3 +171,16 @@ def test_over_ssh_the_same_replies(sshd, sshd_hosts, helper_env):
     assert gone.error is not None and gone.error.failure is Failure.UNREACHABLE
     assert str(gone.error).startswith("127.0.0.9: nc_helper ok: cannot connect") and gone.error.fix
     assert [r.get("answer") for r in replies.values()] == [42, 42]
+
+
+def test_over_ssh_a_streamed_helper_that_dies_says_why(sshd, sshd_hosts, helper_env):
+    # the remote stream sees its channel end and keeps the helper's stderr, as the local one does
+    with SshPool(sshd.settings()) as pool:
+        runner = pool.runner(sshd_hosts[0].host)
+        stream = runner.open(["env", f"PYTHONPATH={helper_env['PYTHONPATH']}", runner.python, "-m", MODULE, "die"])
+        try:
+            reply = read_reply(stream, runner.host, "nc_helper die", 20)
+        finally:
+            stream.close()
+    assert stream.exited and reply.error is not None and reply.error.failure is Failure.EXIT
+    assert str(reply.error) == f"{runner.host}: nc_helper die: ended without a reply: cannot bind: Address already in use"
