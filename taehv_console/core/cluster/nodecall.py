@@ -1,6 +1,6 @@
-"""The reply of a helper the console runs on a node (`python -m <module> ...`, over SSH or here,
-through `runner.call`): one reply type, and one error that says which node, which helper and
-what went wrong.
+"""How the console reads the helpers it runs on nodes (`python -m <module> ...`, over SSH or
+here, through `runner.call` / `runner.open`): one reply type, one error that says which node,
+which helper and what went wrong, and one line reader for streamed output.
 
 A helper answers with one JSON object on the last line of its stdout that starts with "{" (a
 node's login scripts may print before it). Whatever else happens (no connection, a timeout, an
@@ -12,11 +12,14 @@ This module sits below ssh.py (whose runners make the calls), so it imports noth
 from __future__ import annotations
 
 import json
+import os
+import select
+import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 TAIL_CHARS = 400
 
@@ -149,14 +152,7 @@ def parse_reply(host: str, helper: str, stdout: str, stderr: str = "", status: i
                      started_at=started_at)
 
 
-class _LineSource(Protocol):
-    exited: bool
-    stderr_tail: bytes
-
-    def readline(self, timeout: float) -> str | None: ...
-
-
-def read_reply(stream: _LineSource, host: str, helper: str, timeout: float, *,
+def read_reply(stream: NodeStream, host: str, helper: str, timeout: float, *,
                require: Iterable[str] = ()) -> NodeReply:
     """The next reply line of a streamed helper (one that keeps running after it answers)."""
     t0 = time.monotonic()
@@ -172,3 +168,132 @@ def read_reply(stream: _LineSource, host: str, helper: str, timeout: float, *,
         return NodeReply(host=host, helper=helper, ok=False, error=error, stderr_tail=_tail(stderr),
                          elapsed_s=elapsed)
     return parse_reply(host, helper, line, stderr, require=require, elapsed_s=elapsed)
+
+
+# ------------------------------------------------------------------------------ streamed output
+
+class NodeStream:
+    """A running command's output, read line by line as it comes, from a local pipe or an SSH
+    channel: the one reader of streamed output (port listeners, node agents). Lines are split here,
+    not by a buffered file object, so a select() never says "nothing to read" while whole lines sit
+    in a buffer; stderr is drained as it comes (a full pipe or window would stall the command) and
+    its tail kept to say why a command ended."""
+
+    STDERR_TAIL = 2000
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.stderr_tail = b""
+        self.exited = False  # stdout reached EOF: the command ended or the channel closed
+
+    def _pump(self, timeout: float) -> bool:
+        """Wait up to `timeout` for output and take what is there; False when nothing came."""
+        raise NotImplementedError
+
+    def _stderr(self, data: bytes) -> None:
+        self.stderr_tail = (self.stderr_tail + data)[-self.STDERR_TAIL:]
+
+    def _take(self, upto: int) -> str:
+        line, self._buf = self._buf[:upto], self._buf[upto + 1:]
+        return line.decode(errors="replace")
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line (without its newline) within `timeout`, else None. At EOF a last line
+        without a newline is returned as it is: a reply cut short is the caller's to judge."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf and not self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._pump(left):
+                break
+        cut = self._buf.find(b"\n")
+        if cut >= 0:
+            return self._take(cut)
+        if self.exited and self._buf:
+            return self._take(len(self._buf))
+        return None
+
+    def read_lines(self) -> list[str]:
+        """Every line that has arrived, without waiting (a poller's read)."""
+        for _ in range(64):  # bounded: a chatty command must not hold the poller
+            if self.exited or not self._pump(0.0):
+                break
+        lines = []
+        while (line := self.readline(0.0)) is not None:
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ChannelStream(NodeStream):
+    """A command on a node over SSH, its stdout streamed."""
+
+    def __init__(self, channel: Any):
+        super().__init__()
+        self._chan = channel
+
+    def _pump(self, timeout: float) -> bool:
+        r, _, _ = select.select([self._chan], [], [], max(timeout, 0.0))
+        if not r:
+            return False
+        while self._chan.recv_stderr_ready():
+            self._stderr(self._chan.recv_stderr(65536))
+        if self._chan.recv_ready():
+            data = self._chan.recv(65536)
+            self._buf += data
+            self.exited = not data
+        elif self._chan.exit_status_ready() or self._chan.closed or self._chan.eof_received:
+            self.exited = True
+        return True
+
+    def close(self) -> None:
+        # Closing the channel closes the command's stdin; our helpers exit on that.
+        self._chan.close()
+
+
+class PipeStream(NodeStream):
+    """A command on this machine, its stdout streamed (raw pipes, never Python's buffered files)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self._open = {proc.stdout.fileno(): True, proc.stderr.fileno(): False}  # fd -> is stdout
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _pump(self, timeout: float) -> bool:
+        if not self._open:
+            self.exited = True
+            return False
+        r, _, _ = select.select(list(self._open), [], [], max(timeout, 0.0))
+        for fd in r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.exited = self.exited or self._open[fd]
+                del self._open[fd]
+            elif self._open[fd]:
+                self._buf += chunk
+            else:
+                self._stderr(chunk)
+        return bool(r)
+
+    def close(self) -> None:
+        try:
+            if self._proc.stdin:
+                self._proc.stdin.close()  # our helpers' cue to exit
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()  # the process we started, by its own pid
+            self._proc.wait()
+        except OSError:
+            pass
+        for f in (self._proc.stdout, self._proc.stderr):
+            if f:
+                f.close()

@@ -36,9 +36,12 @@ from typing import Any, Protocol, TypeVar
 
 from taehv_console.core.cluster.hosts import InvalidHostError, is_local_host, validate_host
 from taehv_console.core.cluster.nodecall import (
+    ChannelStream,
     Failure,
     NodeCallError,
     NodeReply,
+    NodeStream,
+    PipeStream,
     SshError,
     fix_for_exit,
     helper_name,
@@ -332,60 +335,6 @@ class DetachedProcess:
     log: str
 
 
-class NodeStream:
-    """A running command's output, read line by line as it comes, from a local pipe or an SSH
-    channel: the one reader of streamed output (port listeners, node agents). Lines are split here,
-    not by a buffered file object, so a select() never says "nothing to read" while whole lines sit
-    in a buffer; stderr is drained as it comes (a full pipe or window would stall the command) and
-    its tail kept to say why a command ended."""
-
-    STDERR_TAIL = 2000
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self.stderr_tail = b""
-        self.exited = False  # stdout reached EOF: the command ended or the channel closed
-
-    def _pump(self, timeout: float) -> bool:
-        """Wait up to `timeout` for output and take what is there; False when nothing came."""
-        raise NotImplementedError
-
-    def _stderr(self, data: bytes) -> None:
-        self.stderr_tail = (self.stderr_tail + data)[-self.STDERR_TAIL:]
-
-    def _take(self, upto: int) -> str:
-        line, self._buf = self._buf[:upto], self._buf[upto + 1:]
-        return line.decode(errors="replace")
-
-    def readline(self, timeout: float) -> str | None:
-        """The next line (without its newline) within `timeout`, else None. At EOF a last line
-        without a newline is returned as it is: a reply cut short is the caller's to judge."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf and not self.exited:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._pump(left):
-                break
-        cut = self._buf.find(b"\n")
-        if cut >= 0:
-            return self._take(cut)
-        if self.exited and self._buf:
-            return self._take(len(self._buf))
-        return None
-
-    def read_lines(self) -> list[str]:
-        """Every line that has arrived, without waiting (a poller's read)."""
-        for _ in range(64):  # bounded: a chatty command must not hold the poller
-            if self.exited or not self._pump(0.0):
-                break
-        lines = []
-        while (line := self.readline(0.0)) is not None:
-            lines.append(line)
-        return lines
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
 class NodeRunner(Protocol):
     """What preflight and launch need from a node, whether reached by SSH or local."""
 
@@ -484,32 +433,6 @@ class _HelperCalls:
         return tuple(int(p) for p in reply.value()["pids"])
 
 
-class _RemoteStream(NodeStream):
-    """A command on a node over SSH, its stdout streamed."""
-
-    def __init__(self, channel: Any):
-        super().__init__()
-        self._chan = channel
-
-    def _pump(self, timeout: float) -> bool:
-        r, _, _ = select.select([self._chan], [], [], max(timeout, 0.0))
-        if not r:
-            return False
-        while self._chan.recv_stderr_ready():
-            self._stderr(self._chan.recv_stderr(65536))
-        if self._chan.recv_ready():
-            data = self._chan.recv(65536)
-            self._buf += data
-            self.exited = not data
-        elif self._chan.exit_status_ready() or self._chan.closed or self._chan.eof_received:
-            self.exited = True
-        return True
-
-    def close(self) -> None:
-        # Closing the channel closes the command's stdin; our helpers exit on that.
-        self._chan.close()
-
-
 class SshConnection(_HelperCalls):
     """One authenticated SSH connection to a node. Channels may be opened from several threads."""
 
@@ -605,7 +528,7 @@ class SshConnection(_HelperCalls):
                              seconds=time.monotonic() - t0, started_at=started)
 
     def open(self, argv: Sequence[str]) -> NodeStream:
-        return _RemoteStream(self._channel(build_command(argv)))
+        return ChannelStream(self._channel(build_command(argv)))
 
     def close(self) -> None:
         self._client.close()
@@ -679,53 +602,6 @@ def connect(alias: str, settings: SshSettings,
 
 # ----------------------------------------------------------------------------------------- local
 
-class _LocalStream(NodeStream):
-    """A command on this machine, its stdout streamed (raw pipes, never Python's buffered files)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        super().__init__()
-        self._proc = proc
-        assert proc.stdout is not None and proc.stderr is not None
-        self._open = {proc.stdout.fileno(): True, proc.stderr.fileno(): False}  # fd -> is stdout
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def _pump(self, timeout: float) -> bool:
-        if not self._open:
-            self.exited = True
-            return False
-        r, _, _ = select.select(list(self._open), [], [], max(timeout, 0.0))
-        for fd in r:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.exited = self.exited or self._open[fd]
-                del self._open[fd]
-            elif self._open[fd]:
-                self._buf += chunk
-            else:
-                self._stderr(chunk)
-        return bool(r)
-
-    def close(self) -> None:
-        try:
-            if self._proc.stdin:
-                self._proc.stdin.close()  # our helpers' cue to exit
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()  # the process we started, by its own pid
-            self._proc.wait()
-        except OSError:
-            pass
-        for f in (self._proc.stdout, self._proc.stderr):
-            if f:
-                f.close()
-
-
 class LocalRunner(_HelperCalls):
     """This machine, with the same interface as an SSH connection (no shell involved at all)."""
 
@@ -756,7 +632,7 @@ class LocalRunner(_HelperCalls):
 
     def open(self, argv: Sequence[str]) -> NodeStream:
         build_command(argv)
-        return _LocalStream(subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return PipeStream(subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, bufsize=0, start_new_session=True))
 
 

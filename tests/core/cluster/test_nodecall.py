@@ -184,3 +184,21 @@ def test_over_ssh_a_streamed_helper_that_dies_says_why(sshd, sshd_hosts, helper_
             stream.close()
     assert stream.exited and reply.error is not None and reply.error.failure is Failure.EXIT
     assert str(reply.error) == f"{runner.host}: nc_helper die: ended without a reply: cannot bind: Address already in use"
+
+
+def test_the_agent_stream_reads_every_line_then_the_exit_and_its_reason(tmp_path):
+    from taehv_console.core.watch.streams import LocalLineStream
+
+    code = "import sys; print('a'); print('b'); sys.stderr.write('agent: NVML gone\\n'); sys.stdout.write('c')"
+    stream = LocalLineStream([sys.executable, "-c", code])
+    lines: list[str] = []
+    deadline = time.monotonic() + 20
+    try:
+        while not stream.exited and time.monotonic() < deadline:  # the poller's loop, never blocking
+            lines += stream.read_lines()
+            time.sleep(0.02)
+        lines += stream.read_lines()
+    finally:
+        stream.close()
+    assert lines == ["a", "b", "c"] and stream.exited
+    assert stream.stderr_tail == b"agent: NVML gone\n"
