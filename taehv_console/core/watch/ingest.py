@@ -55,6 +55,19 @@ class RankTracker:
         self.version = 0  # bumped on every heartbeat that changed something
         self.step_times: deque[float] = deque(maxlen=window)
         self.busy: deque[float] = deque(maxlen=window)
+        self._recent: tuple[int, int, tuple] | None = None  # (version, window, recent()'s answer)
+
+    def recent(self, window: int) -> tuple[tuple[float, ...], tuple[float, ...], float | None, float | None]:
+        """(step times, own-work times, their medians over the last `window`), computed once per
+        heartbeat: an agent sample makes every rank's observation new, not its steps."""
+        hit = self._recent
+        if hit is not None and hit[0] == self.version and hit[1] == window:
+            return hit[2]
+        steps, busy = tuple(self.step_times), tuple(self.busy)
+        out = (steps, busy, statistics.median(steps[-window:]) if steps else None,
+               statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+        self._recent = (self.version, window, out)
+        return out
 
     def update(self, hb: Mapping[str, Any], offset: float, now: float) -> bool:
         step, t, pid = hb.get("step"), hb.get("time"), hb.get("pid")
@@ -163,6 +176,9 @@ class Ingest:
         self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._rank_window = rank_window
         self._obs_cache: dict[int, tuple[tuple, RankObservation]] = {}  # rank -> (inputs, observation)
+        self._sig_index: tuple[int, dict, dict] = (-1, {}, {})  # (signals_version, by rank, by pid)
+        self.signals_version = 0  # bumped when a log signal arrives
+        self.heartbeat_version = 0  # bumped when a heartbeat changed a rank
         self.version = 0  # bumped on every change: the publisher skips unchanged snapshots
 
     # ------------------------------------------------------------------ applying what was read
@@ -240,6 +256,7 @@ class Ingest:
                 offset = a.offset if a is not None else 0.0
                 if t.update(hb, offset, now):
                     self.version += 1
+                    self.heartbeat_version += 1
 
     def apply_logs(self, res: Any, now: float, reader: str = "") -> None:
         found: list[LogSignal] = []
@@ -263,6 +280,7 @@ class Ingest:
                                                s.rank, self.node_of_log(s.source)))  # fmt: skip
             if found:
                 self.version += 1
+                self.signals_version += 1
 
     def set_checkpoints(self, summary: CheckpointSummary) -> None:
         with self.lock:
@@ -354,15 +372,7 @@ class Ingest:
     def observations(self, pause_grace_s: float, window: int = 8) -> list[RankObservation]:
         """One RankObservation per rank, rebuilt only for ranks whose inputs changed (its heartbeat,
         its node's agent sample, its events, signals, or its pause allowance)."""
-        pid_signals: dict[int, list[LogSignal]] = {}
-        rank_signals: dict[int, list[LogSignal]] = {}
-        for s in self.signals:
-            if s.severity != "error":
-                continue
-            if s.rank is not None:
-                rank_signals.setdefault(s.rank, []).append(s)
-            if s.get("pid") is not None:
-                pid_signals.setdefault(int(s.get("pid")), []).append(s)
+        rank_signals, pid_signals = self._signal_index()
         obs = []
         pause = self.pause_rule(pause_grace_s)
         place = self.placement()
@@ -380,9 +390,9 @@ class Ingest:
                 finished = str(ev.stop.get("reason") or "done")
             elif t is not None and t.stopped:
                 finished = "done"
-            sigs = rank_signals.get(r, [])
-            if t is not None and t.pid is not None:
-                sigs = sigs + [s for s in pid_signals.get(t.pid, []) if s not in sigs]
+            sigs = rank_signals.get(r, ())
+            if t is not None and t.pid is not None and t.pid in pid_signals:
+                sigs = [*sigs, *(s for s in pid_signals[t.pid] if s not in sigs)]
             if t is None:
                 obs.append(RankObservation(rank=r, node=node, finished=finished, error=ev.error if ev else None,
                                            signals=tuple(sigs)))  # fmt: skip
@@ -393,13 +403,27 @@ class Ingest:
             if hit is not None and hit[0] == key:
                 obs.append(hit[1])
                 continue
-            steps, busy = tuple(t.step_times), tuple(t.busy)
+            steps, busy, step_median, busy_median = t.recent(window)
             o = RankObservation(
                 rank=r, node=node, step=t.step, progress_time=t.progress_time, step_times=steps, busy=busy,
                 pid=t.pid, finished=finished, error=ev.error if ev else None, process=proc, process_time=ptime,
                 pause_allowance_s=allowance, signals=tuple(sigs), waiting_since=t.waiting_since, metrics=t.metrics,
-                step_median=statistics.median(steps[-window:]) if steps else None,
-                busy_median=statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+                step_median=step_median, busy_median=busy_median)  # fmt: skip
             self._obs_cache[r] = (key, o)
             obs.append(o)
         return obs
+
+    def _signal_index(self) -> tuple[dict[int, list[LogSignal]], dict[int, list[LogSignal]]]:
+        """Error signals by rank and by pid, rebuilt only when a signal arrived."""
+        if self._sig_index[0] != self.signals_version:
+            by_rank: dict[int, list[LogSignal]] = {}
+            by_pid: dict[int, list[LogSignal]] = {}
+            for s in self.signals:
+                if s.severity != "error":
+                    continue
+                if s.rank is not None:
+                    by_rank.setdefault(s.rank, []).append(s)
+                if s.get("pid") is not None:
+                    by_pid.setdefault(int(s.get("pid")), []).append(s)
+            self._sig_index = (self.signals_version, by_rank, by_pid)
+        return self._sig_index[1], self._sig_index[2]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.watch.health import HealthPolicy, assess_node, assess_ranks, watchdog_counts
+from taehv_console.core.watch.health import AssessMemo, HealthPolicy, assess_node, assess_ranks, watchdog_counts
 from taehv_console.core.watch.ingest import Ingest, get
 from taehv_console.core.watch.state import (
     CollectiveStall,
@@ -70,14 +70,19 @@ class ViewBuilder:
         self.notices_len = notices_len
         self.facts = dict(facts or {})
         self.seq = 0
-        self._prev_states: dict[tuple[str, Any], str] = {}
+        self.memo = AssessMemo()
+        # previous health states, to note transitions: rank -> state, node -> state, the collective's
+        self._prev_ranks: dict[int, str] = {}
+        self._prev_nodes: dict[str, str] = {}
+        self._prev_collective: str | None = None
+        self._step_summary: tuple[tuple[int, int], tuple[float | None, bool, float | None]] | None = None
 
     def ranks(self, now: float) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
         ing = self.ing
         timeout = get(ing.run_cfg, "distributed", "collective_timeout_s")
         return assess_ranks(ing.observations(self.policy.pause_grace_s, self.policy.straggler_window), self.policy, now,
                             watchdog=watchdog_counts(ing.signals),
-                            collective_timeout_s=float(timeout) if timeout else None)  # fmt: skip
+                            collective_timeout_s=float(timeout) if timeout else None, memo=self.memo)  # fmt: skip
 
     def build(self, now: float, *, agents_on: bool, tb: Any = None,
               sources: tuple[SourceStatus, ...] = ()) -> RunView:  # fmt: skip
@@ -120,15 +125,12 @@ class ViewBuilder:
         last = fold.last_step or {}
         step = ing.current_step()
         max_steps = ing.max_steps()
-        times = [t for tr in ing.ranks.values() for t in tr.step_times]
-        step_time = statistics.median(times) if times else last.get("step_time_s")
+        median_step, any_steps, updated = self._steps_summary()
+        step_time = median_step if median_step is not None else last.get("step_time_s")
         start0 = (fold.ranks.get(0).start if fold.ranks.get(0) else None) or {}
         stops = [e.stop.get("reason") for e in fold.ranks.values() if e.stop]
         console_phase = ing.console.phase.value if ing.console is not None else None
-        phase = run_phase(ranks, stops, collective, bool(ranks or fold.ranks),
-                          any(tr.step_times for tr in ing.ranks.values()) or bool(last), console_phase)  # fmt: skip
-        updated = max([t for t in [*(tr.hb_time for tr in ing.ranks.values()),
-                                   *(e.last_time for e in fold.ranks.values())] if t is not None], default=None)  # fmt: skip
+        phase = run_phase(ranks, stops, collective, bool(ranks or fold.ranks), any_steps or bool(last), console_phase)
         return RunHeader(
             run_dir=self.run_dir, run_id=self.run_id, phase=phase, console_phase=console_phase, step=step,
             max_steps=max_steps, world_size=ing.world_size(), preset=start0.get("preset") or get(ing.run_cfg, "run", "preset"),
@@ -140,6 +142,18 @@ class ViewBuilder:
             stop_reason=(fold.ranks.get(0).stop or {}).get("reason") if fold.ranks.get(0) else None,
             data_skipped=fold.data_skipped, nonfinite_skipped=int(last.get("nonfinite_skipped") or 0),
         )  # fmt: skip
+
+    def _steps_summary(self) -> tuple[float | None, bool, float | None]:
+        """(median of every rank's recent step times, whether any rank finished a step, the newest
+        heartbeat or event time): walks every rank, so only after a heartbeat or an event arrived."""
+        ing = self.ing
+        key = (ing.heartbeat_version, ing.fold.version)
+        if self._step_summary is None or self._step_summary[0] != key:
+            times = [t for tr in ing.ranks.values() for t in tr.step_times]
+            updated = max([t for t in [*(tr.hb_time for tr in ing.ranks.values()),
+                                       *(e.last_time for e in ing.fold.ranks.values())] if t is not None], default=None)  # fmt: skip
+            self._step_summary = (key, (statistics.median(times) if times else None, bool(times), updated))
+        return self._step_summary[1]
 
     def _histories(self, tb: Any) -> Histories:
         ing = self.ing
@@ -163,27 +177,36 @@ class ViewBuilder:
 
     def _note_transitions(self, ranks: tuple[RankHealth, ...], nodes: list[NodeSnapshot],
                           collective: CollectiveStall | None, now: float) -> None:  # fmt: skip
+        # States are str enums: compared and hashed as their values, turned into text only on a change.
         quiet = _QUIET
-        current: dict[tuple[str, Any], str] = {("rank", r.rank): r.state.value for r in ranks}
-        current.update({("node", n.name): n.state.value for n in nodes})
-        current[("collective", None)] = "stalled" if collective is not None else "ok"
-        prev_states = self._prev_states
-        for key, state in current.items():
-            prev = prev_states.get(key)
-            if prev is None or prev == state or (prev in quiet and state in quiet):
-                continue
-            kind, name = key
+        changes: list[tuple[str, Any, str, str, str]] = []  # kind, name, before, after, detail
+        cur_ranks = {r.rank: r.state for r in ranks}
+        prev = self._prev_ranks
+        if cur_ranks != prev:
+            for r in ranks:
+                before = prev.get(r.rank)
+                if before is not None and before != r.state and not (before in quiet and r.state in quiet):
+                    changes.append(("rank", r.rank, before, r.state, r.detail if r.state == "stalled" else ""))
+        cur_nodes = {n.name: n.state for n in nodes}
+        prev = self._prev_nodes
+        if cur_nodes != prev:
+            for n in nodes:
+                before = prev.get(n.name)
+                if before is not None and before != n.state and not (before in quiet and n.state in quiet):
+                    changes.append(("node", n.name, before, n.state, ""))
+        coll = "stalled" if collective is not None else "ok"
+        if self._prev_collective is not None and self._prev_collective != coll:
+            changes.append(("collective", None, self._prev_collective, coll, ""))
+        for kind, name, before, after, detail in changes:
+            before, after = str(getattr(before, "value", before)), str(getattr(after, "value", after))
             if kind == "collective":
                 text = (f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
                         f"({collective.evidence})" if collective is not None else "collectives progress again")  # fmt: skip
             else:
-                text = f"{kind} {name}: {prev} -> {state}"
-                if kind == "rank" and state == "stalled":
-                    detail = next((r.detail for r in ranks if r.rank == name), "")
-                    text += f" ({detail})" if detail else ""
-            sev = "info" if state in quiet or state == "ok" else ("error" if state in ("failed", "lost") else "warning")
+                text = f"{kind} {name}: {before} -> {after}" + (f" ({detail})" if detail else "")
+            sev = "info" if after in quiet or after == "ok" else ("error" if after in ("failed", "lost") else "warning")
             self.ing.notices.append(Notice(now, sev, "health", text))
-        self._prev_states = current
+        self._prev_ranks, self._prev_nodes, self._prev_collective = cur_ranks, cur_nodes, coll
 
 
 # ------------------------------------------------------------------------- how a view reads as text
