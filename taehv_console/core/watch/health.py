@@ -30,6 +30,7 @@ from taehv_console.core.watch.state import (
     ProcessSample,
     RankHealth,
     RankState,
+    copy_replacing,
 )
 
 # Log signals that end a rank when they name it (a peer connection lost is its victim's line: no).
@@ -135,6 +136,8 @@ class AssessMemo:
     policy: HealthPolicy | None = None
     stats: _StepStats | None = None
     reused: int = 0  # calls answered from the memo (tests check that it is used)
+    # rank -> (observation, step stats, a RankHealth holding what follows from those two alone)
+    rows: dict[int, tuple[RankObservation, _StepStats, RankHealth]] = field(default_factory=dict)
 
     def step_stats(self, obs: Sequence[RankObservation], policy: HealthPolicy) -> _StepStats:
         steps = [o.step_times for o in obs]
@@ -160,12 +163,12 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
 
     out: dict[int, RankHealth] = {}
     stale: dict[int, float] = {}  # rank -> seconds without progress, for the stale ones
+    rows = memo.rows if memo is not None else None
     for o in obs:
         proc = o.process
         fresh = proc is not None and o.process_time is not None and now - o.process_time <= policy.process_stale_s
         alive = proc.alive if (fresh and proc is not None) else None
         age = None if o.progress_time is None else max(0.0, now - o.progress_time)
-        score = scores.get(o.rank)
         sig = _fatal_signal(o, alive) if o.signals else None
         detail = ""
         if o.finished is not None:
@@ -188,13 +191,19 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
             if age > limit:
                 stale[o.rank] = age
             state = RankState.STARTING if not o.step_times else RankState.HEALTHY
-        # built once here (not copied per decision): 512 ranks twice a second
-        out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
-                                 step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
-                                 busy_s=busy_med.get(o.rank),
-                                 score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
-                                 detail=detail, metrics=o.metrics,
-                                 waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
+        row = rows.get(o.rank) if rows is not None else None
+        if row is None or row[0] is not o or row[1] is not stats:
+            # what does not change with the clock, kept while the observation and statistics stand
+            fixed = RankHealth(rank=o.rank, node=o.node, state=RankState.STARTING, step=o.step, pid=o.pid,
+                               step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
+                               busy_s=busy_med.get(o.rank), score=scores.get(o.rank), metrics=o.metrics)  # fmt: skip
+            if rows is not None:
+                rows[o.rank] = (o, stats, fixed)
+        else:
+            fixed = row[2]
+        out[o.rank] = copy_replacing(fixed, state=state, heartbeat_age_s=age, detail=detail,
+                                     process=proc.status if (fresh and proc) else "",
+                                     waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
 
     collective = None
     if stale and not any(h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale for r, h in out.items()):

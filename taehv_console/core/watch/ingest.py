@@ -29,8 +29,8 @@ from taehv_console.core.watch.state import (
     LogSignal,
     NodeSample,
     Notice,
-    ProcessSample,
     Series,
+    copy_replacing,
 )
 
 _NODE_LOG = re.compile(r"node-(\d+)\.log$")
@@ -109,16 +109,6 @@ class RankTracker:
         return True
 
 
-def _with_process(o: RankObservation, proc: ProcessSample | None, ptime: float | None) -> RankObservation:
-    """dataclasses.replace(o, process=proc, process_time=ptime) at a fifth of its cost: a copy of the
-    frozen instance's fields (RankObservation has no __post_init__ to re-run)."""
-    new = object.__new__(RankObservation)
-    fields = new.__dict__
-    fields.update(o.__dict__)
-    fields["process"], fields["process_time"] = proc, ptime
-    return new
-
-
 class AgentState:
     """One node's agent: its stream (owned by its poller), newest sample, clock offset, GPU history."""
 
@@ -187,6 +177,10 @@ class Ingest:
         self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._rank_window = rank_window
         self._obs_cache: dict[int, tuple[tuple, RankObservation]] = {}  # rank -> (inputs, observation)
+        self._obs_epoch: tuple = ()
+        # rank -> (heartbeat version, its events' record, stop, error, observation, node sample)
+        self._obs_same: dict[int, tuple] = {}
+        self._ranks_sorted: list[int] = []
         self._sig_index: tuple[int, dict, dict] = (-1, {}, {})  # (signals_version, by rank, by pid)
         self.signals_version = 0  # bumped when a log signal arrives
         self.heartbeat_version = 0  # bumped when a heartbeat changed a rank
@@ -365,11 +359,7 @@ class Ingest:
     def pause_rule(self, pause_grace_s: float) -> Callable[[int | None], float]:
         """step -> extra seconds a heartbeat may pause at it: validation and checkpoint steps, the
         last step (final validation, save, export), any step while a save is in flight."""
-        sched = self.run_cfg.get("schedule") or {}
-        every = [e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0]
-        last_step = self.max_steps()
-        in_flight = self.fold.checkpoint_in_flight() is not None
-        grace = max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0))
+        every, last_step, in_flight, grace = self._pause_inputs(pause_grace_s)
 
         def allowance(step: int | None) -> float:
             if step is None:
@@ -380,16 +370,48 @@ class Ingest:
 
         return allowance
 
+    def _pause_inputs(self, pause_grace_s: float) -> tuple[tuple[int, ...], int | None, bool, float]:
+        sched = self.run_cfg.get("schedule") or {}
+        every = tuple(e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0)
+        in_flight = self.fold.checkpoint_in_flight() is not None
+        return every, self.max_steps(), in_flight, max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0))
+
     def observations(self, pause_grace_s: float, window: int = 8) -> list[RankObservation]:
         """One RankObservation per rank, rebuilt only for ranks whose inputs changed (its heartbeat,
         its node's agent sample, its events, signals, or its pause allowance)."""
         rank_signals, pid_signals = self._signal_index()
         obs = []
+        # What every rank's observation depends on besides its own heartbeat, events and node sample
+        # (placement, pause allowances, log signals): while it stands, a rank whose own inputs are the
+        # very same objects as last time keeps its observation, at a few dict lookups per rank.
+        epoch = (self._pause_inputs(pause_grace_s), self.world_size(), self.signals_version,
+                 tuple(a.sample.host if a.sample is not None else None for a in self.agents.values()))  # fmt: skip
+        if epoch != self._obs_epoch:
+            self._obs_epoch = epoch
+            self._obs_same.clear()
+        same, agents = self._obs_same, self.agents
+        if len(self._ranks_sorted) != len(self.ranks.keys() | self.fold.ranks.keys()):
+            self._ranks_sorted = sorted(self.ranks.keys() | self.fold.ranks.keys())
         pause = self.pause_rule(pause_grace_s)
         place = self.placement()
-        for r in sorted(set(self.ranks) | set(self.fold.ranks)):
+        for r in self._ranks_sorted:
             t = self.ranks.get(r)
             ev = self.fold.ranks.get(r)
+            kept = same.get(r)
+            if kept is not None and t is not None and kept[0] == t.version and kept[1] is ev \
+                    and (ev is None or (kept[2] is ev.stop and kept[3] is ev.error)):  # fmt: skip
+                o = kept[4]
+                a = agents.get(o.node)
+                sample = a.sample if a is not None else None
+                if sample is not kept[5]:  # only its node's agent sampled again: swap the process view in
+                    if sample is not None and o.pid is not None:
+                        o = copy_replacing(o, process=sample.process(o.pid), process_time=sample.received)
+                    else:
+                        o = copy_replacing(o, process=None, process_time=None)
+                    self._obs_cache[r] = (self._obs_cache[r][0], o)
+                    same[r] = (*kept[:4], o, sample)
+                obs.append(o)
+                continue
             node = place(r, t.host if t else (ev.start.get("node") if ev and ev.start else None))
             a = self.agents.get(node)
             proc = ptime = None
@@ -416,8 +438,9 @@ class Ingest:
                 if o.process is not proc or o.process_time != ptime:
                     # only the node's agent sampled again (every second on every node): the same
                     # observation with the new process view, without building the rest anew
-                    o = _with_process(o, proc, ptime)
+                    o = copy_replacing(o, process=proc, process_time=ptime)
                     self._obs_cache[r] = (key, o)
+                same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
                 obs.append(o)
                 continue
             steps, busy, step_median, busy_median = t.recent(window)
@@ -427,6 +450,7 @@ class Ingest:
                 pause_allowance_s=allowance, signals=tuple(sigs), waiting_since=t.waiting_since, metrics=t.metrics,
                 step_median=step_median, busy_median=busy_median)  # fmt: skip
             self._obs_cache[r] = (key, o)
+            same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
             obs.append(o)
         return obs
 

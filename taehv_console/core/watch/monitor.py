@@ -248,8 +248,10 @@ class Monitor:
     def _poll_checkpoints(self) -> bool:
         ing = self.ingest
         with self._lock:
-            # fresh rank states: a one-shot read has built no view yet
-            ranks, _ = self.builder.ranks(time.time())
+            # While running, the published view's rank states (at most a tick old; assessing 2,048
+            # ranks again here cost as much as a view); a one-shot read has built no view yet.
+            latest = self._latest if self._started else None
+            ranks = latest.ranks if latest is not None else self.builder.ranks(time.time())[0]
             live = any(h.state not in (RankState.STOPPED, RankState.FAILED) for h in ranks)
             activity = RunActivity(live=live, step=ing.current_step(), max_steps=ing.max_steps(),
                                    every=get(ing.run_cfg, "schedule", "checkpoint_every"),
