@@ -152,6 +152,13 @@ class AssessMemo:
         return self.stats
 
 
+def _same_rank_facts(a: RankObservation, b: RankObservation) -> bool:
+    """Whether two observations agree on what a health row holds besides the clock-dependent part:
+    a new agent sample makes a new observation (its process view) but leaves these as they were."""
+    return a is b or (a.step_times is b.step_times and a.metrics is b.metrics and a.step == b.step
+                      and a.pid == b.pid and a.node == b.node and a.step_median == b.step_median)  # fmt: skip
+
+
 def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: float, *,
                  watchdog: Mapping[int, int] | None = None, collective_timeout_s: float | None = None,
                  memo: AssessMemo | None = None) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:  # fmt: skip
@@ -192,8 +199,8 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
                 stale[o.rank] = age
             state = RankState.STARTING if not o.step_times else RankState.HEALTHY
         row = rows.get(o.rank) if rows is not None else None
-        if row is None or row[0] is not o or row[1] is not stats:
-            # what does not change with the clock, kept while the observation and statistics stand
+        if row is None or row[1] is not stats or not _same_rank_facts(row[0], o):
+            # what does not change with the clock, kept while the rank's facts and the statistics stand
             fixed = RankHealth(rank=o.rank, node=o.node, state=RankState.STARTING, step=o.step, pid=o.pid,
                                step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
                                busy_s=busy_med.get(o.rank), score=scores.get(o.rank), metrics=o.metrics)  # fmt: skip

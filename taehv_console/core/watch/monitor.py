@@ -107,7 +107,7 @@ class Monitor:
             from taehv_console.core.watch.tbscalars import TensorBoardScalars  # reads TensorBoard files: only when asked
 
             self._tb = TensorBoardScalars(tensorboard, c.history_len)
-        self._published_key: Any = None
+        self._published_key: tuple[int, RunView] | None = None  # (ingest version, view) last handed out
         self._latest: RunView | None = None
         self._started = False
         self._sched: Scheduler | None = None
@@ -281,11 +281,11 @@ class Monitor:
             if self._publisher is not None:
                 # never under 1 Hz: a stall must reach every front end within its bound
                 self._publisher.interval_s = min(interval, 1.0)
-            key = (self.ingest.version, tuple((r.rank, r.state, r.blocked_by) for r in view.ranks),
-                   tuple((n.name, n.state, n.detail) for n in view.nodes), view.collective is not None,
-                   tuple((s.name, s.ok) for s in view.sources))  # fmt: skip
-            changed = key != self._published_key
-            self._published_key = key
+            # New facts, or the same facts judged differently as time passed (a rank gone stale);
+            # walking 2,048 ranks to tell is needed only when nothing new came in.
+            prev = self._published_key
+            changed = prev is None or prev[0] != self.ingest.version or _health_key(view) != _health_key(prev[1])
+            self._published_key = (self.ingest.version, view)
             self._latest = view
             subs = list(self._subs) if changed else []
         for cb in subs:
@@ -295,6 +295,11 @@ class Monitor:
                 with self._lock:
                     self.ingest.notices.append(Notice(time.time(), "error", "monitor", f"subscriber failed: {err!r}"[:300]))
         return False
+
+
+def _health_key(view: RunView) -> tuple:
+    return (tuple((r.rank, r.state, r.blocked_by) for r in view.ranks), tuple((n.name, n.state, n.detail) for n in view.nodes),
+            view.collective is not None, tuple((s.name, s.ok) for s in view.sources))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- poller kinds

@@ -30,6 +30,16 @@ _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 _CONSOLE_FINAL = {"done", "stopped", "failed", "stopping"}
 
 
+def _moves(kind: str, current: Mapping[Any, Any], previous: Mapping[Any, Any]) -> list[tuple[str, Any, Any, Any]]:
+    """(kind, name, before, after) for each state that moved since the previous view; not a first
+    sighting, nor a move between quiet states."""
+    if current == previous:
+        return []
+    return [(kind, name, before, state) for name, state in current.items()
+            if (before := previous.get(name)) is not None and before != state
+            and not (before in _QUIET and state in _QUIET)]  # fmt: skip
+
+
 def run_phase(ranks: tuple[RankHealth, ...], stops: list[Any], collective: CollectiveStall | None,
               has_ranks: bool, has_steps: bool, console_phase: str | None) -> str:
     """waiting | starting | running | stalled | stopping | done | stopped | failed: what a run is
@@ -178,33 +188,23 @@ class ViewBuilder:
     def _note_transitions(self, ranks: tuple[RankHealth, ...], nodes: list[NodeSnapshot],
                           collective: CollectiveStall | None, now: float) -> None:  # fmt: skip
         # States are str enums: compared and hashed as their values, turned into text only on a change.
-        quiet = _QUIET
-        changes: list[tuple[str, Any, str, str, str]] = []  # kind, name, before, after, detail
         cur_ranks = {r.rank: r.state for r in ranks}
-        prev = self._prev_ranks
-        if cur_ranks != prev:
-            for r in ranks:
-                before = prev.get(r.rank)
-                if before is not None and before != r.state and not (before in quiet and r.state in quiet):
-                    changes.append(("rank", r.rank, before, r.state, r.detail if r.state == "stalled" else ""))
         cur_nodes = {n.name: n.state for n in nodes}
-        prev = self._prev_nodes
-        if cur_nodes != prev:
-            for n in nodes:
-                before = prev.get(n.name)
-                if before is not None and before != n.state and not (before in quiet and n.state in quiet):
-                    changes.append(("node", n.name, before, n.state, ""))
+        changes = [*_moves("rank", cur_ranks, self._prev_ranks), *_moves("node", cur_nodes, self._prev_nodes)]
         coll = "stalled" if collective is not None else "ok"
         if self._prev_collective is not None and self._prev_collective != coll:
-            changes.append(("collective", None, self._prev_collective, coll, ""))
-        for kind, name, before, after, detail in changes:
+            changes.append(("collective", None, self._prev_collective, coll))
+        for kind, name, before, after in changes:
             before, after = str(getattr(before, "value", before)), str(getattr(after, "value", after))
             if kind == "collective":
                 text = (f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
                         f"({collective.evidence})" if collective is not None else "collectives progress again")  # fmt: skip
             else:
-                text = f"{kind} {name}: {before} -> {after}" + (f" ({detail})" if detail else "")
-            sev = "info" if after in quiet or after == "ok" else ("error" if after in ("failed", "lost") else "warning")
+                text = f"{kind} {name}: {before} -> {after}"
+                if kind == "rank" and after == "stalled":
+                    detail = next((r.detail for r in ranks if r.rank == name), "")
+                    text += f" ({detail})" if detail else ""
+            sev = "info" if after in _QUIET or after == "ok" else ("error" if after in ("failed", "lost") else "warning")
             self.ing.notices.append(Notice(now, sev, "health", text))
         self._prev_ranks, self._prev_nodes, self._prev_collective = cur_ranks, cur_nodes, coll
 
