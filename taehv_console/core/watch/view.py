@@ -85,7 +85,7 @@ class ViewBuilder:
         self._prev_ranks: dict[int, str] = {}
         self._prev_nodes: dict[str, str] = {}
         self._prev_collective: str | None = None
-        self._step_summary: tuple[tuple[int, int], tuple[float | None, bool, float | None]] | None = None
+        self._step_summary: tuple[int, tuple[float | None, bool, float | None]] | None = None
 
     def ranks(self, now: float) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
         ing = self.ing
@@ -155,15 +155,16 @@ class ViewBuilder:
 
     def _steps_summary(self) -> tuple[float | None, bool, float | None]:
         """(median of every rank's recent step times, whether any rank finished a step, the newest
-        heartbeat or event time): walks every rank, so only after a heartbeat or an event arrived."""
+        heartbeat or event time). The walk over every rank's heartbeat follows heartbeats only;
+        events (rank 0's, ten a second) touch only the event side."""
         ing = self.ing
-        key = (ing.heartbeat_version, ing.fold.version)
-        if self._step_summary is None or self._step_summary[0] != key:
+        if self._step_summary is None or self._step_summary[0] != ing.heartbeat_version:
             times = [t for tr in ing.ranks.values() for t in tr.step_times]
-            updated = max([t for t in [*(tr.hb_time for tr in ing.ranks.values()),
-                                       *(e.last_time for e in ing.fold.ranks.values())] if t is not None], default=None)  # fmt: skip
-            self._step_summary = (key, (statistics.median(times) if times else None, bool(times), updated))
-        return self._step_summary[1]
+            newest = max([tr.hb_time for tr in ing.ranks.values() if tr.hb_time is not None], default=None)
+            self._step_summary = (ing.heartbeat_version, (statistics.median(times) if times else None, bool(times), newest))
+        median, any_steps, newest = self._step_summary[1]
+        updated = max([t for t in (newest, *(e.last_time for e in ing.fold.ranks.values())) if t is not None], default=None)
+        return median, any_steps, updated
 
     def _histories(self, tb: Any) -> Histories:
         ing = self.ing
