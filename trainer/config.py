@@ -182,6 +182,11 @@ class DeepSpeedSection(_Section):
 class ScheduleSection(_Section):
     log_every: int = Field(10, ge=1, description="steps between TensorBoard/non-rank-0 event writes")
     val_every: int = Field(500, ge=1)
+    val_at_start: bool = Field(
+        False,
+        description="validate the untrained model before step 1: the curve's baseline, and a broken "
+        "validation set fails in seconds instead of at the first val_every",
+    )
     checkpoint_every: int = Field(1000, ge=1)
     keep_checkpoints: int = Field(3, ge=2, description="complete checkpoints kept (never fewer than 2)")
     stop_grace_s: int = Field(120, ge=1, description="how long a stop waits for the checkpoint before SIGKILL")

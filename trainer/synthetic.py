@@ -102,19 +102,26 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def _clip_frames(rng: np.random.Generator, frames: int, height: int, width: int) -> Iterable[np.ndarray]:
+    """Shapes with soft edges and gentle texture moving over a panning, slowly varying background.
+
+    The spectrum falls with frequency as a natural image's does: most of each frame's energy is in
+    its colours and broad shading, then edges, then fine texture and a little sensor noise. A clip
+    made of hard checkers and full-contrast stripes would put most of its energy in detail that
+    an 8x-downsampling autoencoder can only learn after many thousand steps, and a short run would
+    show nothing but the mean colour (measured: 12.2 dB for flat grey, 13.1 for the clip's mean).
+    """
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     unit = min(height, width)
 
     # The background is an analytic texture, so a camera pan is just an offset in its coordinates and
-    # sub-pixel motion costs nothing.
-    n_waves = 4
-    freq = (rng.uniform(0.5, 6.0, n_waves) * 2 * np.pi / unit).tolist()
+    # sub-pixel motion costs nothing. Wave amplitude falls as 1/frequency.
+    n_waves = 5
+    cycles = rng.uniform(0.3, 4.0, n_waves)
+    freq = (cycles * 2 * np.pi / unit).tolist()
     angle = rng.uniform(0, np.pi, n_waves).tolist()
     phase = rng.uniform(0, 2 * np.pi, n_waves).tolist()
-    wave_colour = rng.uniform(-60, 60, (n_waves, 3)).astype(np.float32)
-    base_colour = rng.uniform(60, 190, 3).astype(np.float32)
-    checker = float(rng.uniform(1.5, 5.0) * 2 * np.pi / unit)
-    checker_colour = rng.uniform(-40, 40, 3).astype(np.float32)
+    wave_colour = (rng.uniform(-30, 30, (n_waves, 3)) / np.maximum(cycles, 0.5)[:, None]).astype(np.float32)
+    base_colour = rng.uniform(50, 200, 3).astype(np.float32)
     pan = (rng.uniform(-0.04, 0.04, 2) * unit).tolist()  # pixels per frame (y, x)
 
     n_shapes = int(rng.integers(2, 5))
@@ -123,15 +130,15 @@ def _clip_frames(rng: np.random.Generator, frames: int, height: int, width: int)
         shapes.append(
             {
                 "round": bool(rng.random() < 0.5),
-                "radius": float(rng.uniform(0.08, 0.22) * unit),
+                "radius": float(rng.uniform(0.12, 0.3) * unit),
                 "centre": (rng.uniform(0, 1, 2) * (height, width)).tolist(),
                 "velocity": (rng.uniform(-0.06, 0.06, 2) * unit).tolist(),
-                "colour": rng.uniform(0, 255, 3).astype(np.float32),
-                "stripe": float(rng.uniform(2, 8) * 2 * np.pi / unit),
+                "colour": rng.uniform(20, 235, 3).astype(np.float32),
+                "stripe": float(rng.uniform(1, 4) * 2 * np.pi / unit),
                 "stripe_angle": float(rng.uniform(0, np.pi)),
             }
         )
-    noise = float(rng.uniform(2.0, 6.0))
+    noise = float(rng.uniform(1.0, 3.0))
 
     for t in range(frames):
         y = yy + pan[0] * t
@@ -140,22 +147,18 @@ def _clip_frames(rng: np.random.Generator, frames: int, height: int, width: int)
         for k in range(n_waves):
             proj = math.cos(angle[k]) * x + math.sin(angle[k]) * y
             img = img + np.sin(freq[k] * proj + phase[k])[..., None] * wave_colour[k]
-        img = (
-            img
-            + np.where(np.sin(checker * x) * np.sin(checker * y) > 0, 1, -1).astype(np.float32)[..., None]
-            * checker_colour
-        )
         for s in shapes:
             # Positions bounce between the frame edges, so shapes stay in view for any clip length.
             cy, cx = (_bounce(s["centre"][i] + s["velocity"][i] * t, (height, width)[i]) for i in range(2))
             dy, dx = yy - cy, xx - cx
             if s["round"]:
-                inside = dy**2 + dx**2 <= s["radius"] ** 2
+                outside = np.sqrt(dy**2 + dx**2) - s["radius"]
             else:
-                inside = (np.abs(dy) <= s["radius"]) & (np.abs(dx) <= s["radius"] * 0.7)
+                outside = np.maximum(np.abs(dy) - s["radius"], np.abs(dx) - s["radius"] * 0.7)
+            cover = np.clip(0.5 - outside, 0, 1)[..., None]  # a one-pixel anti-aliased edge
             proj = math.cos(s["stripe_angle"]) * dx + math.sin(s["stripe_angle"]) * dy
-            texture = np.float32(0.75) + np.float32(0.25) * np.sign(np.sin(s["stripe"] * proj))
-            img = np.where(inside[..., None], s["colour"] * texture[..., None], img)
+            texture = np.float32(0.88) + np.float32(0.12) * np.sin(s["stripe"] * proj)
+            img = img * (1 - cover) + (s["colour"] * texture[..., None]) * cover
         img = img + rng.standard_normal(img.shape, dtype=np.float32) * noise
         yield np.clip(img, 0, 255).round().astype(np.uint8)
 

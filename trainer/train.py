@@ -576,9 +576,10 @@ class Trainer:
             ema_text = f"; EMA PSNR {result['ema_psnr']:.2f} dB" if ema_model is not None else ""
             print(f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}"
                   f"{ema_text}", flush=True)  # fmt: skip
-        # with EMA on, the EMA weights are what a user takes away, so they choose best/
+        # with EMA on, the EMA weights are what a user takes away, so they choose best/; the untrained
+        # model (a validation at step 0) is a baseline, never the best weights
         chosen = result["ema_psnr"] if ema_model is not None else result["psnr"]
-        if chosen > self.best_psnr:
+        if self.step > 0 and chosen > self.best_psnr:
             self.best_psnr = chosen
             self._export("best", {**result, "chosen_by": "ema_psnr" if ema_model is not None else "psnr"})
         return result
@@ -633,6 +634,8 @@ class Trainer:
             if self.resume_from:
                 print(f"[taehv-train] resumed from {self.resume_from.path} at step {self.step}", flush=True)
         stop_reason = "done"
+        if cfg.schedule.val_at_start and self.step == 0:
+            self.validate()
         while self.step < cfg.optim.max_steps:
             stop_now = self.train_step()
             if stop_now:

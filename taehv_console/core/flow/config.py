@@ -82,7 +82,8 @@ def generated_clips(runs_dir: str, cfg: TrainConfig, note: Note | None = None) -
     """Real video files for the smoke preset, made once per size under the runs directory (shared
     storage, so every node reads the same clips) and reused by later runs."""
     d = cfg.data
-    folder = Path(runs_dir).absolute() / "generated-clips" / f"{d.frames}x{d.height}x{d.width}"
+    # "v2": the generator changed (a natural spectrum); clips made by an older one are not reused
+    folder = Path(runs_dir).absolute() / "generated-clips" / f"v2-{d.frames}x{d.height}x{d.width}"
     done = folder / ".complete"
     if not done.exists():
         # lazy: the video encoder and numpy cost half a second, and only this path needs them

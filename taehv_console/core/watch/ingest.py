@@ -22,7 +22,7 @@ from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation
-from taehv_console.core.watch.logscan import LogScanner
+from taehv_console.core.logscan import LogScanner
 from taehv_console.core.watch.state import (
     CheckpointSummary,
     ForensicsSummary,

@@ -96,8 +96,10 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
              step_time_s=step_s, lr=1e-3)
         beat = run / "heartbeat" / f"rank-{rank}.json"
         tmp = beat.with_name(f".{beat.name}.tmp")  # replaced whole, as the trainer does: never read half
+        # the trainer's heartbeat fields: the step time is what the console's stall threshold scales with
         tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
-                                   "host": socket.gethostname()}))
+                                   "host": socket.gethostname(), "step_time_s": step_s, "wait_s": 0.0,
+                                   "data_wait_s": 0.0}))  # fmt: skip
         os.replace(tmp, beat)
         if stop["asked"] and not agreed.exists():
             # the trainer's all-reduce of the stop flag, in files: the first rank to be asked
