@@ -40,7 +40,7 @@ from taehv_console.core.run.failure import choose_failure
 from taehv_console.core.run.state import Phase
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
-from taehv_console.core.watch.logscan import LogScanner
+from taehv_console.core.logscan import LogScanner
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig, PollerConfig
 from taehv_console.core.watch.state import CheckpointState, RankState
 from tests.core.cluster.conftest import build_facts

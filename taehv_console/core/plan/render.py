@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from taehv_console.core.cluster.hosts import validate_host
+from taehv_console.core.hostnames import validate_host
 from taehv_console.core.plan.flight_recorder import FR_DIR, flight_recorder_env
 from trainer.config import ENV_NAME_RE, TrainConfig, config_to_toml
 from trainer.ds_config import build_deepspeed_config

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_console.core.run.state import Failure
-from taehv_console.core.watch.logscan import LogScanner
+from taehv_console.core.logscan import LogScanner
 
 _RULE = re.compile(r"\s*={10,}\s*")  # the line that closes torchelastic's block
 # what a rank reports when a *peer* went away: a consequence, never the first failure

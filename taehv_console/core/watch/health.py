@@ -16,9 +16,10 @@ Nodes: ok / degraded / stalled / failed / lost (agent silent past its timeout).
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from taehv_console.core.watch.agent import SLOWDOWN_REASONS
 from taehv_console.core.watch.state import (
@@ -29,6 +30,7 @@ from taehv_console.core.watch.state import (
     ProcessSample,
     RankHealth,
     RankState,
+    copy_replacing,
 )
 
 # Log signals that end a rank when they name it (a peer connection lost is its victim's line: no).
@@ -96,29 +98,85 @@ def _fatal_signal(o: RankObservation, process_alive: bool | None) -> LogSignal |
     return None
 
 
-def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: float, *,
-                 watchdog: Mapping[int, int] | None = None,
-                 collective_timeout_s: float | None = None) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:  # fmt: skip
-    """Per-rank health, and the collective stall (with its laggard) when every rank is stuck."""
+@dataclass(frozen=True)
+class _StepStats:
+    """What the ranks' recent step times add up to: the stall limit, each rank's own-work median
+    and score against the fastest, and the ranks slow enough to be stragglers."""
+
+    stall_after: float | None
+    busy_med: dict[int, float | None]
+    fastest: float | None
+    scores: dict[int, float]
+    slow: tuple[int, ...]
+
+
+def _step_stats(obs: Sequence[RankObservation], policy: HealthPolicy) -> _StepStats:
     window = policy.straggler_window
-    recent = [t for o in obs for t in o.step_times[-window:]]
-    median_step = _median(recent)
+    median_step = _median([t for o in obs for t in o.step_times[-window:]])
     stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
     busy_med = {o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
                 for o in obs if len(o.busy) >= policy.straggler_min_steps}
     fastest = min(busy_med.values()) if busy_med else None
+    scores = {r: round(min(1.0, fastest / b), 3) for r, b in busy_med.items() if b} if fastest is not None else {}
+    slow = tuple(r for r, sc in scores.items()
+                 if sc < policy.straggler_threshold and busy_med[r] - fastest >= policy.straggler_min_gap_s)  # type: ignore[operator]  # fmt: skip
+    return _StepStats(stall_after, busy_med, fastest, scores, slow)
+
+
+@dataclass
+class AssessMemo:
+    """The step statistics of the last assess_ranks call, for a caller that assesses the same ranks
+    over and over (the monitor, twice a second). With 2,048 ranks, the medians over every rank's
+    recent steps were the largest share of a view's cost, and they change only with heartbeats:
+    they are reused while every rank's step and own-work tuples are the very same objects."""
+
+    ranks: tuple[int, ...] = ()
+    steps: list[tuple[float, ...]] = field(default_factory=list)  # held, so identities stay unique
+    busy: list[tuple[float, ...]] = field(default_factory=list)
+    policy: HealthPolicy | None = None
+    stats: _StepStats | None = None
+    reused: int = 0  # calls answered from the memo (tests check that it is used)
+    # rank -> (observation, step stats, a RankHealth holding what follows from those two alone)
+    rows: dict[int, tuple[RankObservation, _StepStats, RankHealth]] = field(default_factory=dict)
+
+    def step_stats(self, obs: Sequence[RankObservation], policy: HealthPolicy) -> _StepStats:
+        steps = [o.step_times for o in obs]
+        busy = [o.busy for o in obs]
+        ranks = tuple(o.rank for o in obs)
+        if (self.stats is not None and policy == self.policy and ranks == self.ranks
+                and all(map(operator.is_, steps, self.steps)) and all(map(operator.is_, busy, self.busy))):  # fmt: skip
+            self.reused += 1
+            return self.stats
+        self.ranks, self.steps, self.busy, self.policy = ranks, steps, busy, policy
+        self.stats = _step_stats(obs, policy)
+        return self.stats
+
+
+def _same_rank_facts(a: RankObservation, b: RankObservation) -> bool:
+    """Whether two observations agree on what a health row holds besides the clock-dependent part:
+    a new agent sample makes a new observation (its process view) but leaves these as they were."""
+    return a is b or (a.step_times is b.step_times and a.metrics is b.metrics and a.step == b.step
+                      and a.pid == b.pid and a.node == b.node and a.step_median == b.step_median)  # fmt: skip
+
+
+def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: float, *,
+                 watchdog: Mapping[int, int] | None = None, collective_timeout_s: float | None = None,
+                 memo: AssessMemo | None = None) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:  # fmt: skip
+    """Per-rank health, and the collective stall (with its laggard) when every rank is stuck.
+    `memo`: keep the step statistics between calls on the same ranks (AssessMemo)."""
+    window = policy.straggler_window
+    stats = memo.step_stats(obs, policy) if memo is not None else _step_stats(obs, policy)
+    stall_after, busy_med, fastest, scores = stats.stall_after, stats.busy_med, stats.fastest, stats.scores
 
     out: dict[int, RankHealth] = {}
     stale: dict[int, float] = {}  # rank -> seconds without progress, for the stale ones
+    rows = memo.rows if memo is not None else None
     for o in obs:
         proc = o.process
         fresh = proc is not None and o.process_time is not None and now - o.process_time <= policy.process_stale_s
         alive = proc.alive if (fresh and proc is not None) else None
         age = None if o.progress_time is None else max(0.0, now - o.progress_time)
-        score = None
-        if fastest is not None and busy_med.get(o.rank):
-            score = round(min(1.0, fastest / busy_med[o.rank]), 3)
-        sig = _fatal_signal(o, alive)
+        sig = _fatal_signal(o, alive) if o.signals else None
         detail = ""
         if o.finished is not None:
             failed = o.finished == "error"
@@ -140,33 +198,34 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
             if age > limit:
                 stale[o.rank] = age
             state = RankState.STARTING if not o.step_times else RankState.HEALTHY
-        # built once here (not copied per decision): 512 ranks twice a second
-        out[o.rank] = RankHealth(rank=o.rank, node=o.node, state=state, step=o.step, heartbeat_age_s=age,
-                                 step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
-                                 busy_s=busy_med.get(o.rank),
-                                 score=score, pid=o.pid, process=proc.status if (fresh and proc) else "",
-                                 detail=detail, metrics=o.metrics,
-                                 waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
+        row = rows.get(o.rank) if rows is not None else None
+        if row is None or row[1] is not stats or not _same_rank_facts(row[0], o):
+            # what does not change with the clock, kept while the rank's facts and the statistics stand
+            fixed = RankHealth(rank=o.rank, node=o.node, state=RankState.STARTING, step=o.step, pid=o.pid,
+                               step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
+                               busy_s=busy_med.get(o.rank), score=scores.get(o.rank), metrics=o.metrics)  # fmt: skip
+            if rows is not None:
+                rows[o.rank] = (o, stats, fixed)
+        else:
+            fixed = row[2]
+        out[o.rank] = copy_replacing(fixed, state=state, heartbeat_age_s=age, detail=detail,
+                                     process=proc.status if (fresh and proc) else "",
+                                     waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
 
-    by_rank = {o.rank: o for o in obs}
     collective = None
-    active = [r for r, h in out.items() if h.state in (RankState.HEALTHY, RankState.STARTING)]
-    progressing = [r for r in active if r not in stale]
-    if stale and not progressing:
-        collective = _collective(out, stale, by_rank, watchdog or {}, collective_timeout_s)
+    if stale and not any(h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale for r, h in out.items()):
+        collective = _collective(out, stale, {o.rank: o for o in obs}, watchdog or {}, collective_timeout_s)
     else:
         for r, age in stale.items():  # one rank silent while the others move on: its own problem
             out[r] = replace(out[r], state=RankState.STALLED,
                              detail=f"no heartbeat progress for {age:.0f} s while other ranks progress")  # fmt: skip
 
-    if fastest is not None:
-        for r, h in out.items():
-            if h.state is not RankState.HEALTHY or h.blocked_by is not None or h.score is None:
-                continue
-            if h.score < policy.straggler_threshold and (busy_med[r] - fastest) >= policy.straggler_min_gap_s:
-                out[r] = replace(h, state=RankState.STRAGGLER,
-                                 detail=f"{busy_med[r]:.2f} s of own work per step vs {fastest:.2f} s on the "
-                                        f"fastest rank (score {h.score:.2f})")  # fmt: skip
+    for r in stats.slow:  # slow enough: a straggler unless something worse holds it
+        h = out[r]
+        if h.state is RankState.HEALTHY and h.blocked_by is None:
+            out[r] = replace(h, state=RankState.STRAGGLER,
+                             detail=f"{busy_med[r]:.2f} s of own work per step vs {fastest:.2f} s on the "
+                                    f"fastest rank (score {h.score:.2f})")  # fmt: skip
     return tuple(out[r] for r in sorted(out)), collective
 
 

@@ -22,7 +22,7 @@ from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation
-from taehv_console.core.watch.logscan import LogScanner
+from taehv_console.core.logscan import LogScanner
 from taehv_console.core.watch.state import (
     CheckpointSummary,
     ForensicsSummary,
@@ -30,6 +30,7 @@ from taehv_console.core.watch.state import (
     NodeSample,
     Notice,
     Series,
+    copy_replacing,
 )
 
 _NODE_LOG = re.compile(r"node-(\d+)\.log$")
@@ -55,6 +56,19 @@ class RankTracker:
         self.version = 0  # bumped on every heartbeat that changed something
         self.step_times: deque[float] = deque(maxlen=window)
         self.busy: deque[float] = deque(maxlen=window)
+        self._recent: tuple[int, int, tuple] | None = None  # (version, window, recent()'s answer)
+
+    def recent(self, window: int) -> tuple[tuple[float, ...], tuple[float, ...], float | None, float | None]:
+        """(step times, own-work times, their medians over the last `window`), computed once per
+        heartbeat: an agent sample makes every rank's observation new, not its steps."""
+        hit = self._recent
+        if hit is not None and hit[0] == self.version and hit[1] == window:
+            return hit[2]
+        steps, busy = tuple(self.step_times), tuple(self.busy)
+        out = (steps, busy, statistics.median(steps[-window:]) if steps else None,
+               statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+        self._recent = (self.version, window, out)
+        return out
 
     def update(self, hb: Mapping[str, Any], offset: float, now: float) -> bool:
         step, t, pid = hb.get("step"), hb.get("time"), hb.get("pid")
@@ -163,6 +177,13 @@ class Ingest:
         self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._rank_window = rank_window
         self._obs_cache: dict[int, tuple[tuple, RankObservation]] = {}  # rank -> (inputs, observation)
+        self._obs_epoch: tuple = ()
+        # rank -> (heartbeat version, its events' record, stop, error, observation, node sample)
+        self._obs_same: dict[int, tuple] = {}
+        self._ranks_sorted: list[int] = []
+        self._sig_index: tuple[int, dict, dict] = (-1, {}, {})  # (signals_version, by rank, by pid)
+        self.signals_version = 0  # bumped when a log signal arrives
+        self.heartbeat_version = 0  # bumped when a heartbeat changed a rank
         self.version = 0  # bumped on every change: the publisher skips unchanged snapshots
 
     # ------------------------------------------------------------------ applying what was read
@@ -240,6 +261,7 @@ class Ingest:
                 offset = a.offset if a is not None else 0.0
                 if t.update(hb, offset, now):
                     self.version += 1
+                    self.heartbeat_version += 1
 
     def apply_logs(self, res: Any, now: float, reader: str = "") -> None:
         found: list[LogSignal] = []
@@ -263,6 +285,7 @@ class Ingest:
                                                s.rank, self.node_of_log(s.source)))  # fmt: skip
             if found:
                 self.version += 1
+                self.signals_version += 1
 
     def set_checkpoints(self, summary: CheckpointSummary) -> None:
         with self.lock:
@@ -336,11 +359,7 @@ class Ingest:
     def pause_rule(self, pause_grace_s: float) -> Callable[[int | None], float]:
         """step -> extra seconds a heartbeat may pause at it: validation and checkpoint steps, the
         last step (final validation, save, export), any step while a save is in flight."""
-        sched = self.run_cfg.get("schedule") or {}
-        every = [e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0]
-        last_step = self.max_steps()
-        in_flight = self.fold.checkpoint_in_flight() is not None
-        grace = max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0))
+        every, last_step, in_flight, grace = self._pause_inputs(pause_grace_s)
 
         def allowance(step: int | None) -> float:
             if step is None:
@@ -351,24 +370,48 @@ class Ingest:
 
         return allowance
 
+    def _pause_inputs(self, pause_grace_s: float) -> tuple[tuple[int, ...], int | None, bool, float]:
+        sched = self.run_cfg.get("schedule") or {}
+        every = tuple(e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0)
+        in_flight = self.fold.checkpoint_in_flight() is not None
+        return every, self.max_steps(), in_flight, max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0))
+
     def observations(self, pause_grace_s: float, window: int = 8) -> list[RankObservation]:
         """One RankObservation per rank, rebuilt only for ranks whose inputs changed (its heartbeat,
         its node's agent sample, its events, signals, or its pause allowance)."""
-        pid_signals: dict[int, list[LogSignal]] = {}
-        rank_signals: dict[int, list[LogSignal]] = {}
-        for s in self.signals:
-            if s.severity != "error":
-                continue
-            if s.rank is not None:
-                rank_signals.setdefault(s.rank, []).append(s)
-            if s.get("pid") is not None:
-                pid_signals.setdefault(int(s.get("pid")), []).append(s)
+        rank_signals, pid_signals = self._signal_index()
         obs = []
+        # What every rank's observation depends on besides its own heartbeat, events and node sample
+        # (placement, pause allowances, log signals): while it stands, a rank whose own inputs are the
+        # very same objects as last time keeps its observation, at a few dict lookups per rank.
+        epoch = (self._pause_inputs(pause_grace_s), self.world_size(), self.signals_version,
+                 tuple(a.sample.host if a.sample is not None else None for a in self.agents.values()))  # fmt: skip
+        if epoch != self._obs_epoch:
+            self._obs_epoch = epoch
+            self._obs_same.clear()
+        same, agents = self._obs_same, self.agents
+        if len(self._ranks_sorted) != len(self.ranks.keys() | self.fold.ranks.keys()):
+            self._ranks_sorted = sorted(self.ranks.keys() | self.fold.ranks.keys())
         pause = self.pause_rule(pause_grace_s)
         place = self.placement()
-        for r in sorted(set(self.ranks) | set(self.fold.ranks)):
+        for r in self._ranks_sorted:
             t = self.ranks.get(r)
             ev = self.fold.ranks.get(r)
+            kept = same.get(r)
+            if kept is not None and t is not None and kept[0] == t.version and kept[1] is ev \
+                    and (ev is None or (kept[2] is ev.stop and kept[3] is ev.error)):  # fmt: skip
+                o = kept[4]
+                a = agents.get(o.node)
+                sample = a.sample if a is not None else None
+                if sample is not kept[5]:  # only its node's agent sampled again: swap the process view in
+                    if sample is not None and o.pid is not None:
+                        o = copy_replacing(o, process=sample.process(o.pid), process_time=sample.received)
+                    else:
+                        o = copy_replacing(o, process=None, process_time=None)
+                    self._obs_cache[r] = (self._obs_cache[r][0], o)
+                    same[r] = (*kept[:4], o, sample)
+                obs.append(o)
+                continue
             node = place(r, t.host if t else (ev.start.get("node") if ev and ev.start else None))
             a = self.agents.get(node)
             proc = ptime = None
@@ -380,26 +423,48 @@ class Ingest:
                 finished = str(ev.stop.get("reason") or "done")
             elif t is not None and t.stopped:
                 finished = "done"
-            sigs = rank_signals.get(r, [])
-            if t is not None and t.pid is not None:
-                sigs = sigs + [s for s in pid_signals.get(t.pid, []) if s not in sigs]
+            sigs = rank_signals.get(r, ())
+            if t is not None and t.pid is not None and t.pid in pid_signals:
+                sigs = [*sigs, *(s for s in pid_signals[t.pid] if s not in sigs)]
             if t is None:
                 obs.append(RankObservation(rank=r, node=node, finished=finished, error=ev.error if ev else None,
                                            signals=tuple(sigs)))  # fmt: skip
                 continue
             allowance = pause(t.step)
-            key = (t.version, node, id(proc), ptime, finished, ev.error if ev else None, len(sigs), allowance)
+            key = (t.version, node, finished, ev.error if ev else None, len(sigs), allowance)
             hit = self._obs_cache.get(r)
             if hit is not None and hit[0] == key:
-                obs.append(hit[1])
+                o = hit[1]
+                if o.process is not proc or o.process_time != ptime:
+                    # only the node's agent sampled again (every second on every node): the same
+                    # observation with the new process view, without building the rest anew
+                    o = copy_replacing(o, process=proc, process_time=ptime)
+                    self._obs_cache[r] = (key, o)
+                same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
+                obs.append(o)
                 continue
-            steps, busy = tuple(t.step_times), tuple(t.busy)
+            steps, busy, step_median, busy_median = t.recent(window)
             o = RankObservation(
                 rank=r, node=node, step=t.step, progress_time=t.progress_time, step_times=steps, busy=busy,
                 pid=t.pid, finished=finished, error=ev.error if ev else None, process=proc, process_time=ptime,
                 pause_allowance_s=allowance, signals=tuple(sigs), waiting_since=t.waiting_since, metrics=t.metrics,
-                step_median=statistics.median(steps[-window:]) if steps else None,
-                busy_median=statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+                step_median=step_median, busy_median=busy_median)  # fmt: skip
             self._obs_cache[r] = (key, o)
+            same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
             obs.append(o)
         return obs
+
+    def _signal_index(self) -> tuple[dict[int, list[LogSignal]], dict[int, list[LogSignal]]]:
+        """Error signals by rank and by pid, rebuilt only when a signal arrived."""
+        if self._sig_index[0] != self.signals_version:
+            by_rank: dict[int, list[LogSignal]] = {}
+            by_pid: dict[int, list[LogSignal]] = {}
+            for s in self.signals:
+                if s.severity != "error":
+                    continue
+                if s.rank is not None:
+                    by_rank.setdefault(s.rank, []).append(s)
+                if s.get("pid") is not None:
+                    by_pid.setdefault(int(s.get("pid")), []).append(s)
+            self._sig_index = (self.signals_version, by_rank, by_pid)
+        return self._sig_index[1], self._sig_index[2]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.watch.health import HealthPolicy, assess_node, assess_ranks, watchdog_counts
+from taehv_console.core.watch.health import AssessMemo, HealthPolicy, assess_node, assess_ranks, watchdog_counts
 from taehv_console.core.watch.ingest import Ingest, get
 from taehv_console.core.watch.state import (
     CollectiveStall,
@@ -28,6 +28,16 @@ from taehv_console.core.watch.state import (
 _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 # the console's verdict wins once it has one: the processes are gone, the record says how
 _CONSOLE_FINAL = {"done", "stopped", "failed", "stopping"}
+
+
+def _moves(kind: str, current: Mapping[Any, Any], previous: Mapping[Any, Any]) -> list[tuple[str, Any, Any, Any]]:
+    """(kind, name, before, after) for each state that moved since the previous view; not a first
+    sighting, nor a move between quiet states."""
+    if current == previous:
+        return []
+    return [(kind, name, before, state) for name, state in current.items()
+            if (before := previous.get(name)) is not None and before != state
+            and not (before in _QUIET and state in _QUIET)]  # fmt: skip
 
 
 def run_phase(ranks: tuple[RankHealth, ...], stops: list[Any], collective: CollectiveStall | None,
@@ -70,14 +80,19 @@ class ViewBuilder:
         self.notices_len = notices_len
         self.facts = dict(facts or {})
         self.seq = 0
-        self._prev_states: dict[tuple[str, Any], str] = {}
+        self.memo = AssessMemo()
+        # previous health states, to note transitions: rank -> state, node -> state, the collective's
+        self._prev_ranks: dict[int, str] = {}
+        self._prev_nodes: dict[str, str] = {}
+        self._prev_collective: str | None = None
+        self._step_summary: tuple[int, tuple[float | None, bool, float | None]] | None = None
 
     def ranks(self, now: float) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
         ing = self.ing
         timeout = get(ing.run_cfg, "distributed", "collective_timeout_s")
         return assess_ranks(ing.observations(self.policy.pause_grace_s, self.policy.straggler_window), self.policy, now,
                             watchdog=watchdog_counts(ing.signals),
-                            collective_timeout_s=float(timeout) if timeout else None)  # fmt: skip
+                            collective_timeout_s=float(timeout) if timeout else None, memo=self.memo)  # fmt: skip
 
     def build(self, now: float, *, agents_on: bool, tb: Any = None,
               sources: tuple[SourceStatus, ...] = ()) -> RunView:  # fmt: skip
@@ -120,15 +135,12 @@ class ViewBuilder:
         last = fold.last_step or {}
         step = ing.current_step()
         max_steps = ing.max_steps()
-        times = [t for tr in ing.ranks.values() for t in tr.step_times]
-        step_time = statistics.median(times) if times else last.get("step_time_s")
+        median_step, any_steps, updated = self._steps_summary()
+        step_time = median_step if median_step is not None else last.get("step_time_s")
         start0 = (fold.ranks.get(0).start if fold.ranks.get(0) else None) or {}
         stops = [e.stop.get("reason") for e in fold.ranks.values() if e.stop]
         console_phase = ing.console.phase.value if ing.console is not None else None
-        phase = run_phase(ranks, stops, collective, bool(ranks or fold.ranks),
-                          any(tr.step_times for tr in ing.ranks.values()) or bool(last), console_phase)  # fmt: skip
-        updated = max([t for t in [*(tr.hb_time for tr in ing.ranks.values()),
-                                   *(e.last_time for e in fold.ranks.values())] if t is not None], default=None)  # fmt: skip
+        phase = run_phase(ranks, stops, collective, bool(ranks or fold.ranks), any_steps or bool(last), console_phase)
         return RunHeader(
             run_dir=self.run_dir, run_id=self.run_id, phase=phase, console_phase=console_phase, step=step,
             max_steps=max_steps, world_size=ing.world_size(), preset=start0.get("preset") or get(ing.run_cfg, "run", "preset"),
@@ -140,6 +152,19 @@ class ViewBuilder:
             stop_reason=(fold.ranks.get(0).stop or {}).get("reason") if fold.ranks.get(0) else None,
             data_skipped=fold.data_skipped, nonfinite_skipped=int(last.get("nonfinite_skipped") or 0),
         )  # fmt: skip
+
+    def _steps_summary(self) -> tuple[float | None, bool, float | None]:
+        """(median of every rank's recent step times, whether any rank finished a step, the newest
+        heartbeat or event time). The walk over every rank's heartbeat follows heartbeats only;
+        events (rank 0's, ten a second) touch only the event side."""
+        ing = self.ing
+        if self._step_summary is None or self._step_summary[0] != ing.heartbeat_version:
+            times = [t for tr in ing.ranks.values() for t in tr.step_times]
+            newest = max([tr.hb_time for tr in ing.ranks.values() if tr.hb_time is not None], default=None)
+            self._step_summary = (ing.heartbeat_version, (statistics.median(times) if times else None, bool(times), newest))
+        median, any_steps, newest = self._step_summary[1]
+        updated = max([t for t in (newest, *(e.last_time for e in ing.fold.ranks.values())) if t is not None], default=None)
+        return median, any_steps, updated
 
     def _histories(self, tb: Any) -> Histories:
         ing = self.ing
@@ -163,27 +188,26 @@ class ViewBuilder:
 
     def _note_transitions(self, ranks: tuple[RankHealth, ...], nodes: list[NodeSnapshot],
                           collective: CollectiveStall | None, now: float) -> None:  # fmt: skip
-        quiet = _QUIET
-        current: dict[tuple[str, Any], str] = {("rank", r.rank): r.state.value for r in ranks}
-        current.update({("node", n.name): n.state.value for n in nodes})
-        current[("collective", None)] = "stalled" if collective is not None else "ok"
-        prev_states = self._prev_states
-        for key, state in current.items():
-            prev = prev_states.get(key)
-            if prev is None or prev == state or (prev in quiet and state in quiet):
-                continue
-            kind, name = key
+        # States are str enums: compared and hashed as their values, turned into text only on a change.
+        cur_ranks = {r.rank: r.state for r in ranks}
+        cur_nodes = {n.name: n.state for n in nodes}
+        changes = [*_moves("rank", cur_ranks, self._prev_ranks), *_moves("node", cur_nodes, self._prev_nodes)]
+        coll = "stalled" if collective is not None else "ok"
+        if self._prev_collective is not None and self._prev_collective != coll:
+            changes.append(("collective", None, self._prev_collective, coll))
+        for kind, name, before, after in changes:
+            before, after = str(getattr(before, "value", before)), str(getattr(after, "value", after))
             if kind == "collective":
                 text = (f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
                         f"({collective.evidence})" if collective is not None else "collectives progress again")  # fmt: skip
             else:
-                text = f"{kind} {name}: {prev} -> {state}"
-                if kind == "rank" and state == "stalled":
+                text = f"{kind} {name}: {before} -> {after}"
+                if kind == "rank" and after == "stalled":
                     detail = next((r.detail for r in ranks if r.rank == name), "")
                     text += f" ({detail})" if detail else ""
-            sev = "info" if state in quiet or state == "ok" else ("error" if state in ("failed", "lost") else "warning")
+            sev = "info" if after in _QUIET or after == "ok" else ("error" if after in ("failed", "lost") else "warning")
             self.ing.notices.append(Notice(now, sev, "health", text))
-        self._prev_states = current
+        self._prev_ranks, self._prev_nodes, self._prev_collective = cur_ranks, cur_nodes, coll
 
 
 # ------------------------------------------------------------------------- how a view reads as text

@@ -15,7 +15,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from taehv_console.core.watch.state import LogSignal
+
+@dataclass(frozen=True)
+class LogSignal:
+    """A line (or torchelastic block) in a node log that means something. `fields` holds what the
+    line says in numbers: seq, op, timeout_ms, ran_ms, last_enqueued, last_completed, exitcode, pid."""
+
+    kind: str
+    severity: str  # error | warning | info
+    source: str  # log file, e.g. node-0.log
+    line: int  # 1-based line number in that file
+    text: str
+    rank: int | None = None
+    host: str | None = None
+    fields: tuple[tuple[str, Any], ...] = ()
+    seen: float = 0.0  # console clock when read
+
+    def get(self, name: str, default: Any = None) -> Any:
+        for k, v in self.fields:
+            if k == name:
+                return v
+        return default
+
 
 # torchrun prefixes each worker line with "[rank3]:" (torch >= 2.2); the NCCL process group puts the
 # rank in its log prefix: "[Rank 1]", "[PG 0 (default_pg) Rank 1]", "[PG ID 0 PG GUID 0(default_pg) Rank 4]".
