@@ -47,7 +47,9 @@ def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
         "train_batch_size": cfg.effective_batch,
         "gradient_clipping": cfg.optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": precision == "bf16"},
+        # check_grad_overflow: a non-finite gradient skips the step (the trainer relies on it to avoid
+        # a host synchronisation per micro-batch under ZeRO-1/2)
+        "bf16": {"enabled": precision == "bf16", "check_grad_overflow": True},
         "fp16": {
             "enabled": precision == "fp16",
             "loss_scale": 0,
@@ -99,7 +101,8 @@ def effective_deepspeed_config(engine) -> dict:
         "train_batch_size": c.train_batch_size,
         "gradient_clipping": c.gradient_clipping,
         "zero_optimization": zero,
-        "bf16": {"enabled": bool(engine.bfloat16_enabled())},
+        "bf16": {"enabled": bool(engine.bfloat16_enabled()),
+                 "check_grad_overflow": bool(c.bfloat16_config.check_grad_overflow)},
         "fp16_enabled": bool(engine.fp16_enabled()),
     }
     if c.grad_accum_dtype is not None:

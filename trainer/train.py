@@ -234,6 +234,18 @@ class Trainer:
             from trainer.discriminator import Adversary
 
             self.adversary = Adversary(cfg.adversarial, cfg.model.latent_channels, self.device, cfg.run.seed)
+        # Who keeps a non-finite loss out of the weights. ZeRO-1/2 under bf16 or fp16 check the
+        # gradients at the optimizer step and skip the whole step (engine.skipped_steps), so the
+        # trainer need not look at the loss on the host between forward and backward: no host
+        # synchronisation per micro-batch. Elsewhere (fp32, where DeepSpeed checks nothing; ZeRO-3
+        # under bf16, which checks only fp16; the discriminator, which DeepSpeed does not step) the
+        # trainer checks each micro-batch's loss and skips it on every rank.
+        self.nonfinite_guard = (
+            "deepspeed-step"
+            if self.zero_stage in (1, 2) and self.precision in ("bf16", "fp16") and self.adversary is None
+            else "micro-batch"
+        )
+        self._ds_skipped_seen = 0
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
         if self.adversary is not None:
@@ -623,6 +635,7 @@ class Trainer:
             "start", world_size=self.world, node=socket.gethostname(), local_rank=self.local_rank,
             preset=cfg.run.preset, resumed_from=str(self.resume_from.path) if self.resume_from else None,
             max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
+            nonfinite_guard=self.nonfinite_guard,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
             abandoned=str(self.abandoned) if self.abandoned else None,
             **self._recipe_fields(),
@@ -698,6 +711,16 @@ class Trainer:
             if self.faults.nan_loss(self.step):
                 loss = loss * float("nan")
             self.faults.sleep("stall", self.step)
+            if self.nonfinite_guard == "deepspeed-step":
+                # nothing read back to the host: the loss stays on the device until the log interval
+                finite = torch.isfinite(loss)
+                self.engine.backward(loss)
+                self.engine.step()
+                done += 1
+                self.metrics.add_micro_batch(
+                    {k: torch.where(finite, v.detach().float(), 0.0) for k, v in {"loss": loss, **parts}.items()}
+                )
+                continue
             # One small collective per micro-batch: any rank's non-finite loss skips it everywhere,
             # any rank's stop request stops everywhere at the end of this step.
             bad, stop = self._all_reduce([0.0 if torch.isfinite(loss).item() else 1.0,
@@ -720,6 +743,17 @@ class Trainer:
                 self._adv_inputs = None
             done += 1
             self.metrics.add_micro_batch({"loss": loss.detach(), **parts})
+        if self.nonfinite_guard == "deepspeed-step":
+            # one small collective per optimizer step, after the update: any rank's stop request
+            # stops every rank here
+            stop_agreed = self._all_reduce([1.0 if self.stop.requested else 0.0], op="max")[0] > 0
+            skipped = self.engine.skipped_steps - self._ds_skipped_seen
+            self._ds_skipped_seen = self.engine.skipped_steps
+            if skipped:
+                self.nonfinite_skipped += skipped
+                if self.is_main:
+                    print(f"[taehv-train] step {self.step + 1}: non-finite gradients on some rank; DeepSpeed "
+                          f"skipped the update ({self.nonfinite_skipped} so far)", file=sys.stderr, flush=True)  # fmt: skip
         if self.ema is not None:
             self.ema.update()
         self.step += 1

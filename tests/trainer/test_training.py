@@ -88,6 +88,7 @@ def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
         assert math.isclose(e["data_wait_share"], e["data_wait_s"] / e["step_time_s"], rel_tol=1e-6)
     start = events(zero2_run, 1, "start")[0]
     assert start["world_size"] == 2 and start["zero_stage"] == 2 and start["precision"] == "no"
+    assert start["nonfinite_guard"] == "micro-batch"  # fp32: DeepSpeed checks no gradients, the trainer does
     assert events(zero2_run, 0, "stop")[-1]["reason"] == "done"
     for r in (0, 1):
         beat = json.loads((zero2_run / "heartbeat" / f"rank-{r}.json").read_text())
@@ -292,3 +293,26 @@ def test_world_size_change_on_resume_is_refused_with_the_supported_paths(zero2_r
     # the weights-only path works at the new world size
     run_to_end(run, 1, args=("--resume", "latest", "--weights-only"))
     assert events(run, 0, "step")[0]["step"] == 4
+
+
+# ---------------------------------------------------------------- bf16: no host sync per micro-batch
+
+
+def test_bf16_zero2_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_dir):
+    """Under ZeRO-2 with bf16 the trainer reads nothing back between forward and backward: a
+    non-finite loss reaches the gradients, DeepSpeed's overflow check skips that update on every
+    rank, and the trainer counts it. The weights stay finite and training goes on."""
+    from safetensors.torch import load_file
+
+    run = write_run(tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": 2, "mixed_precision": "bf16"}))
+    run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
+    start = events(run, 0, "start")[0]
+    assert start["precision"] == "bf16" and start["nonfinite_guard"] == "deepspeed-step", start
+    steps = events(run, 0, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
+    assert [e["nonfinite_skipped"] for e in steps] == [0, 0, 1, 1, 1, 1]
+    assert all(math.isfinite(e["loss"]) for e in steps)
+    weights = load_file(str(run / "final" / "taehv.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    effective = json.loads((run / "deepspeed.effective.json").read_text())
+    assert effective["bf16"] == {"enabled": True, "check_grad_overflow": True}

@@ -182,7 +182,7 @@ def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
     same("gradient_clipping", ds.gradient_clipping)
     same("steps_per_print", ds.steps_per_print)
     same("wall_clock_breakdown", ds.wall_clock_breakdown)
-    same("bf16", {"enabled": ds.bfloat16_config.enabled})
+    same("bf16", {"enabled": ds.bfloat16_config.enabled, "check_grad_overflow": ds.bfloat16_config.check_grad_overflow})
     fp16 = ds.float16_config
     same(
         "fp16",
@@ -406,4 +406,4 @@ def test_rendered_files_train_for_real(tmp_path):
         assert effective[key] == rendered[key], key
     for key, value in effective["zero_optimization"].items():
         assert value == rendered["zero_optimization"][key], key
-    assert effective["bf16"]["enabled"] == rendered["bf16"]["enabled"]
+    assert effective["bf16"] == rendered["bf16"]  # enabled, and the overflow check the trainer relies on
