@@ -245,9 +245,11 @@ class Trainer:
             if self.zero_stage in (1, 2) and self.precision in ("bf16", "fp16") and self.adversary is None
             else "micro-batch"
         )
-        self._ds_skipped_seen = 0
         if self.resume_from:
             self._load_checkpoint(self.resume_from)
+        # DeepSpeed's count comes back with its checkpoint, and nonfinite_skipped with ours: only
+        # skips from here on are new
+        self._ds_skipped_seen = self.engine.skipped_steps
         if self.adversary is not None:
             self.adversary.broadcast_from_rank0()
 
