@@ -27,6 +27,7 @@ from trainer.data import (
     split_train_val,
     validation_items,
 )
+from trainer.ds_config import deepspeed_skips_nonfinite_step
 from trainer.events import CollectiveWatch, EventWriter, atomic_write_text
 from trainer.faults import FaultPlan
 from trainer.master_weights import MasterEMA, full_fp32_weights
@@ -234,15 +235,16 @@ class Trainer:
             from trainer.discriminator import Adversary
 
             self.adversary = Adversary(cfg.adversarial, cfg.model.latent_channels, self.device, cfg.run.seed)
-        # Who keeps a non-finite loss out of the weights. ZeRO-1/2 under bf16 or fp16 check the
-        # gradients at the optimizer step and skip the whole step (engine.skipped_steps), so the
-        # trainer need not look at the loss on the host between forward and backward: no host
-        # synchronisation per micro-batch. Elsewhere (fp32, where DeepSpeed checks nothing; ZeRO-3
-        # under bf16, which checks only fp16; the discriminator, which DeepSpeed does not step) the
-        # trainer checks each micro-batch's loss and skips it on every rank.
+        # Who keeps a non-finite loss out of the weights. DeepSpeed's ZeRO optimizers under bf16 or
+        # fp16 check the gradients at the optimizer step and skip the whole step
+        # (engine.skipped_steps), so the trainer need not look at the loss on the host between
+        # forward and backward: no host synchronisation per micro-batch. Elsewhere (fp32, where
+        # DeepSpeed checks nothing; a ZeRO-3 that checks only fp16; the discriminator, which
+        # DeepSpeed does not step) the trainer checks each micro-batch's loss and skips it on every
+        # rank.
         self.nonfinite_guard = (
             "deepspeed-step"
-            if self.zero_stage in (1, 2) and self.precision in ("bf16", "fp16") and self.adversary is None
+            if self.adversary is None and deepspeed_skips_nonfinite_step(self.zero_stage, self.precision)
             else "micro-batch"
         )
         if self.resume_from:

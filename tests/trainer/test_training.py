@@ -298,13 +298,15 @@ def test_world_size_change_on_resume_is_refused_with_the_supported_paths(zero2_r
 # ---------------------------------------------------------------- bf16: no host sync per micro-batch
 
 
-def test_bf16_zero2_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_dir):
-    """Under ZeRO-2 with bf16 the trainer reads nothing back between forward and backward: a
-    non-finite loss reaches the gradients, DeepSpeed's overflow check skips that update on every
-    rank, and the trainer counts it. The weights stay finite and training goes on."""
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_zero_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_dir, stage):
+    """Under ZeRO-2 and ZeRO-3 with bf16 the trainer reads nothing back between forward and
+    backward: a non-finite loss reaches the gradients, DeepSpeed's overflow check skips that update
+    on every rank, and the trainer counts it. The weights stay finite (an update with NaN gradients
+    would make them NaN) and training goes on."""
     from safetensors.torch import load_file
 
-    run = write_run(tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": 2, "mixed_precision": "bf16"}))
+    run = write_run(tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": stage, "mixed_precision": "bf16"}))
     run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
     start = events(run, 0, "start")[0]
     assert start["precision"] == "bf16" and start["nonfinite_guard"] == "deepspeed-step", start
