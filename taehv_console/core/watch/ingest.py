@@ -29,6 +29,7 @@ from taehv_console.core.watch.state import (
     LogSignal,
     NodeSample,
     Notice,
+    PointHistory,
     Series,
     copy_replacing,
 )
@@ -124,7 +125,7 @@ class AgentState:
         self.backoff = restart_s
         self.status = "starting"
         self.offsets: deque[float] = deque(maxlen=10)
-        self.gpu_hist: dict[int, deque[tuple[float, float]]] = {}
+        self.gpu_hist: dict[int, PointHistory] = {}
         self.gpu_series: dict[int, Series] = {}  # cached snapshot form, dropped when a point arrives
         self.gpu_history_len = gpu_history_len
         self.bad_lines = 0
@@ -206,7 +207,7 @@ class Ingest:
                     if g.util_pct is not None:
                         h = a.gpu_hist.get(g.index)
                         if h is None:
-                            h = a.gpu_hist[g.index] = deque(maxlen=a.gpu_history_len)
+                            h = a.gpu_hist[g.index] = PointHistory(a.gpu_history_len)
                         h.append((t, g.util_pct))
                         a.gpu_series.pop(g.index, None)
             a.sample = samples[-1]

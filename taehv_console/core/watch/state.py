@@ -5,11 +5,14 @@ the same object, and nothing here ever queries a device or a file on attribute a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from taehv_console.core.logscan import LogSignal  # the view carries the signals it was given
@@ -359,12 +362,38 @@ class RunHeader:
     nonfinite_skipped: int = 0
 
 
-@dataclass(frozen=True)
 class Series:
-    """A bounded history for a sparkline: (x, y) points, x = step for metrics, time for telemetry."""
+    """A bounded history for a sparkline: (x, y) points, x = step for metrics, time for telemetry.
 
-    name: str
-    points: tuple[tuple[float, float], ...] = ()
+    Immutable, like the dataclasses around it. `Series.of_blocks` makes one out of a PointHistory's
+    frozen blocks without copying the points: a 2,048-GPU view holds 2,048 utilisation series, all
+    of them new after each round of agent samples, and flattening every one on every view was a
+    fifth of the view's cost while only a node's drill-down ever reads them. `points` flattens on
+    first use and keeps the result."""
+
+    __slots__ = ("name", "_points", "_blocks", "_limit")
+
+    def __init__(self, name: str, points: Iterable[tuple[float, float]] = ()):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_points", tuple(points))
+        object.__setattr__(self, "_blocks", None)
+        object.__setattr__(self, "_limit", 0)
+
+    @classmethod
+    def of_blocks(cls, name: str, blocks: tuple[tuple[tuple[float, float], ...], ...], limit: int) -> Series:
+        """The last `limit` points of `blocks` (oldest first), flattened only when read."""
+        s = cls.__new__(cls)
+        for k, v in (("name", name), ("_points", None), ("_blocks", blocks), ("_limit", limit)):
+            object.__setattr__(s, k, v)
+        return s
+
+    @property
+    def points(self) -> tuple[tuple[float, float], ...]:
+        if self._points is None:
+            flat = tuple(itertools.chain.from_iterable(self._blocks))
+            object.__setattr__(self, "_points", flat[-self._limit:] if len(flat) > self._limit else flat)
+            object.__setattr__(self, "_blocks", None)
+        return self._points
 
     @property
     def values(self) -> tuple[float, ...]:
@@ -372,7 +401,52 @@ class Series:
 
     @property
     def last(self) -> float | None:
-        return self.points[-1][1] if self.points else None
+        if self._points is None:  # the newest point, without flattening
+            return next((b[-1][1] for b in reversed(self._blocks) if b), None)
+        return self._points[-1][1] if self._points else None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {key!r}")
+
+    def __delattr__(self, key: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {key!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Series):
+            return NotImplemented
+        return self is other or (self.name == other.name and self.points == other.points)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.points))
+
+    def __repr__(self) -> str:
+        return f"Series(name={self.name!r}, points={self.points!r})"
+
+
+class PointHistory:
+    """The newest `maxlen` points of one series, kept as frozen blocks plus a short open tail, so
+    a snapshot (`series`) shares the blocks instead of copying every point each time."""
+
+    BLOCK = 16
+
+    def __init__(self, maxlen: int):
+        self.maxlen = maxlen
+        self._blocks: collections.deque[tuple[tuple[float, float], ...]] = collections.deque()
+        self._tail: list[tuple[float, float]] = []
+
+    def append(self, point: tuple[float, float]) -> None:
+        self._tail.append(point)
+        if len(self._tail) >= self.BLOCK:
+            self._blocks.append(tuple(self._tail))
+            self._tail = []
+            while (len(self._blocks) - 1) * self.BLOCK >= self.maxlen:  # the rest still hold maxlen points
+                self._blocks.popleft()
+
+    def series(self, name: str) -> Series:
+        return Series.of_blocks(name, (*self._blocks, tuple(self._tail)), self.maxlen)
+
+    def __len__(self) -> int:
+        return min(self.maxlen, len(self._blocks) * self.BLOCK + len(self._tail))
 
 
 @dataclass(frozen=True)
@@ -472,6 +546,8 @@ def _plain(obj: Any) -> Any:
         if isinstance(obj, RunView):
             out["stalled"] = [r.rank for r in obj.stalled]
         return out
+    if isinstance(obj, Series):
+        return {"name": obj.name, "points": _plain(obj.points)}
     if isinstance(obj, (tuple, list)):
         return [_plain(v) for v in obj]
     if isinstance(obj, dict):

@@ -174,7 +174,7 @@ class ViewBuilder:
             for idx in sorted(a.gpu_hist):
                 series = a.gpu_series.get(idx)
                 if series is None:
-                    series = a.gpu_series[idx] = Series(f"{name}/{idx}", tuple(a.gpu_hist[idx]))
+                    series = a.gpu_series[idx] = a.gpu_hist[idx].series(f"{name}/{idx}")
                 gpu.append(series)
         if fold.loss or tb is None:
             return Histories(loss=Series("loss", tuple(fold.loss)), psnr=Series("psnr", tuple(fold.psnr)),
