@@ -1,7 +1,8 @@
 """Monitor cost: CPU of one core used by the monitor while it follows 64 nodes x 8 GPUs.
 
-Starts 64 real agent processes in replay mode (a recorded 8 x H100 NVML reading, one sample per
-second each, under synthetic host names) and a writer process appending rank-0 step events at
+Starts 64 real agent processes in replay mode (a recorded 8 x H100 NVML reading, one sample each
+at the monitor's agent interval: every second up to 128 nodes, nodes/128 s beyond; under
+synthetic host names) and a writer process appending rank-0 step events at
 10 per second, as the trainer writes them; optionally (--heartbeats) 512 heartbeat files replaced
 every second as well. The monitor runs in this process with its default intervals; its CPU time
 (all its threads) is measured over --seconds after a warm-up, and divided by the wall time. The
@@ -9,7 +10,7 @@ agents and the writer are separate processes and are not counted: they stand for
 
     python benchmarks/watch_monitor_cost.py [--nodes 64] [--seconds 60] [--heartbeats] [--agents inproc]
 
---agents inproc replays one recorded agent line per node per second from a thread of this process
+--agents inproc replays one recorded agent line per node per agent interval from a thread of this process
 instead of 256 agent processes (a small machine cannot host those and still measure the monitor);
 the monitor parses the same lines either way, and the replay thread's CPU is measured and
 subtracted. The figure that matters at scale: views published per second (>= 1) and the monitor's
@@ -76,6 +77,7 @@ class _Replay:
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._cpu: list[tuple[float, float]] = []  # (monotonic, thread CPU) after each round
+        self.interval_s = 1.0  # the monitor's agent interval, set once it has chosen one
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -99,7 +101,7 @@ class _Replay:
 
     def _loop(self) -> None:
         seq = 0
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self.interval_s):
             seq += 1
             with self.lock:
                 hosts = list(self.buffers)
@@ -144,11 +146,14 @@ def main() -> int:
         def agent(host: str):
             if replay is not None:
                 return replay.stream(host)
-            return LocalLineStream([sys.executable, "-m", "taehv_console.core.watch.agent", "--interval", "1",
+            return LocalLineStream([sys.executable, "-m", "taehv_console.core.watch.agent",
+                                    "--interval", str(mon.agent_interval_s),
                                     "--replay", str(RECORDED), "--host-name", host, "--run", str(run)])  # fmt: skip
 
         published = []
         mon = Monitor(run, hosts=hosts, agent_stream=agent)
+        if replay is not None:
+            replay.interval_s = mon.agent_interval_s  # as agents started with the monitor's interval sample
         mon.subscribe(lambda s: published.append(s.seq))
         try:
             mon.start()
@@ -181,7 +186,7 @@ def main() -> int:
                 replay.stop()
             writer.kill()
             writer.wait()
-        print(f"followed {args.nodes} nodes x 8 GPUs (agent samples at 1 Hz), rank-0 events at "
+        print(f"followed {args.nodes} nodes x 8 GPUs (agent samples every {mon.agent_interval_s:g} s), rank-0 events at "
               f"{args.events_per_s:g}/s" + (f", {8 * args.nodes} heartbeats replaced every second" if args.heartbeats else ""))  # fmt: skip
         print(f"monitor CPU: {cpu:.2f} s over {wall:.1f} s = {100 * cpu / wall:.2f}% of one core")
         print(f"  {len(published) - n0} snapshots published ({(len(published) - n0) / wall:.1f}/s), steps "

@@ -298,7 +298,9 @@ def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | Non
             if agent_running_for_s > limit:
                 why = f": {agent_down}" if agent_down else ""
                 return NodeState.LOST, f"no agent sample in {agent_running_for_s:.0f} s{why}"
-        elif sample_age_s is not None and sample_age_s > policy.agent_timeout_s:
+        # an agent that samples every few seconds (a large cluster) is silent for longer between lines
+        elif sample is not None and sample_age_s is not None \
+                and sample_age_s > max(policy.agent_timeout_s, 3 * sample.interval_s):  # fmt: skip
             return NodeState.LOST, f"agent silent for {sample_age_s:.0f} s"
     problems = []
     slow = [r for r in ranks if r.state is RankState.STRAGGLER]

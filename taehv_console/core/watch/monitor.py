@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,11 @@ class MonitorConfig:
     # that scale views go out at 1 Hz; a 64-node view (~6 ms) goes out every 0.5 s
     publish_cpu_share: float = 0.03
     agent_interval_s: float = 1.0
+    # Agent samples the console parses per second at most: past 128 nodes each agent samples every
+    # nodes/128 s (2 s at 256 nodes), since GPU telemetry at 0.5 Hz still shows a 2,048-GPU cluster
+    # and parsing 256 samples a second was a fifth of the monitor's cost. Stalls come from
+    # heartbeats, not from agents, so this does not slow naming a stall.
+    agent_lines_per_s: float = 128.0
     agent_restart_s: float = 5.0  # first restart delay after an agent exits or goes silent (doubles)
     history_len: int = 600
     gpu_history_len: int = 120
@@ -98,6 +103,7 @@ class Monitor:
         self._own_pool = False
         self.agents_on = agents
         self._agent_stream = agent_stream
+        self.agent_interval_s = max(c.agent_interval_s, len(self.hosts) / max(c.agent_lines_per_s, 1.0))
         self.ingest = Ingest(self.hosts, local_mode=self.local_mode, rank_nodes=rank_nodes, history_len=c.history_len,
                              notices_len=c.notices_len, signals_len=c.signals_len, gpu_history_len=c.gpu_history_len,
                              agent_restart_s=c.agent_restart_s, rank_window=max(c.health.straggler_window * 2, 16))  # fmt: skip
@@ -243,9 +249,9 @@ class Monitor:
         if self._agent_stream is not None:
             return self._agent_stream(host)
         if self._is_local(host):
-            return LocalLineStream(agent_argv(sys.executable, str(self.run_dir), self.cfg.agent_interval_s))
+            return LocalLineStream(agent_argv(sys.executable, str(self.run_dir), self.agent_interval_s))
         runner = self.pool().runner(host)
-        return RemoteLineStream(runner, agent_argv(runner.python, str(self.run_dir), self.cfg.agent_interval_s))
+        return RemoteLineStream(runner, agent_argv(runner.python, str(self.run_dir), self.agent_interval_s))
 
     # ------------------------------------------------------------------ polls that are not files
     def _poll_checkpoints(self) -> bool:
@@ -345,7 +351,9 @@ class _LazyRemoteFiles:
 
 class _AgentPoller(Poller):
     def __init__(self, mon: Monitor, host: str):
-        super().__init__(f"agent@{host}", mon.cfg.agents)
+        cfg = mon.cfg.agents
+        # drained as often as its agent samples, no more
+        super().__init__(f"agent@{host}", replace(cfg, interval_s=max(cfg.interval_s, mon.agent_interval_s)))
         self.mon = mon
         self.host = host
 
@@ -382,7 +390,7 @@ class _AgentPoller(Poller):
                 why = tail.decode(errors="replace").strip().splitlines()[-1:] if tail else []
                 self._close(a)
                 self._schedule_restart(a, now, "agent exited" + (f": {why[0]}" if why else ""))
-            elif silent_since is not None and now - silent_since > max(timeout, 3 * mon.cfg.agent_interval_s):
+            elif silent_since is not None and now - silent_since > max(timeout, 3 * mon.agent_interval_s):
                 self._close(a)
                 self._schedule_restart(a, now, f"agent silent for {now - silent_since:.0f} s")
         return False

@@ -383,8 +383,10 @@ class Series:
     def of_blocks(cls, name: str, blocks: tuple[tuple[tuple[float, float], ...], ...], limit: int) -> Series:
         """The last `limit` points of `blocks` (oldest first), flattened only when read."""
         s = cls.__new__(cls)
-        for k, v in (("name", name), ("_points", None), ("_blocks", blocks), ("_limit", limit)):
-            object.__setattr__(s, k, v)
+        _SERIES_NAME(s, name)  # the slots' own setters: cheaper than object.__setattr__ per field
+        _SERIES_POINTS(s, None)
+        _SERIES_BLOCKS(s, blocks)
+        _SERIES_LIMIT(s, limit)
         return s
 
     @property
@@ -421,6 +423,10 @@ class Series:
 
     def __repr__(self) -> str:
         return f"Series(name={self.name!r}, points={self.points!r})"
+
+
+_SERIES_NAME, _SERIES_POINTS, _SERIES_BLOCKS, _SERIES_LIMIT = (
+    Series.__dict__[k].__set__ for k in ("name", "_points", "_blocks", "_limit"))  # fmt: skip
 
 
 class PointHistory:

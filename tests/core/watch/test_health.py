@@ -229,3 +229,25 @@ def test_the_rank_not_waiting_in_a_collective_holds_up_those_that_are(status):
     # without the waiting marks nobody stands out: every rank stalled, laggard unknown
     ranks, coll = assess_ranks([obs(0, age=30, status=status), obs(1, age=30, status=status)], POL, NOW)
     assert coll is not None and coll.laggard_rank is None
+
+
+def test_an_agent_that_samples_every_few_seconds_is_lost_only_after_three_of_its_intervals():
+    """Past 128 nodes agents sample less often (every 2 s at 256 nodes): the silence that makes a
+    node lost stretches with the interval its own samples state, and no further."""
+    from taehv_console.core.watch.state import NodeSample
+
+    pol = HealthPolicy()  # agent_timeout_s 5
+    for interval, quiet, lost in ((1.0, 4.5, False), (1.0, 5.5, True), (2.0, 5.5, False), (2.0, 6.5, True)):
+        sample = NodeSample(host="n", time=0.0, interval_s=interval)
+        state, detail = assess_node("n", [], sample, quiet, pol, agent_expected=True)
+        assert (state is NodeState.LOST) is lost, (interval, quiet, state, detail)
+
+
+def test_past_128_nodes_the_agents_sample_less_often_and_are_drained_as_often(tmp_path):
+    from taehv_console.core.watch.monitor import Monitor, _AgentPoller
+
+    for nodes, interval in ((1, 1.0), (64, 1.0), (128, 1.0), (256, 2.0), (512, 4.0)):
+        mon = Monitor(tmp_path, hosts=[f"node-{i:03d}" for i in range(nodes)])
+        assert mon.agent_interval_s == interval, nodes
+        pollers = [p for p in mon._pollers if isinstance(p, _AgentPoller)]
+        assert len(pollers) == nodes and {p.interval_s for p in pollers} == {interval}
