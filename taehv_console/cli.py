@@ -4,15 +4,23 @@ the flow gets a FlowOptions value.
 
 Each subcommand lives in `taehv_console.commands.<name>` with `register(parser)` and `run(args) -> int`.
 
-Imports sit at module top everywhere, except these places, where start-up time needs laziness
-(`taehv-console --help` must import neither torch nor Textual, and stays ~0.4 s instead of ~2 s
-with the planner's pydantic models: tests/core/test_cli_startup.py and test_cluster_commands.py):
+Imports sit at module top everywhere, except these places, where start-up time or a bare node
+needs laziness (`taehv-console --help` must import neither torch nor Textual:
+tests/core/test_cli_startup.py; the whole list, with a reason per import, is enforced by
+tests/core/test_lazy_imports.py):
 - here, `build_parser`: only the chosen subcommand's module is imported (its own imports are at
   its top); `--help` lists the commands from COMMANDS without importing any;
 - here, `main`: headless (the whole flow) on the --no-tui path only, the TUI (taehv_console.ui,
   Textual) on the TUI path only;
+- ui/screens/preset.py, preflight.py and review.py: the planner and the flow's config, preflight
+  and launch modules, which the TUI's first frame does not need;
 - core/flow/config.py `generated_clips`: trainer.synthetic (PyAV, numpy) only when clips are made;
 - core/cluster/ssh.py: paramiko where a connection or host key is handled;
+- core/cluster/probe.py and core/watch/agent.py: pynvml (a bare node may lack it, and they say so),
+  and torch for the NCCL version;
+- core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, and the trainer's data,
+  teacher and cache modules, only in the checks that use them;
+- core/watch/tbscalars.py: TensorBoard's reader, only when a logdir is followed;
 - trainer/: torch, DeepSpeed and accelerate where training needs them.
 """
 

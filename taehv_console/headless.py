@@ -23,8 +23,12 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
@@ -39,6 +43,9 @@ from taehv_console.core.models import BackendKind
 from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
+from taehv_console.core.watch.monitor import snapshot_once
+from taehv_console.core.watch.runwatch import RunWatch
+from taehv_console.core.watch.view import headline, number_text, progress_dict, stall_texts
 from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  # noqa: F401 - re-exported
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
@@ -51,8 +58,6 @@ from trainer.config import ConfigError
 
 
 def _num(value: Any, fmt: str) -> str:
-    from taehv_console.core.watch.view import number_text
-
     return number_text(value, fmt)
 
 
@@ -67,8 +72,6 @@ class _Watched:
 
     def changes(self, view: Any) -> tuple[list[Any], list[int], list[Any]]:
         """(newly stalled StallTexts, ranks no longer stalled, new forensics summaries)."""
-        from taehv_console.core.watch.view import stall_texts
-
         now = {s.rank: s for s in stall_texts(view)}
         new = [s for r, s in now.items() if r not in self.stalled]
         cleared = [r for r in self.stalled if r not in now]
@@ -150,8 +153,6 @@ class PlainView:
 
     @staticmethod
     def progress_text(view: Any) -> str:
-        from taehv_console.core.watch.view import headline
-
         return headline(view).text
 
     def close(self) -> None:
@@ -163,8 +164,6 @@ class RichView(PlainView):
 
     def __init__(self, out: TextIO):
         super().__init__(out)
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.console = Console(file=out)
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -185,7 +184,6 @@ class RichView(PlainView):
                 self._line(f"rank {e.get('rank')} error: {str(e.get('message', ''))[:300]}")
         if view is None:
             return
-        from taehv_console.core.watch.view import headline
 
         self.health(view)
         h = headline(view)
@@ -220,9 +218,7 @@ class JsonView:
             self.emit({"source": "trainer", **e})
         if view is None:
             return
-        from dataclasses import asdict
 
-        from taehv_console.core.watch.view import progress_dict
 
         t = time.time()
         base = {"source": "console", "time": t, "run": view.run.run_id}
@@ -293,8 +289,6 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
     pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully. Returns the
     ExitCode of its outcome and prints a summary."""
-    from taehv_console.core.watch.runwatch import RunWatch
-
     if grace_s is not None:
         ctrl.grace_s = grace_s
     sigs = _Signals(view)
@@ -313,8 +307,6 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
 
 def report_ended(ctrl: Any, view: Any) -> ExitCode:
     """A run that is not running (any more): its RunView read once, then how it ended."""
-    from taehv_console.core.watch.monitor import snapshot_once
-
     run_view = snapshot_once(ctrl.run.path)
     view.update(ctrl.snapshot(), run_view)
     return report_outcome(ctrl, ctrl.outcome(), view, run_view)
@@ -344,9 +336,6 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> 
 
 
 def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    from taehv_console.core.watch.view import progress_dict
 
     progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
     return {"run": ctrl.run.run_id, "run_dir": str(ctrl.run.path), "phase": outcome.phase.value,

@@ -15,7 +15,13 @@ from rich.console import Console
 from rich.table import Table
 
 from taehv_console.core.plan.derive import resolve_config
-from taehv_console.core.plan.planner import compare_plans, make_plan, parse_bandwidth, plan_to_dict
+from taehv_console.core.plan.planner import (
+    compare_plans,
+    make_plan,
+    parse_bandwidth,
+    plan_to_dict,
+    teacher_lines,
+)
 from taehv_console.core.plan.presets import list_presets, load_preset
 from trainer.config import ConfigError
 
@@ -253,8 +259,6 @@ def _print_plan(resolved, plan, row) -> None:
         f"timeout       {plan.collective_timeout}",
     ]
     if plan.teacher is not None:
-        from taehv_console.core.plan.planner import teacher_lines
-
         lines += [f"{'recipe' if i == 0 else '':<14}{line}" for i, line in enumerate(teacher_lines(plan.teacher, _hours))]
     for line in lines:
         console.print(line, highlight=False)

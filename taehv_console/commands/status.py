@@ -10,10 +10,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import any_alive
+from taehv_console.core.run.control import probe_live
+from taehv_console.core.run.lock import is_locked, read_holder
+from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
+from taehv_console.core.run.state import StateError
+from taehv_console.core.watch.checkpoints import verify_checkpoints
+from taehv_console.core.watch.monitor import snapshot_once
+from taehv_console.core.watch.runwatch import monitor_hosts
+from taehv_console.core.watch.view import duration_text, number_text, progress_dict, stall_texts
+from trainer import checkpoint as ckpt
+from trainer.config import ConfigError
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -31,9 +46,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
-    from taehv_console.core.run.state import StateError
 
     with SshPool(ssh_settings(args)) as pool:
         try:
@@ -59,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _verify(run_path: Any, info: dict[str, Any]) -> int:
     """Full verification into info["verified"] (and a printed line each); returns how many failed."""
-    from taehv_console.core.watch.checkpoints import verify_checkpoints
-
     found = verify_checkpoints(run_path)
     info["verified"] = [{"name": st.path.name, "step": st.step, "state": st.state, "problems": list(st.problems)}
                         for st in found]
@@ -72,16 +82,6 @@ def _verify(run_path: Any, info: dict[str, Any]) -> int:
 
 def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> dict[str, Any]:
     """Everything `status` shows about one run, as plain values (the --json output)."""
-    from dataclasses import asdict
-
-    from taehv_console.core.run.control import probe_live
-    from taehv_console.core.run.lock import is_locked, read_holder
-    from taehv_console.core.run.state import StateError
-    from taehv_console.core.watch.monitor import snapshot_once
-    from taehv_console.core.watch.runwatch import monitor_hosts
-    from taehv_console.core.watch.view import progress_dict, stall_texts
-    from trainer import checkpoint as ckpt
-    from trainer.config import ConfigError
 
     info: dict[str, Any] = {"run": run.run_id, "run_dir": str(run.path)}
     try:
@@ -135,8 +135,6 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
 
 
 def _print_list(infos: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("run", "phase", "step", "nodes", "backend"):
@@ -154,8 +152,6 @@ def _print_list(infos: list[dict[str, Any]]) -> None:
 
 
 def _print_one(i: dict[str, Any]) -> None:
-    from rich.console import Console
-
     c = Console(highlight=False, soft_wrap=True)  # paths stay whole on narrow panes
     c.print(f"[bold]{i['run']}[/] ({i['run_dir']})")
     if i.get("error"):
@@ -167,8 +163,6 @@ def _print_one(i: dict[str, Any]) -> None:
         c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
     p = i.get("progress")
     if p:
-        from taehv_console.core.watch.view import duration_text, number_text
-
         step = f"{p.get('step')}/{p.get('max_steps')}" if p.get("max_steps") else str(p.get("step", "-"))
         c.print(f"  {p.get('phase')} step {step} loss {number_text(p.get('loss'), '.4g')} psnr "
                 f"{number_text(p.get('psnr'), '.2f')} clips/s {number_text(p.get('samples_per_s'), '.3g')} "

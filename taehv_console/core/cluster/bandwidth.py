@@ -9,11 +9,13 @@ and collects it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from taehv_console.core.cluster.ssh import SshError, fan_out
 from taehv_console.core.models import BandwidthResult
 
 MODULE = "taehv_console.core.cluster.bandwidth"
@@ -34,8 +36,6 @@ def result_from_timing(backend: str, nodes: int, nbytes: int, iterations: int, s
 
 def worker(rank: int, world: int, master: str, port: int, nbytes: int, iterations: int, backend: str,
            timeout_s: float) -> BandwidthResult | None:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
@@ -72,8 +72,6 @@ def measure_bandwidth(
     backend: str = "gloo", env: Mapping[str, str] | None = None, timeout_s: float = 120,
 ) -> BandwidthResult:
     """Run one rank per runner (runner i is rank i) at once; return rank 0's figures."""
-    from taehv_console.core.cluster.ssh import SshError, fan_out
-
     world = len(runners)
     nbytes = int(megabytes * 1e6)
 

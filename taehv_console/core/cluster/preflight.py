@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from taehv_console.core.cluster.bandwidth import measure_bandwidth
 from taehv_console.core.cluster.gather import node_path, probe_hosts
 from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.nodecall import helper_name, read_reply
+from taehv_console.core.cluster.ssh import SshPool, SshSettings, resolve_target
 from taehv_console.core.models import (
     BandwidthResult,
     Finding,
@@ -24,6 +26,8 @@ from taehv_console.core.models import (
     Severity,
     Topology,
 )
+from taehv_console.core.plan.footprint import parameter_count
+from taehv_console.core.plan.planner import assumed_throughput, estimate_memory
 from trainer.config import TrainConfig
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -316,8 +320,6 @@ def check_runs_shared(shared: Mapping[str, bool] | None, runs_dir: str, writer: 
 def checkpoint_bytes(cfg: TrainConfig) -> float:
     """One checkpoint: 16 bytes per parameter for weights, gradients' fp32 master and AdamW state
     (the planner's accounting), plus 4 per parameter for an EMA copy."""
-    from taehv_console.core.plan.footprint import parameter_count
-
     params = parameter_count(cfg.model).total
     return params * (16 + (4 if cfg.optim.ema_decay > 0 else 0))
 
@@ -430,8 +432,6 @@ def check_nccl_env(facts: Mapping[str, NodeFacts], nccl_env: Mapping[str, str], 
 
 def check_memory_fit(cfg: TrainConfig, facts: Mapping[str, NodeFacts]) -> list[Finding]:
     """The planner's estimate, against the smallest GPU actually present (not the config's claim)."""
-    from taehv_console.core.plan.planner import estimate_memory
-
     out = []
     checked = cfg
     if cfg.topology.device == "cuda":
@@ -508,8 +508,6 @@ def run_preflight(
     reached (SSH, or directly for localhost); for platform topologies only this node is checked,
     since the platform starts the others. `probes` from an earlier round are reused when they
     already cover the same hosts and paths."""
-    from taehv_console.core.cluster.ssh import SshPool, SshSettings
-
     say = progress or (lambda _msg: None)
     own_pool = pool is None
     pool = pool or SshPool(SshSettings.from_env())
@@ -535,8 +533,6 @@ def _reusable(probes: Sequence[ProbeResult] | None, hosts: list[str], paths: Map
 
 def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, say,
          earlier: Sequence[ProbeResult] | None) -> PreflightReport:
-    from taehv_console.core.cluster.ssh import resolve_target
-
     findings: list[Finding] = []
     hosts = list(topology.hosts) if topology.uses_ssh else ["localhost"]
     if not topology.uses_ssh and topology.node_count > 1:
@@ -602,7 +598,6 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
                                         "bandwidth test skipped: it needs two or more reachable nodes"))
             else:
                 say("measuring all-reduce bandwidth")
-                from taehv_console.core.cluster.bandwidth import measure_bandwidth
 
                 use_nccl = cfg.topology.device == "cuda" and all(f.visible_gpu_count for f in facts.values()) \
                     and all(f.torch_cuda_version for f in facts.values())
@@ -645,8 +640,6 @@ def _run(topology: Topology, cfg: TrainConfig, pool, options: PreflightOptions, 
 
 def _check_loader(pool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str,
                   options: PreflightOptions) -> list[Finding]:
-    from taehv_console.core.plan.planner import assumed_throughput
-
     # nodes whose data path is missing are already errors (check_data); measuring there adds nothing
     hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
     if not hosts:

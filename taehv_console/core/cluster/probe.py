@@ -20,6 +20,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from taehv_console.core.models import GpuInfo, NetInterface, NodeFacts, PathInfo
 
 # Environment a launch inherits that decides how collectives talk; recorded so preflight can check it.
@@ -191,8 +193,6 @@ def describe_path(label: str, path: str) -> PathInfo:
 
 
 def network_interfaces() -> tuple[NetInterface, ...]:
-    import psutil
-
     stats = psutil.net_if_stats()
     out = []
     for name, addrs in sorted(psutil.net_if_addrs().items()):
@@ -218,7 +218,6 @@ def probe_node(
     """Facts of this machine. `paths` maps labels ("runs", "data") to paths to check."""
     t0 = time.monotonic()
     env = os.environ if env is None else env
-    import psutil
 
     gpus, reason, driver, cuda = gpus_from_nvml(nvml())
     cvd = env.get("CUDA_VISIBLE_DEVICES")

@@ -15,6 +15,7 @@ node while it reconnects in the background, so a hung node costs one deadline, n
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import json
 import os
@@ -28,8 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FuturesTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -207,8 +207,6 @@ def resolve_target(alias: str, settings: SshSettings) -> HostTarget:
 
 
 def _local_user() -> str:
-    import getpass
-
     return getpass.getuser()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, Ss
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.flight_recorder import prepare_dirs
 from taehv_console.core.plan.render import NODE_MODULE, SBATCH, flight_recorder_launch_env
+from taehv_console.core.run import node
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
 
@@ -133,8 +135,6 @@ class RunnerBackend(LaunchBackend):
         return self.pool.runner(host)
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
-        import time
-
         def one(key: str) -> NodeLauncher:
             c = by_index[int(key)]
             r = self._runner(c.host)
@@ -189,8 +189,6 @@ class RunnerBackend(LaunchBackend):
 
 
 def _local_node_call(args: list[str]) -> dict:
-    from taehv_console.core.run import node
-
     return node.tree_command(node.build_parser().parse_args(args))
 
 
@@ -227,8 +225,6 @@ class SrunBackend(LaunchBackend):
                 "--node-env", "SLURM_NODEID", "--attempt", str(attempt), "--", *template]
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
-        import time
-
         argv = self.srun_argv(run, commands, attempt)
         try:
             p = self.local.start_detached(argv, log_path=str(run.logs / "srun.log"), cwd=str(run.path),

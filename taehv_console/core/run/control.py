@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,14 +23,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.run.backends import BackendError, BackendKind, LaunchBackend, NodeCommand, make_backend
+from taehv_console.core.plan.render import RenderOptions, launch_command, launch_env, write_launch_files
+from taehv_console.core.run.backends import (
+    BackendError,
+    BackendKind,
+    LaunchBackend,
+    NodeCommand,
+    make_backend,
+)
 from taehv_console.core.run.failure import (
     NodeEvidence,
     attempt_log_text,
     choose_failure,
-    write_failure_text,
     parse_root_cause,
     tail_lines,
+    write_failure_text,
 )
 from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.progress import AttemptEvents, file_sizes
@@ -134,8 +142,6 @@ class LaunchSpec:
 def create_run(runs_dir: str | Path, cfg: Any, spec: LaunchSpec, run: RunDir | None = None) -> RunDir:
     """Write a new run directory (or fill a given one): run.toml, the rendered launch files with
     the real hosts and master, and state.json in phase `created`."""
-    from taehv_console.core.plan.render import RenderOptions, write_launch_files
-
     run = run or create_run_dir(runs_dir, cfg.run.preset)
     run.logs.mkdir(parents=True, exist_ok=True)
     nodes = cfg.topology.nodes
@@ -333,8 +339,6 @@ class RunController:
 
     # -- launch
     def commands(self, attempt: int, resume: str | None, weights_only: bool) -> list[NodeCommand]:
-        from taehv_console.core.plan.render import RenderOptions, launch_command, launch_env
-
         cfg = self.cfg
         env = {
             **launch_env(cfg),
@@ -422,7 +426,6 @@ class RunController:
         world = self.world_size
         if (st.world_size is not None and st.world_size != world and not weights_only
                 and ckpt.universal_problem(st.path) is not None):  # a converted one loads at any world size
-            import shlex
 
             t = self.cfg.topology
             raise WorldSizeChangedError(

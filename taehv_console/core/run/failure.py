@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import errno
 import re
+import signal
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_console.core.run.state import Failure
 from taehv_console.core.logscan import LogScanner
+from taehv_console.core.run.state import Failure
 
 _RULE = re.compile(r"\s*={10,}\s*")  # the line that closes torchelastic's block
 # what a rank reports when a *peer* went away: a consequence, never the first failure
@@ -183,8 +184,6 @@ def write_failure_text(err: OSError, path: Path | str) -> str:
 
 
 def _signal_name(signum: int) -> str:
-    import signal
-
     try:
         return signal.Signals(signum).name
     except ValueError:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_console.core.run.state import NodeStatus, RunState, read_node_status, read_state, write_state
+from trainer.config import load_config
 
 RUN_TOML = "run.toml"
 STATE_JSON = "state.json"
@@ -96,8 +97,6 @@ class RunDir:
         return write_state(self.state_path, state)
 
     def load_config(self):
-        from trainer.config import load_config
-
         return load_config(self.run_toml)
 
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample
 
 AGENT_VERSION = 1
@@ -203,8 +205,6 @@ class HostSampler:
     """psutil readings; CPU percentages are since the previous call, so the first one is primed."""
 
     def __init__(self, disks: list[str]):
-        import psutil
-
         self.psutil = psutil
         self.disks = disks
         psutil.cpu_percent(None)

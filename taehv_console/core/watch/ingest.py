@@ -17,12 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from taehv_console.core.logscan import LogScanner
 from taehv_console.core.run.state import RunState, StateError
 from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.agent import parse_sample
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation
-from taehv_console.core.logscan import LogScanner
 from taehv_console.core.watch.state import (
     CheckpointSummary,
     ForensicsSummary,
@@ -33,6 +33,7 @@ from taehv_console.core.watch.state import (
     Series,
     copy_replacing,
 )
+from trainer.config import config_from_dict
 
 _NODE_LOG = re.compile(r"node-(\d+)\.log$")
 _HEARTBEAT = re.compile(r"rank-(\d+)\.json$")
@@ -142,8 +143,6 @@ def run_config(text: str) -> dict[str, Any]:
     still the one it runs with); the raw table when it does not validate (another version's file)."""
     raw = tomllib.loads(text)
     try:
-        from trainer.config import config_from_dict
-
         return config_from_dict(raw, "run.toml").model_dump(mode="json")
     except Exception:  # noqa: BLE001 - any validation problem: fall back to what the file says
         return raw

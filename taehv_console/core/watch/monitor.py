@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
+from taehv_console.core.cluster.ssh import LocalRunner, SshPool
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
 from taehv_console.core.watch.ingest import AgentState, Ingest, get
@@ -33,6 +34,7 @@ from taehv_console.core.watch.scheduling import CallPoller, FilesPoller, Poller,
 from taehv_console.core.watch.state import Notice, RankState, RunView
 from taehv_console.core.watch.streams import LineStream, LocalLineStream, RemoteLineStream, agent_argv
 from taehv_console.core.watch.tail import LocalFiles, RemoteFiles, Tailer
+from taehv_console.core.watch.tbscalars import TensorBoardScalars
 from taehv_console.core.watch.view import ViewBuilder
 
 __all__ = ["Monitor", "MonitorConfig", "PollerConfig", "LocalLineStream", "snapshot_once"]
@@ -113,8 +115,6 @@ class Monitor:
         self._ckpt = CheckpointWatcher(self.run_dir / "checkpoints")
         self._tb = None
         if tensorboard is not None:
-            from taehv_console.core.watch.tbscalars import TensorBoardScalars  # reads TensorBoard files: only when asked
-
             self._tb = TensorBoardScalars(tensorboard, c.history_len)
         self._published_key: tuple[int, RunView] | None = None  # (ingest version, view) last handed out
         self._latest: RunView | None = None
@@ -229,8 +229,6 @@ class Monitor:
     # ------------------------------------------------------------------ runners
     def pool(self) -> Any:
         if self._pool is None:
-            from taehv_console.core.cluster.ssh import SshPool  # paramiko: only when a node is remote
-
             self._pool = SshPool()
             self._own_pool = True
         return self._pool
@@ -240,8 +238,6 @@ class Monitor:
 
     def _runner(self, host: str) -> Any:
         if self._is_local(host):
-            from taehv_console.core.cluster.ssh import LocalRunner
-
             return LocalRunner(host)
         return self.pool().runner(host)
 

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.watch.health import AssessMemo, HealthPolicy, assess_node, assess_ranks, watchdog_counts
+from taehv_console.core.watch.health import (
+    AssessMemo,
+    HealthPolicy,
+    assess_node,
+    assess_ranks,
+    watchdog_counts,
+)
 from taehv_console.core.watch.ingest import Ingest, get
 from taehv_console.core.watch.state import (
     CollectiveStall,
@@ -24,6 +30,7 @@ from taehv_console.core.watch.state import (
     Series,
     SourceStatus,
 )
+from taehv_console.core.watch.tbscalars import HISTORY_TAGS
 
 _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 # the console's verdict wins once it has one: the processes are gone, the record says how
@@ -180,7 +187,6 @@ class ViewBuilder:
             return Histories(loss=Series("loss", tuple(fold.loss)), psnr=Series("psnr", tuple(fold.psnr)),
                              lr=Series("lr", tuple(fold.lr)), val_psnr=Series("val_psnr", tuple(fold.val)),
                              clips_per_s=Series("clips_per_s", tuple(fold.clips)), gpu_util=tuple(gpu))  # fmt: skip
-        from taehv_console.core.watch.tbscalars import HISTORY_TAGS  # only with a TensorBoard logdir
 
         by_tag = {s.name: s for s in tb.series()}
         kw = {field_: Series(field_, by_tag[tag].points) for tag, field_ in HISTORY_TAGS.items() if tag in by_tag}

@@ -27,6 +27,7 @@ from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
+from trainer.config import ConfigError
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
@@ -228,7 +229,6 @@ class PresetScreen(Screen):
     def _build(self, preset: str, overrides: list[str]) -> None:
         from taehv_console.core.flow.config import run_config  # start-up: see the module's docstring
         from taehv_console.core.flow.launch import review
-        from trainer.config import ConfigError
 
         w = self.app.wizard
         options = dataclasses.replace(self.app.options, preset=preset, overrides=tuple(overrides))
