@@ -39,6 +39,7 @@ class LoaderCost:
     wall_s: float  # per clip, loading only
     source: str  # codec and size of the first video, e.g. "h264 854x480"
     skipped: tuple[str, ...] = ()
+    crops_per_clip: int = 1  # clips cut from each decode (the per-clip figures share one decode)
 
     @property
     def clips_per_s_per_worker(self) -> float:
@@ -77,7 +78,9 @@ def _describe(path: Path) -> str:
 
 
 def measure_loader(paths: list[Path], cfg: DataSection, clips: int, seed: int = 0) -> LoaderCost:
-    """Prepare `clips` training clips (after one unmeasured warm-up clip) and report CPU-s per clip.
+    """Prepare `clips` training items (after one unmeasured warm-up item) and report CPU-s per
+    training clip. With data.crops_per_clip = K each item is one decode cut into K clips, and every
+    figure is per clip of the K: what a GPU consumes.
 
     Process CPU time counts every thread (FFmpeg's decode threads too), which is what a node's cores
     pay; torch runs single-threaded as in a DataLoader worker.
@@ -106,11 +109,12 @@ def measure_loader(paths: list[Path], cfg: DataSection, clips: int, seed: int = 
     finally:
         torch.set_num_threads(threads)
     skipped = tuple(f"{s['path']}: {s['reason']}" for it in items for s in it["skipped"])
+    made = sum(it["video"].shape[0] for it in items)  # clips: crops_per_clip per decoded clip
     return LoaderCost(
-        clips=clips, frames=cfg.frames, height=cfg.height, width=cfg.width,
-        load_cpu_s=load_cpu / clips, decode_cpu_s=max(0.0, load_cpu - ds.finish_cpu_s) / clips,
-        jitter_cpu_s=jitter_cpu / clips, wall_s=wall / clips, source=_describe(Path(paths[0])),
-        skipped=skipped,
+        clips=made, frames=cfg.frames, height=cfg.height, width=cfg.width,
+        load_cpu_s=load_cpu / made, decode_cpu_s=max(0.0, load_cpu - ds.finish_cpu_s) / made,
+        jitter_cpu_s=jitter_cpu / made, wall_s=wall / made, source=_describe(Path(paths[0])),
+        skipped=skipped, crops_per_clip=ds.crops_per_item,
     )  # fmt: skip
 
 
@@ -120,7 +124,8 @@ def report_lines(
     need = cost.workers_for(target_clips_per_s)
     crop_s = cost.load_cpu_s - cost.decode_cpu_s
     lines = [
-        f"{cost.clips} clips of {cost.frames}x{cost.height}x{cost.width} from {cost.source} sources",
+        f"{cost.clips} clips of {cost.frames}x{cost.height}x{cost.width} from {cost.source} sources"
+        + (f" ({cost.crops_per_clip} crops per decoded clip)" if cost.crops_per_clip > 1 else ""),
         f"  loader (decode, crop, resize; uint8): {cost.load_cpu_s:.3f} CPU-s per clip "
         f"(decode and RGB {cost.decode_cpu_s:.3f}, crop/resize/flip {crop_s:.3f}), "
         f"{cost.wall_s:.3f} s wall",

@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--frame-height", type=int, help="data.frame_height: frames scaled to this before cropping"
     )
-    bench.add_argument("--clips", type=int, default=16, help="clips to prepare (after one warm-up clip)")
+    bench.add_argument(
+        "--crops-per-clip", type=int, help="data.crops_per_clip: training crops cut from each decoded clip"
+    )
+    bench.add_argument("--clips", type=int, default=16, help="clips to decode (after one warm-up clip)")
     bench.add_argument("--workers", type=int, help="say whether this many loader workers per GPU keep up")
     bench.add_argument(
         "--target-clips-per-s", type=float,
@@ -85,6 +88,8 @@ def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             parser.error(str(err))
     if args.frame_height is not None:
         changes["frame_height"] = args.frame_height
+    if args.crops_per_clip is not None:
+        changes["crops_per_clip"] = args.crops_per_clip
     try:
         data = DataSection.model_validate({**data.model_dump(), **changes})
     except ValueError as err:

@@ -86,6 +86,12 @@ class DataSection(_Section):
     num_workers: int = Field(2, ge=0)
     prefetch_factor: int = Field(2, ge=1)
     max_skip_per_item: int = Field(8, ge=1, description="bad videos tried in a row before giving up")
+    crops_per_clip: int = Field(
+        1, ge=1, le=256,
+        description="training crops cut from each decoded clip, each with its own window, flip and jitter: "
+        "decoding is the loader's cost, so small crops (the crop recipe) share it; a multiple of it "
+        "must divide optim.batch_per_gpu",
+    )
 
     @field_validator("frames")
     @classmethod
@@ -233,6 +239,17 @@ class TrainConfig(_Section):
         if self.adversarial.weight > 0 and self.data.frames < 8:
             raise ValueError(f"adversarial.weight > 0 needs data.frames >= 8 (the discriminator sees groups of 3 "
                              f"decoded frames; {self.data.frames} frames decode to {self.data.frames - 3})")
+        return self
+
+    @model_validator(mode="after")
+    def _crops_fill_the_batch(self) -> "TrainConfig":
+        k = self.data.crops_per_clip
+        if k > 1 and self.optim.batch_per_gpu % k:
+            raise ValueError(f"optim.batch_per_gpu ({self.optim.batch_per_gpu}) must be a multiple of "
+                             f"data.crops_per_clip ({k}): a micro-batch holds whole clips' crops")
+        if k > 1 and self.loss.teacher_cache:
+            raise ValueError(f"data.crops_per_clip ({k}) > 1 does not work with loss.teacher_cache: a cached "
+                             "clip has one latent window (use 1, or distil with the teacher online)")
         return self
 
     @property

@@ -392,9 +392,17 @@ class VideoClipDataset(Dataset):
         A subclass (e.g. a cached-latent dataset) may override it to pin the geometry."""
         return crop_box(height, width, self.cfg, rng, grid=self.crop_grid)
 
-    def augmentation(self, height: int, width: int, seed: int) -> tuple[CropBox, tuple[float, float, float]]:
-        """The crop of a height x width source and the colour-jitter factors for item seed `seed`."""
-        rng = np.random.default_rng([seed, 1]) if self.train else None
+    @property
+    def crops_per_item(self) -> int:
+        """Training crops cut from each decoded clip (data.crops_per_clip; validation takes one)."""
+        return self.cfg.crops_per_clip if self.train else 1
+
+    def augmentation(
+        self, height: int, width: int, seed: int, crop: int = 0
+    ) -> tuple[CropBox, tuple[float, float, float]]:
+        """The crop of a height x width source and the colour-jitter factors for item seed `seed`
+        (its `crop`-th crop when data.crops_per_clip > 1; the first draws as a single crop does)."""
+        rng = np.random.default_rng([seed, 1] if crop == 0 else [seed, 1, crop]) if self.train else None
         box = self.crop_box(height, width, rng)
         # Drawn after the crop from the same generator, in the order the CPU jitter drew them.
         factors = jitter_factors(rng, self.cfg.color_jitter) if rng is not None else NO_JITTER
@@ -402,12 +410,21 @@ class VideoClipDataset(Dataset):
 
     def _finish(self, frames: list[np.ndarray], seed: int) -> dict:
         """Crop, resize (down only) and flip decoded RGB frames into uint8 [T, 3, H, W], all in uint8:
-        the float work (colour jitter) happens on the rank's device (trainer.augment)."""
-        cfg = self.cfg
+        the float work (colour jitter) happens on the rank's device (trainer.augment). With
+        data.crops_per_clip = K > 1 the item holds K crops of the same frames, [K, T, 3, H, W], each
+        with its own window, flip and jitter: the decode, the loader's main cost, is shared."""
         height, width = frames[0].shape[:2]
         if any(f.shape != frames[0].shape for f in frames):
             raise _Unusable("frame size changes within the video")
-        box, factors = self.augmentation(height, width, seed)
+        k = self.crops_per_item
+        if k == 1:
+            return self._crop(frames, height, width, seed, 0)
+        crops = [self._crop(frames, height, width, seed, c) for c in range(k)]
+        return {key: torch.stack([c[key] for c in crops]) for key in crops[0]}
+
+    def _crop(self, frames: list[np.ndarray], height: int, width: int, seed: int, crop: int) -> dict:
+        cfg = self.cfg
+        box, factors = self.augmentation(height, width, seed, crop)
         out = (cfg.height, cfg.width)
         if box.exact and box.view != (height, width):
             # Latent-aligned crops: resize whole frames to the view, so each crop is exactly a window of it.
@@ -535,10 +552,16 @@ class ResumableSampler(Sampler):
 
 
 def collate_clips(items: list[dict]) -> dict:
+    """A batch of items; an item of K crops (data.crops_per_clip) adds K clips to it. "index" has
+    one entry per item: what the sampler handed out, which is what a resume counts."""
+
+    def clips(key: str, ndim: int) -> torch.Tensor:
+        return torch.cat([it[key] if it[key].ndim == ndim + 1 else it[key].unsqueeze(0) for it in items])
+
     return {
-        "video": torch.stack([it["video"] for it in items]),
-        "jitter": torch.stack([it["jitter"] for it in items]),
-        "crop": torch.stack([it["crop"] for it in items]),
+        "video": clips("video", 4),
+        "jitter": clips("jitter", 1),
+        "crop": clips("crop", 1),
         "index": [it["index"] for it in items],
         "skipped": [s for it in items for s in it["skipped"]],
     }
@@ -563,12 +586,15 @@ def make_train_loader(
     prefetch_factor: int,
 ) -> DataLoader:
     """An endless loader of batches {"video": uint8 [B, T, 3, H, W], "jitter": [B, 3], "crop": [B, 5],
-    "index", "skipped"} that
-    starts after the `start_sample` samples this rank has already consumed."""
+    "index", "skipped"} that starts after the `start_sample` samples (items) this rank has already
+    consumed. B = `batch_size` clips: batch_size / data.crops_per_clip items of that many crops each."""
     workers = num_workers > 0
+    per_item = dataset.crops_per_item
+    if batch_size % per_item:
+        raise ValueError(f"a batch of {batch_size} clips is not a whole number of items of {per_item} crops")
     return DataLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=batch_size // per_item,
         sampler=ResumableSampler(len(dataset), rank, world, seed, start_sample),
         collate_fn=collate_clips,
         num_workers=num_workers,

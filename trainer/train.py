@@ -429,7 +429,8 @@ class Trainer:
         self.last_val = state.get("last_val")
         if self.weights_only:
             # a fresh optimizer on another world size: the data position restarts for this world
-            self.samples_consumed = self.step * self.cfg.optim.grad_accum * self.cfg.optim.batch_per_gpu
+            self.samples_consumed = (self.step * self.cfg.optim.grad_accum * self.cfg.optim.batch_per_gpu
+                                     // self.cfg.data.crops_per_clip)  # items: a clip's crops are one
 
     def _load_universal(self, st: ckpt.CheckpointStatus) -> None:
         """Weights and optimizer state from step-<N>/universal at this world size. Step and LR come
@@ -488,7 +489,7 @@ class Trainer:
 
     def _next_batch(self):
         batch = next(self.batches)
-        self.samples_consumed += batch["video"].shape[0]
+        self.samples_consumed += len(batch["index"])  # sampler items (several crops each with data.crops_per_clip)
         self._report_skips(batch["skipped"])
         return batch
 

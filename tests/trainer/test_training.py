@@ -318,3 +318,25 @@ def test_bf16_zero_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_d
     assert all(torch.isfinite(w).all() for w in weights.values())
     effective = json.loads((run / "deepspeed.effective.json").read_text())
     assert effective["bf16"] == {"enabled": True, "check_grad_overflow": True}
+
+
+# ---------------------------------------------------------------- several crops per decoded clip
+
+
+def test_crops_per_clip_trains_and_resumes_at_the_same_data(tmp_path, clip_dir):
+    """data.crops_per_clip = 2 with 2 clips per micro-batch: each micro-batch is one decoded clip cut
+    twice. The data position counts sampler items (one per decode), so a resume from step 3 goes on
+    with exactly the batches of the uninterrupted run."""
+    cfg = base_config(clip_dir, data={"crops_per_clip": 2}, optim={"batch_per_gpu": 2})
+    run = write_run(tmp_path / "run", cfg)
+    run_to_end(run, 2)
+    rank0 = torch.load(run / "checkpoints" / "step-6" / ckpt.rank_state_name(0), weights_only=True)
+    assert rank0["samples_consumed"] == 6 * 2 * 2 // 2  # steps x accumulation x clips / crops per item
+    resumed = write_run(tmp_path / "resumed", cfg)
+    shutil.copytree(run / "checkpoints" / "step-3", resumed / "checkpoints" / "step-3")
+    run_to_end(resumed, 2, args=("--resume", "latest"))
+    a = {e["step"]: e for e in events(run, 0, "step")}
+    b = {e["step"]: e for e in events(resumed, 0, "step")}
+    assert sorted(b) == [4, 5, 6]
+    for s in (4, 5, 6):
+        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (s, a[s]["loss"], b[s]["loss"])
