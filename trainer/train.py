@@ -489,7 +489,7 @@ class Trainer:
 
     def _next_batch(self):
         batch = next(self.batches)
-        self.samples_consumed += len(batch["index"])  # sampler items (several crops each with data.crops_per_clip)
+        self.samples_consumed += len(batch["index"])  # sampler items (data.crops_per_clip crops each)
         self._report_skips(batch["skipped"])
         return batch
 

@@ -300,7 +300,8 @@ class Monitor:
             # The period from one view to the next (the scheduler waits interval_s after a poll
             # ends): as the CPU share allows, but never longer than _MAX_PUBLISH_PERIOD_S, since a
             # stall must reach every front end within its bound.
-            period = min(max(self.cfg.publish_interval_s, cost / max(self.cfg.publish_cpu_share, 1e-3)), _MAX_PUBLISH_PERIOD_S)
+            share = max(self.cfg.publish_cpu_share, 1e-3)
+            period = min(max(self.cfg.publish_interval_s, cost / share), _MAX_PUBLISH_PERIOD_S)
             self._publisher.interval_s = max(0.0, period - (time.monotonic() - started))
         return False
 
