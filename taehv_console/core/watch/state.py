@@ -424,6 +424,11 @@ class Series:
     def __repr__(self) -> str:
         return f"Series(name={self.name!r}, points={self.points!r})"
 
+    def __reduce__(self) -> tuple:
+        # copy, deepcopy (dataclasses.asdict of a view) and pickle rebuild it through __init__: the
+        # default way sets the slots one by one, which __setattr__ refuses
+        return (Series, (self.name, self.points))
+
 
 _SERIES_NAME, _SERIES_POINTS, _SERIES_BLOCKS, _SERIES_LIMIT = (
     Series.__dict__[k].__set__ for k in ("name", "_points", "_blocks", "_limit"))  # fmt: skip

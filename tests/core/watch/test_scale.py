@@ -7,8 +7,10 @@ same ingested facts with every cache dropped."""
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -159,5 +161,9 @@ def test_a_gpu_history_snapshot_shares_its_blocks_and_holds_the_newest_points(ma
         assert hash(snap) == hash(Series("node-000/3", expected))
     big = snaps[-1][0]
     assert big._blocks is None  # flattened once on first read, then kept
+    # copies (dataclasses.asdict deep-copies what is not a dataclass) and pickles are equal series
+    unread = hist.series("node-000/3")
+    for copied in (copy.copy(unread), copy.deepcopy(unread), pickle.loads(pickle.dumps(unread))):
+        assert copied == unread and copied.points == tuple(points[-maxlen:])
     with pytest.raises(AttributeError):
         big.name = "other"
