@@ -336,7 +336,6 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> 
 
 
 def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) -> dict[str, Any]:
-
     progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
     return {"run": ctrl.run.run_id, "run_dir": str(ctrl.run.path), "phase": outcome.phase.value,
             "exit_code": int(code), "exit_name": code.name.lower(), "progress": progress,

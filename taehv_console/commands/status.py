@@ -46,7 +46,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     with SshPool(ssh_settings(args)) as pool:
         try:
             if args.run:
@@ -135,7 +134,6 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
 
 
 def _print_list(infos: list[dict[str, Any]]) -> None:
-
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("run", "phase", "step", "nodes", "backend"):
         table.add_column(col)
