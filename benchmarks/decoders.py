@@ -1,0 +1,159 @@
+"""PyAV (the trainer's decoder) against torchcodec: CPU-s and wall-s per training clip's frames, and
+whether both return the same pixels, on H.264 photo clips (a camera moving over photographs).
+
+    .venv/bin/python benchmarks/decoders.py [DIR ...] [--keep OUT] [--clips 24] [--frames 12] [--step 1]
+
+Without a DIR it writes photo clips first (into OUT with --keep, else a temporary folder): 854x480
+short (60 frames), 854x480 long (240 frames, a keyframe every 48, and x264's default 250) and
+1920x1080 (60 frames). Each clip's frames are `--frames` frames `--step` apart from a random start,
+read the trainer's way (`trainer.data.read_frames`: seek to the keyframe before, decode on) and with
+`torchcodec.decoders.VideoDecoder(...).get_frames_at` in its exact and approximate seek modes, all
+with the trainer's decoder thread count. The decoders take turns clip by clip, so other load on the
+machine falls on all alike. CPU-s is this process's CPU time (all its threads).
+
+torchcodec is not a dependency: where it does not import, the PyAV figures are printed and the
+reason is said. Where CUDA is available, torchcodec's NVDEC decoding (device="cuda") is measured
+too: its CPU-s and wall-s per clip, the output left on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.data import _DECODE_THREADS, _count_frames, find_videos, read_frames
+from trainer.synthetic import _photo_frames, write_video
+
+# (folder, frames, height, width, keyframe interval or None for x264's default)
+_SETS = (
+    ("854x480-60f", 60, 480, 854, None),
+    ("854x480-240f-gop48", 240, 480, 854, 48),
+    ("854x480-240f-gop250", 240, 480, 854, None),
+    ("1920x1080-60f", 60, 1080, 1920, None),
+)
+
+
+def _write_sets(root: Path, clips: int) -> list[Path]:
+    folders = []
+    for name, frames, height, width, gop in _SETS:
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(clips):
+            rng = np.random.default_rng([7, i])
+            write_video(folder / f"photo-{i:04d}.mp4", _photo_frames(rng, frames, height, width), gop=gop)
+        folders.append(folder)
+    return folders
+
+
+def _torchcodec():
+    try:
+        from torchcodec.decoders import VideoDecoder
+    except (ImportError, OSError, RuntimeError) as err:  # or a wheel whose native libraries fail to load
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return VideoDecoder, ""
+
+
+def _timed(fn, *args, **kwargs):
+    c0, w0 = time.process_time(), time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.process_time() - c0, time.perf_counter() - w0
+
+
+def _torchcodec_frames(decoder, path: Path, indices: list[int], device: str, seek_mode: str):
+    d = decoder(str(path), device=device, dimension_order="NHWC", seek_mode=seek_mode,
+                num_ffmpeg_threads=_DECODE_THREADS)  # fmt: skip
+    out = d.get_frames_at(indices).data
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    return out
+
+
+# (row name, device, seek mode) of the torchcodec rows
+_TORCHCODEC_ROWS = (("torchcodec", "cpu", "exact"), ("torchcodec-approx", "cpu", "approximate"))
+_CUDA_ROW = ("torchcodec-cuda", "cuda", "exact")
+
+
+def _measure(folder: Path, n_clips: int, frames: int, step: int, decoder, cuda: bool) -> dict:
+    paths = find_videos(str(folder))
+    lengths = {p: _count_frames(p) for p in paths}
+    rng = np.random.default_rng(0)
+    rows = (*_TORCHCODEC_ROWS, _CUDA_ROW) if cuda else _TORCHCODEC_ROWS
+    cost: dict[str, list[tuple[float, float]]] = {"pyav": [], **{name: [] for name, _, _ in rows}}
+    diffs: list[float] = []
+    span = (frames - 1) * step + 1
+    for k in range(n_clips):
+        path = paths[k % len(paths)]
+        start = int(rng.integers(0, lengths[path] - span + 1))
+        indices = list(range(start, start + span, step))
+        ours, cpu, wall = _timed(read_frames, path, indices)
+        cost["pyav"].append((cpu, wall))
+        if decoder is None:
+            continue
+        for name, device, mode in rows:
+            theirs, cpu, wall = _timed(_torchcodec_frames, decoder, path, indices, device, mode)
+            cost[name].append((cpu, wall))
+            pixels = theirs.cpu().numpy().astype(np.int16)
+            diffs.append(float(np.abs(pixels - ours.astype(np.int16)).mean()))
+    return {"cost": cost, "diffs": diffs, "size": ours.shape}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="*", type=Path, help="folders of videos (default: generated sets)")
+    parser.add_argument("--keep", type=Path, help="write the generated sets here, and keep them")
+    parser.add_argument("--clips", type=int, default=24, help="clips read per decoder and set")
+    parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument("--step", type=int, default=1, help="frame step within a clip")
+    parser.add_argument("--make", type=int, default=4, help="videos generated per set (without DIR)")
+    args = parser.parse_args()
+    decoder, why = _torchcodec()
+    cuda = False
+    if decoder is None:
+        print(f"torchcodec does not import here ({why}): PyAV only")
+    else:
+        import torch
+        import torchcodec
+
+        cuda = torch.cuda.is_available()
+        print(
+            f"torchcodec {torchcodec.__version__}, torch {torch.__version__}, CUDA {'yes' if cuda else 'no'}"
+        )
+    print(
+        f"decoder threads {_DECODE_THREADS}, {args.frames} frames {args.step} apart per clip, {args.clips} clips each"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = args.dirs or _write_sets(args.keep or Path(tmp), args.make)
+        for folder in folders:
+            # one untimed clip each first: library loading and first-open costs stay out of the figures
+            _measure(folder, 1, args.frames, args.step, decoder, cuda)
+            m = _measure(folder, args.clips, args.frames, args.step, decoder, cuda)
+            h, w = m["size"][1:3]
+            print(f"== {folder.name} ({w}x{h})")
+            for name, rows in m["cost"].items():
+                if rows:
+                    cpu = np.median([r[0] for r in rows])
+                    wall = np.median([r[1] for r in rows])
+                    print(
+                        f"  {name:16s} {cpu:.3f} CPU-s, {wall:.3f} wall-s per clip (median), "
+                        f"{1 / cpu:.1f} clips per CPU-s"
+                    )
+            if m["diffs"]:
+                print(
+                    f"  pixels: mean |torchcodec - PyAV| {np.mean(m['diffs']):.3f} of 255 "
+                    f"(largest clip mean {max(m['diffs']):.3f})"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
