@@ -7,6 +7,9 @@ where control depends on it, at no DeepSpeed cost.
   own protocol (each rank its files in step-N.tmp, rank 0 finalizes once all are there: a real,
   verifiable checkpoint of stand-in bytes) and writes `stop` (reason signal), exit 0; at
   --max-steps it stops with reason done;
+- ranks keep step as the trainer's do (every step ends in an all-reduce): a rank behind its peers'
+  heartbeats, e.g. one that was SIGSTOPped while they went on, runs its steps without sleeping
+  until it has caught up, so the stop's agreed step is one every rank reaches together;
 - the launcher forwards SIGTERM to every rank's group and exits 1 afterwards (torchrun's
   SignalException), or 0 when the ranks finished on their own;
 - when a rank dies it prints torchelastic's "Root Cause (first observed failure)" block, kills
@@ -84,9 +87,10 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
     agreed = run / f"fake-stop-step-{start_step}"
     (run / "heartbeat").mkdir(parents=True, exist_ok=True)
     emit(run, rank, "start", world_size=world, step=start_step, max_steps=max_steps)
-    step = start_step
+    step, started = start_step, time.time()
     while step < max_steps:
-        time.sleep(step_s)
+        if step >= _peers_step(run, rank, world, started) - 1:
+            time.sleep(step_s)
         step += 1
         if rank == int(fail_rank) and step == int(fail_step):
             emit(run, rank, "error", message="ValueError: injected failure", traceback="Traceback ...")
@@ -122,6 +126,21 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
             return 0
     emit(run, rank, "stop", step=step, reason="done", exit_status=0)
     return 0
+
+
+def _peers_step(run: Path, rank: int, world: int, since: float) -> int:
+    """The furthest step in the other ranks' heartbeats written since `since` (-1 before any; an
+    earlier attempt's beats do not count)."""
+    furthest = -1
+    for other in range(world):
+        if other != rank:
+            try:
+                beat = json.loads((run / "heartbeat" / f"rank-{other}.json").read_text())
+                if float(beat["time"]) >= since:
+                    furthest = max(furthest, int(beat["step"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    return furthest
 
 
 def _agreed_step(path: Path) -> int | None:
