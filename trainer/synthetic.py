@@ -169,7 +169,9 @@ def _bounce(position: float, length: int) -> float:
     return p if p < length else period - p
 
 
-def _write_clips(out_dir, clips, frames, height, width, fps, seed, prefix, frames_of, stream) -> list[Path]:
+def _write_clips(
+    out_dir, clips, frames, height, width, fps, seed, prefix, frames_of, stream, gop=None
+) -> list[Path]:
     if clips < 1 or frames < 1 or fps < 1:
         raise ValueError(f"clips, frames and fps must be at least 1 (got {clips}, {frames}, {fps})")
     if height < 2 or width < 2 or height % 2 or width % 2:
@@ -182,7 +184,7 @@ def _write_clips(out_dir, clips, frames, height, width, fps, seed, prefix, frame
     for i in range(clips):
         rng = np.random.default_rng([seed, i, *stream])
         path = out_dir / f"{prefix}-{i:04d}{codec.suffix}"
-        written.append(write_video(path, frames_of(rng, frames, height, width), fps, codec))
+        written.append(write_video(path, frames_of(rng, frames, height, width), fps, codec, gop))
     return written
 
 
@@ -253,9 +255,17 @@ def _photo_frames(rng: np.random.Generator, frames: int, height: int, width: int
 
 
 def make_photo_clips(
-    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
+    out_dir: Path,
+    clips: int,
+    frames: int,
+    height: int,
+    width: int,
+    fps: int = 24,
+    seed: int = 0,
+    gop: int | None = None,
 ) -> list[Path]:
     """Write `clips` videos of a camera moving over scikit-image's sample photographs (real
     H.264 where PyAV's FFmpeg has an H.264 encoder). Same arguments as make_synthetic; files are
-    named photo-NNNN; returns the written paths, in order."""
-    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "photo", _photo_frames, (1,))
+    named photo-NNNN; returns the written paths, in order. `gop`: frames from one keyframe to the
+    next (the encoder's default when None)."""
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "photo", _photo_frames, (1,), gop)

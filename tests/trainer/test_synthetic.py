@@ -100,3 +100,17 @@ def test_photo_clips_reject_bad_sizes(tmp_path):
 
     with pytest.raises(ValueError, match="even"):
         make_photo_clips(tmp_path, 1, 4, 15, 16)
+
+
+def test_photo_clips_keyframe_interval(tmp_path):
+    """`gop` sets the frames from one keyframe to the next (benchmarks/decoders.py's short- and
+    long-GOP sets): a random clip start costs the decode from the keyframe before it."""
+    from trainer.synthetic import make_photo_clips
+
+    def keyframes(path) -> list[int]:
+        with av.open(str(path)) as container:
+            return [i for i, f in enumerate(container.decode(video=0)) if f.key_frame]
+
+    short = keyframes(make_photo_clips(tmp_path / "gop8", 1, 40, 48, 64, gop=8)[0])
+    assert short[0] == 0 and len(short) >= 5 and max(b - a for a, b in zip(short, short[1:])) <= 8, short
+    assert keyframes(make_photo_clips(tmp_path / "default", 1, 40, 48, 64)[0]) == [0]
