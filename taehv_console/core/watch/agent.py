@@ -165,10 +165,13 @@ def _proc_mem(p: Any) -> int | None:
 class RunProcesses:
     """pid -> rank of this run's processes on this node, from the heartbeat files (host == ours).
 
-    Every agent reads every heartbeat (the file names do not say the host), on shared storage:
-    64 nodes x 512 files each second would be a load of its own. So the files are re-read every
-    `refresh_s` while the pids are known, every `search_s` while none is, and at once when a known
-    pid is gone (a relaunch writes new pids)."""
+    The file names do not say the host, so finding this node's ranks means reading every
+    heartbeat, on shared storage: 256 agents reading 2,048 files every 10 s would be 52,000 reads
+    a second. So every file is read only until this node's ranks are all found (as many as
+    LOCAL_WORLD_SIZE in a found rank's environment says; without it, every read stays a full
+    one); after that only this node's own files are read. Reads come every `refresh_s` while the
+    pids are known, every `search_s` while none is, and at once when a known pid is gone (a
+    relaunch writes new pids)."""
 
     def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 10.0, search_s: float = 2.0):
         self.dir = Path(run_dir) / "heartbeat" if run_dir else None
@@ -176,29 +179,55 @@ class RunProcesses:
         self.refresh_s = refresh_s
         self.search_s = search_s
         self._pids: dict[int, int] = {}
+        self._own: tuple[int, ...] = ()  # this node's ranks, once all are known
         self._read_at = -1e18
 
     def current(self, now: float, gone: bool = False) -> dict[int, int]:
         every = self.refresh_s if self._pids else self.search_s
         if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
-            pids: dict[int, int] = {}
-            try:
-                entries = list(os.scandir(self.dir))
-            except OSError:
-                entries = []
-            for e in entries:
-                if not (e.name.startswith("rank-") and e.name.endswith(".json")):
-                    continue
+            if self._own:
+                pids = self._read([self.dir / f"rank-{r}.json" for r in self._own])
+                if sorted(pids.values()) != list(self._own):  # a rank moved or is being relaunched
+                    self._own = ()
+            if not self._own:
                 try:
-                    beat = json.loads(Path(e.path).read_text())
-                    rank = int(e.name[5:-5])
-                except (OSError, ValueError):
-                    continue  # being replaced right now; the next read has it
-                if beat.get("host") == self.hostname and isinstance(beat.get("pid"), int):
-                    pids[beat["pid"]] = rank
+                    paths = [Path(e.path) for e in os.scandir(self.dir)]
+                except OSError:
+                    paths = []
+                pids = self._read(paths)
+                if pids and _local_world_size(pids) == len(pids):
+                    self._own = tuple(sorted(pids.values()))
             self._pids = pids
         return self._pids
+
+    def _read(self, paths: list[Path]) -> dict[int, int]:
+        pids: dict[int, int] = {}
+        for path in paths:
+            name = path.name
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            try:
+                beat = json.loads(path.read_text())
+                rank = int(name[5:-5])
+            except (OSError, ValueError):
+                continue  # being replaced right now (or gone); the next read has it
+            if beat.get("host") == self.hostname and isinstance(beat.get("pid"), int):
+                pids[beat["pid"]] = rank
+        return pids
+
+
+def _local_world_size(pids: Mapping[int, int]) -> int | None:
+    """How many ranks this node runs, from LOCAL_WORLD_SIZE in one of their environments (set by
+    torchrun for each worker); None when no environment says."""
+    for pid in pids:
+        try:
+            value = psutil.Process(pid).environ().get("LOCAL_WORLD_SIZE")
+        except (psutil.Error, OSError):
+            continue
+        if value and value.isdigit():
+            return int(value)
+    return None
 
 
 class HostSampler:

@@ -259,6 +259,74 @@ def test_agent_reports_the_runs_processes_from_heartbeats(tmp_path):
                 p.wait()
 
 
+def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats(tmp_path, monkeypatch):
+    """Finding a node's ranks means reading every heartbeat (the names do not say the host); at
+    256 nodes x 2,048 files on shared storage that must not go on every refresh. Once as many ranks
+    as LOCAL_WORLD_SIZE says are found, only their files are read; a rank that moves away brings
+    back full reads, and without LOCAL_WORLD_SIZE every read stays a full one."""
+    import pathlib
+
+    from taehv_console.core.watch.agent import RunProcesses
+
+    beats = tmp_path / "run" / "heartbeat"
+    beats.mkdir(parents=True)
+    host = socket.gethostname()
+
+    def beat(rank: int, pid: int, on: str) -> None:
+        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid, "host": on}))
+
+    env = {**os.environ, "LOCAL_WORLD_SIZE": "2"}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    ours = {r: subprocess.Popen(sleeper, env=env) for r in (3, 5)}
+    bare = subprocess.Popen(sleeper)  # no LOCAL_WORLD_SIZE in its environment
+    try:
+        for r, p in ours.items():
+            beat(r, p.pid, host)
+        for r in (*range(6, 40), 4):  # the other nodes' ranks
+            beat(r, 100000 + r, f"node-{r // 8}")
+        every = len(list(beats.iterdir()))  # 37 files
+        read: list[str] = []
+        real = pathlib.Path.read_text
+
+        def counting(self, *a, **kw):
+            read.append(self.name)
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(pathlib.Path, "read_text", counting)
+        procs = RunProcesses(str(tmp_path / "run"), host)
+        assert procs.current(0.0) == {ours[3].pid: 3, ours[5].pid: 5}
+        assert len(read) == every  # the first read is a full one
+        read.clear()
+        assert procs.current(20.0) == {ours[3].pid: 3, ours[5].pid: 5}
+        assert sorted(read) == ["rank-3.json", "rank-5.json"]  # then only this node's own
+        # a dead rank is re-read at once (to report it gone), still only from its own file
+        ours[5].kill()
+        ours[5].wait()
+        read.clear()
+        assert procs.current(21.0, gone=True) == {ours[3].pid: 3, ours[5].pid: 5}
+        assert sorted(read) == ["rank-3.json", "rank-5.json"]
+        # relaunched elsewhere: its file names another host, so the node's ranks are searched again
+        beat(5, 123456, "node-9")
+        read.clear()
+        assert procs.current(40.0) == {ours[3].pid: 3}
+        assert len(read) == 2 + every
+        read.clear()
+        procs.current(60.0)  # one rank of LOCAL_WORLD_SIZE 2: still searching
+        assert len(read) == every
+        # ranks whose environment does not say how many a node runs: full reads, as before
+        beat(3, bare.pid, host)
+        procs = RunProcesses(str(tmp_path / "run"), host)
+        for t in (0.0, 20.0):
+            read.clear()
+            assert procs.current(t) == {bare.pid: 3}
+            assert len(read) == every
+    finally:
+        for p in (*ours.values(), bare):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
     # what snapshot_once runs through runner.run: stdin is closed from the start
     r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
