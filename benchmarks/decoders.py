@@ -79,14 +79,22 @@ _TORCHCODEC_ROWS = (("torchcodec", "cpu", "exact"), ("torchcodec-approx", "cpu",
 _CUDA_ROW = ("torchcodec-cuda", "cuda", "exact")
 
 
-def _measure(folder: Path, n_clips: int, frames: int, step: int, decoder, cuda: bool) -> dict:
+def _long_enough(folder: Path, frames: int, step: int) -> dict[Path, int]:
+    """Frame count of each video in `folder` that holds a clip's span (counting decodes every frame:
+    done once per folder)."""
     span = (frames - 1) * step + 1
     lengths = {p: _count_frames(p) for p in find_videos(str(folder))}
-    paths = [p for p, n in lengths.items() if n >= span]
-    if not paths:
+    lengths = {p: n for p, n in lengths.items() if n >= span}
+    if not lengths:
         raise SystemExit(
             f"{folder}: no video has the {span} frames a clip of {frames} frames {step} apart spans"
         )
+    return lengths
+
+
+def _measure(lengths: dict[Path, int], n_clips: int, frames: int, step: int, decoder, cuda: bool) -> dict:
+    span = (frames - 1) * step + 1
+    paths = list(lengths)
     rng = np.random.default_rng(0)
     rows = (*_TORCHCODEC_ROWS, _CUDA_ROW) if cuda else _TORCHCODEC_ROWS
     cost: dict[str, list[tuple[float, float]]] = {"pyav": [], **{name: [] for name, _, _ in rows}}
@@ -135,14 +143,15 @@ def main() -> int:
         folders = args.dirs or _write_sets(args.keep or Path(tmp), args.make)
         for folder in folders:
             # one untimed clip each first: library loading and first-open costs stay out of the figures
+            lengths = _long_enough(folder, args.frames, args.step)
             try:
-                _measure(folder, 1, args.frames, args.step, decoder, cuda)
+                _measure(lengths, 1, args.frames, args.step, decoder, cuda)
             except RuntimeError as err:  # e.g. a GPU or driver without NVDEC for this codec
                 if not cuda:
                     raise
                 print(f"torchcodec on CUDA failed ({str(err).splitlines()[0][:200]}): CPU rows only")
                 cuda = False
-            m = _measure(folder, args.clips, args.frames, args.step, decoder, cuda)
+            m = _measure(lengths, args.clips, args.frames, args.step, decoder, cuda)
             h, w = m["size"][1:3]
             print(f"== {folder.name} ({w}x{h})")
             for name, rows in m["cost"].items():
