@@ -674,7 +674,17 @@ class Trainer:
         self.events.heartbeat(self.step, stopped=True)
         if self.tb:
             self.tb.close()
+        self._leave_world()
         return EXIT_OK
+
+    def _leave_world(self) -> None:
+        """Leave together and take the process group down before the interpreter does. Rank 0 still
+        writes the exported weights after the last collective; a peer that exited meanwhile tore its
+        gloo group down during interpreter teardown, and now and then aborted there ("terminate
+        called without an active exception", SIGABRT, so torchrun reported a finished run as failed)."""
+        self._barrier()
+        self.engine.destroy()
+        self.accelerator.end_training()
 
     def _recipe_fields(self) -> dict:
         """What the start event says of the recipe: where the teacher's latents come from (a cached run

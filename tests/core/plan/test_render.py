@@ -124,9 +124,10 @@ def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
     probe.write_text(
         textwrap.dedent(
             """
-            import json, os, sys
+            import json, os, pathlib, sys
             keys = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_DEEPSPEED_CONFIG_FILE"]
-            print("PROBE " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:]}))
+            seen = {k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:]}
+            pathlib.Path(__file__).with_name(f"probe-{os.environ['RANK']}.json").write_text(json.dumps(seen))
             """
         )
     )
@@ -141,7 +142,8 @@ def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    probes = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    # a file per rank: the two ranks share one unbuffered stdout, where their lines can interleave
+    probes = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("probe-*.json"))]
     assert sorted(p["RANK"] for p in probes) == ["0", "1"]
     for p in probes:
         assert p["WORLD_SIZE"] == "2" and p["MASTER_ADDR"] == "127.0.0.1"
