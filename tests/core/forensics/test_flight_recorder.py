@@ -106,10 +106,11 @@ def test_an_analyser_that_cannot_run_is_a_verdict_line(tmp_path):
 @pytest.fixture
 def fake_ranks(tmp_path):
     """fake_ranks(run_dir, {rank: dump}) -> Popen per rank, each with the run's FR environment."""
-    started = []
+    started, stems = [], set()
 
     def start(run: Path, dumps: dict[int, Path]):
         prepare_dirs(run)
+        stems.add(paths_for(run).pipe_stem)
         env = {**os.environ, **flight_recorder_env(run)}
         procs = {}
         for rank, dump in dumps.items():
@@ -125,8 +126,9 @@ def fake_ranks(tmp_path):
         os.kill(p.pid, signal.SIGCONT)
         p.kill()
         p.wait(timeout=10)
-    for p in Path("/tmp").glob(f"taehv-fr-{tmp_path.name}*"):
-        p.unlink()
+    for stem in stems:  # the pipes live in /tmp, named after the run (make_run's or the test's own)
+        for p in Path(stem).parent.glob(f"{Path(stem).name}*.pipe"):
+            p.unlink()
 
 
 def test_trigger_copies_each_dump_away(tmp_path, fake_ranks):
