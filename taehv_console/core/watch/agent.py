@@ -165,13 +165,17 @@ def _proc_mem(p: Any) -> int | None:
 class RunProcesses:
     """pid -> rank of this run's processes on this node, from the heartbeat files (host == ours).
 
-    The file names do not say the host, so finding this node's ranks means reading every
-    heartbeat, on shared storage: 256 agents reading 2,048 files every 10 s would be 52,000 reads
-    a second. So every file is read only until this node's ranks are all found (as many as
-    LOCAL_WORLD_SIZE in a found rank's environment says; without it, every read stays a full
-    one); after that only this node's own files are read. Reads come every `refresh_s` while the
-    pids are known, every `search_s` while none is, and at once when a known pid is gone (a
-    relaunch writes new pids)."""
+    The file names do not say the host, so finding this node's ranks from the files means reading
+    every heartbeat, on shared storage: 256 agents reading 2,048 files every 10 s would be 52,000
+    reads a second. So the node's ranks come first from its process table: the run's workers
+    (`trainer.cli --run RUN`) carry RANK, LOCAL_RANK and LOCAL_WORLD_SIZE in their environments
+    (torchrun sets them), and once all LOCAL_WORLD_SIZE of them are there, only their files are
+    read, from start-up on. Where the table does not say (workers not started yet, another
+    launcher), every file is read until as many ranks as a found rank's LOCAL_WORLD_SIZE are found
+    (without it, every read stays a full one). A file of this node's that names another host (the
+    rank moved) starts the search again. Reads come every `refresh_s` while the pids are known,
+    every `search_s` while none is, and at once when a known pid is gone (a relaunch writes new
+    pids)."""
 
     def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 10.0, search_s: float = 2.0):
         self.dir = Path(run_dir) / "heartbeat" if run_dir else None
@@ -186,23 +190,27 @@ class RunProcesses:
         every = self.refresh_s if self._pids else self.search_s
         if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
+            if not self._own:
+                self._own = _workers_ranks(self.dir.parent)
             if self._own:
-                pids = self._read([self.dir / f"rank-{r}.json" for r in self._own])
-                if sorted(pids.values()) != list(self._own):  # a rank moved or is being relaunched
+                pids, moved = self._read([self.dir / f"rank-{r}.json" for r in self._own])
+                if moved:  # a rank of ours now runs elsewhere: find the node's ranks again
                     self._own = ()
             if not self._own:
                 try:
                     paths = [Path(e.path) for e in os.scandir(self.dir)]
                 except OSError:
                     paths = []
-                pids = self._read(paths)
+                pids, _ = self._read(paths)
                 if pids and _local_world_size(pids) == len(pids):
                     self._own = tuple(sorted(pids.values()))
             self._pids = pids
         return self._pids
 
-    def _read(self, paths: list[Path]) -> dict[int, int]:
+    def _read(self, paths: list[Path]) -> tuple[dict[int, int], bool]:
+        """(pid -> rank of the files naming this host, whether any file names another host)."""
         pids: dict[int, int] = {}
+        elsewhere = False
         for path in paths:
             name = path.name
             if not (name.startswith("rank-") and name.endswith(".json")):
@@ -211,10 +219,36 @@ class RunProcesses:
                 beat = json.loads(path.read_text())
                 rank = int(name[5:-5])
             except (OSError, ValueError):
-                continue  # being replaced right now (or gone); the next read has it
-            if beat.get("host") == self.hostname and isinstance(beat.get("pid"), int):
+                continue  # not written yet, or being replaced right now; the next read has it
+            if beat.get("host") != self.hostname:
+                elsewhere = True
+            elif isinstance(beat.get("pid"), int):
                 pids[beat["pid"]] = rank
-        return pids
+        return pids, elsewhere
+
+
+def _workers_ranks(run_dir: Path) -> tuple[int, ...]:
+    """This node's ranks of the run, from the process table alone (no shared-storage reads): the
+    processes running `trainer.cli --run RUN_DIR` with RANK, LOCAL_RANK and LOCAL_WORLD_SIZE in
+    their environments. () unless all LOCAL_WORLD_SIZE of them are found (the launcher itself has
+    no LOCAL_RANK; a stray RANK in a platform's pod environment makes the count disagree)."""
+    want = os.path.realpath(run_dir)
+    ranks: set[int] = set()
+    sizes: set[int] = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "trainer.cli" not in cmd or "--run" not in cmd[:-1]:
+            continue
+        try:
+            where = os.path.join(proc.cwd(), cmd[cmd.index("--run") + 1])
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        found = [env.get(k, "") for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")]
+        if os.path.realpath(where) == want and all(v.isdigit() for v in found):
+            ranks.add(int(found[0]))
+            sizes.add(int(found[2]))
+    return tuple(sorted(ranks)) if len(sizes) == 1 and len(ranks) == sizes.pop() else ()
 
 
 def _local_world_size(pids: Mapping[int, int]) -> int | None:

@@ -327,6 +327,68 @@ def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats
                 p.wait()
 
 
+def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, monkeypatch):
+    """At start-up no file of this node may exist yet while the other nodes' do: the workers'
+    RANK/LOCAL_RANK/LOCAL_WORLD_SIZE (torchrun's) say which files are ours before any is written,
+    so an agent never reads the whole folder. The launcher (no LOCAL_RANK) and another run's workers
+    do not count."""
+    import pathlib
+
+    from taehv_console.core.watch.agent import RunProcesses, _workers_ranks
+
+    run = tmp_path / "run"
+    beats = run / "heartbeat"
+    beats.mkdir(parents=True)
+    host = socket.gethostname()
+
+    def beat(rank: int, pid: int, on: str) -> None:
+        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid, "host": on}))
+
+    for r in range(8, 40):  # the other nodes' ranks have all written
+        beat(r, 100000 + r, f"node-{r // 8}")
+
+    def worker(rank, local, run_arg, cwd, **extra):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_WORLD_SIZE": "2", **extra}
+        if local is not None:
+            env["LOCAL_RANK"] = str(local)
+        # the argv the launcher gives a worker: `python -m trainer.cli --run RUN`, here after -c
+        argv = [sys.executable, "-c", "import time; time.sleep(120)", "-m", "trainer.cli", "--run", run_arg]
+        return subprocess.Popen(argv, env=env, cwd=cwd)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    started = [
+        worker(3, 0, str(run), "/"),
+        worker(5, 1, "run", str(tmp_path)),  # a relative --run, from the worker's own directory
+        worker(0, None, str(run), "/"),  # the launcher: RANK from a pod's environment, no LOCAL_RANK
+        worker(7, 1, str(other), "/"),  # another run on this node
+    ]
+    try:
+        read: list[str] = []
+        real = pathlib.Path.read_text
+
+        def counting(self, *a, **kw):
+            read.append(self.name)
+            return real(self, *a, **kw)
+
+        deadline = time.time() + 10  # until the workers' argv and environments are in /proc
+        while _workers_ranks(run) != (3, 5) and time.time() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(pathlib.Path, "read_text", counting)
+        procs = RunProcesses(str(run), host)
+        assert procs.current(0.0) == {}  # nothing of ours written yet
+        assert sorted(read) == ["rank-3.json", "rank-5.json"]  # and nothing else read
+        beat(3, started[0].pid, host)
+        beat(5, started[1].pid, host)
+        read.clear()
+        assert procs.current(2.0) == {started[0].pid: 3, started[1].pid: 5}
+        assert sorted(read) == ["rank-3.json", "rank-5.json"]
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+
+
 def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
     # what snapshot_once runs through runner.run: stdin is closed from the start
     r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
