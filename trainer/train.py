@@ -850,6 +850,20 @@ def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = Fal
     except Exception as err:  # noqa: BLE001 - report, then fail the rank so the launcher sees it
         _report_error(trainer, err)
         return EXIT_FAILED
+    finally:
+        _remove_dump_pipe()
+
+
+def _remove_dump_pipe() -> None:
+    """ProcessGroupNCCL makes `<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe` (the FIFO the console
+    triggers Flight Recorder dumps through, in the node's /tmp) and never removes it (torch 2.13's
+    ~DumpPipe only closes it): without this every NCCL run left a FIFO per rank on every node."""
+    stem = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    if stem:
+        try:
+            Path(f"{stem}{os.environ.get('RANK', '0')}.pipe").unlink()
+        except OSError:
+            pass
 
 
 def _recipe_inputs(cfg: TrainConfig):

@@ -46,7 +46,12 @@ def zero2_run(tmp_path_factory, data_with_bad_clips) -> Path:
         tmp_path_factory.mktemp("z2") / "run",
         base_config(data_with_bad_clips, optim={"ema_decay": 0.9}),
     )
-    run_to_end(run, 2)
+    # the FIFOs ProcessGroupNCCL would make for the Flight Recorder (gloo makes none): each rank
+    # removes its own at exit
+    pipe_stem = str(run.parent / "fr-rank_")
+    for r in (0, 1, 2):
+        os.mkfifo(f"{pipe_stem}{r}.pipe")
+    run_to_end(run, 2, env={"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe_stem})
     return run
 
 
@@ -75,6 +80,7 @@ def _losses(run: Path) -> dict[int, float]:
 
 
 def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
+    assert sorted(p.name for p in zero2_run.parent.glob("fr-rank_*")) == ["fr-rank_2.pipe"]  # not a rank here
     steps = events(zero2_run, 0, "step")
     assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
     first, last = steps[0]["loss"], min(e["loss"] for e in steps[-2:])
