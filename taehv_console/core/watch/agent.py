@@ -170,12 +170,13 @@ class RunProcesses:
     reads a second. So the node's ranks come first from its process table: the run's workers
     (`trainer.cli --run RUN`) carry RANK, LOCAL_RANK and LOCAL_WORLD_SIZE in their environments
     (torchrun sets them), and once all LOCAL_WORLD_SIZE of them are there, only their files are
-    read, from start-up on. Where the table does not say (workers not started yet, another
-    launcher), every file is read until as many ranks as a found rank's LOCAL_WORLD_SIZE are found
-    (without it, every read stays a full one). A file of this node's that names another host (the
-    rank moved) starts the search again. Reads come every `refresh_s` while the pids are known,
-    every `search_s` while none is, and at once when a known pid is gone (a relaunch writes new
-    pids)."""
+    read, from start-up on (a file not written yet, or left by an earlier placement, gives no pid
+    while the table still says the rank is here). Where the table does not say (workers not
+    started yet, another launcher), every file is read until as many ranks as a found rank's
+    LOCAL_WORLD_SIZE are found (without it, every read stays a full one), and a file of those
+    that is missing or names another host (the rank moved) starts the search again. Reads come
+    every `refresh_s` while the pids are known, every `search_s` while none is, and at once when a
+    known pid is gone (a relaunch writes new pids)."""
 
     def __init__(self, run_dir: str | None, hostname: str, refresh_s: float = 10.0, search_s: float = 2.0):
         self.dir = Path(run_dir) / "heartbeat" if run_dir else None
@@ -190,22 +191,32 @@ class RunProcesses:
         every = self.refresh_s if self._pids else self.search_s
         if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
-            if not self._own:
-                self._own = _workers_ranks(self.dir.parent)
+            table = None
             if self._own:
-                pids, moved = self._read([self.dir / f"rank-{r}.json" for r in self._own])
-                if moved:  # a rank of ours now runs elsewhere: find the node's ranks again
-                    self._own = ()
+                pids, elsewhere = self._read(self._files(self._own))
+                if elsewhere or len(pids) < len(self._own):
+                    # not written yet, stale from an earlier placement, or the ranks moved: keep
+                    # them only while this node's process table still says they are ours
+                    table = _workers_ranks(self.dir.parent)
+                    if table != self._own:
+                        self._own = ()
             if not self._own:
-                try:
-                    paths = [Path(e.path) for e in os.scandir(self.dir)]
-                except OSError:
-                    paths = []
-                pids, _ = self._read(paths)
-                if pids and _local_world_size(pids) == len(pids):
-                    self._own = tuple(sorted(pids.values()))
+                self._own = _workers_ranks(self.dir.parent) if table is None else table
+                if self._own:
+                    pids, _ = self._read(self._files(self._own))
+                else:
+                    try:
+                        paths = [Path(e.path) for e in os.scandir(self.dir)]
+                    except OSError:
+                        paths = []
+                    pids, _ = self._read(paths)
+                    if pids and _local_world_size(pids) == len(pids):
+                        self._own = tuple(sorted(pids.values()))
             self._pids = pids
         return self._pids
+
+    def _files(self, ranks: tuple[int, ...]) -> list[Path]:
+        return [self.dir / f"rank-{r}.json" for r in ranks]
 
     def _read(self, paths: list[Path]) -> tuple[dict[int, int], bool]:
         """(pid -> rank of the files naming this host, whether any file names another host)."""
