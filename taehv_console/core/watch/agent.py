@@ -171,7 +171,8 @@ class RunProcesses:
     (`trainer.cli --run RUN`) carry RANK, LOCAL_RANK and LOCAL_WORLD_SIZE in their environments
     (torchrun sets them), and once all LOCAL_WORLD_SIZE of them are there, only their files are
     read, from start-up on (a file not written yet, or left by an earlier placement, gives no pid
-    while the table still says the rank is here). Where the table does not say (workers not
+    while the table still says the rank is here; when a worker is gone, the table is looked at
+    again for relaunched workers holding other ranks). Where the table does not say (workers not
     started yet, another launcher), every file is read until as many ranks as a found rank's
     LOCAL_WORLD_SIZE are found (without it, every read stays a full one), and a file of those
     that is missing or names another host (the rank moved) starts the search again. Reads come
@@ -185,6 +186,8 @@ class RunProcesses:
         self.search_s = search_s
         self._pids: dict[int, int] = {}
         self._own: tuple[int, ...] = ()  # this node's ranks, once all are known
+        self._by_table = False  # whether the process table said them (not the files)
+        self._table_at = -1e18
         self._read_at = -1e18
 
     def current(self, now: float, gone: bool = False) -> dict[int, int]:
@@ -192,16 +195,24 @@ class RunProcesses:
         if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
             table = None
+            if self._own and gone and self._by_table and now - self._table_at >= self.refresh_s:
+                # a worker is gone: relaunched workers may hold other ranks, while the old files
+                # still name this host (at most every refresh_s; a failed run's dead pids that
+                # nothing replaces bring no full reads)
+                table = self._table(now)
+                if table and table != self._own:
+                    self._own = ()
             if self._own:
                 pids, elsewhere = self._read(self._files(self._own))
                 if elsewhere or len(pids) < len(self._own):
                     # not written yet, stale from an earlier placement, or the ranks moved: keep
                     # them only while this node's process table still says they are ours
-                    table = _workers_ranks(self.dir.parent)
+                    table = self._table(now) if table is None else table
                     if table != self._own:
                         self._own = ()
             if not self._own:
-                self._own = _workers_ranks(self.dir.parent) if table is None else table
+                self._own = self._table(now) if table is None else table
+                self._by_table = bool(self._own)
                 if self._own:
                     pids, _ = self._read(self._files(self._own))
                 else:
@@ -214,6 +225,10 @@ class RunProcesses:
                         self._own = tuple(sorted(pids.values()))
             self._pids = pids
         return self._pids
+
+    def _table(self, now: float) -> tuple[int, ...]:
+        self._table_at = now
+        return _workers_ranks(self.dir.parent)
 
     def _files(self, ranks: tuple[int, ...]) -> list[Path]:
         return [self.dir / f"rank-{r}.json" for r in ranks]

@@ -389,6 +389,27 @@ def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, 
         read.clear()
         assert procs.current(4.0) == {started[0].pid: 3, started[1].pid: 5}
         assert sorted(read) == ["rank-3.json", "rank-5.json"]
+        # relaunched with other ranks on this node; the old files still name this host (dead pids)
+        for p in started[:2]:
+            p.kill()
+            p.wait()
+        started += [worker(0, 0, str(run), "/"), worker(1, 1, str(run), "/")]
+        deadline = time.time() + 10
+        while _workers_ranks(run) != (0, 1) and time.time() < deadline:
+            time.sleep(0.05)
+        read.clear()
+        assert procs.current(20.0, gone=True) == {}  # what the agent asks when a known pid is gone
+        assert sorted(read) == ["rank-0.json", "rank-1.json"]
+        beat(0, started[-2].pid, host)
+        beat(1, started[-1].pid, host)
+        assert procs.current(30.0) == {started[-2].pid: 0, started[-1].pid: 1}
+        # the run failed and nothing relaunches: its dead pids bring no full reads
+        for p in started[-2:]:
+            p.kill()
+            p.wait()
+        read.clear()
+        assert procs.current(40.0, gone=True) == {started[-2].pid: 0, started[-1].pid: 1}
+        assert sorted(read) == ["rank-0.json", "rank-1.json"]
     finally:
         for p in started:
             p.kill()
