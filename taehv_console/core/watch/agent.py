@@ -188,47 +188,52 @@ class RunProcesses:
         self._own: tuple[int, ...] = ()  # this node's ranks, once all are known
         self._by_table = False  # whether the process table said them (not the files)
         self._table_at = -1e18
+        self._table_ranks: tuple[int, ...] = ()
         self._read_at = -1e18
 
     def current(self, now: float, gone: bool = False) -> dict[int, int]:
         every = self.refresh_s if self._pids else self.search_s
         if self.dir is not None and (gone or now - self._read_at >= every):
             self._read_at = now
-            table = None
-            if self._own and gone and self._by_table and now - self._table_at >= self.refresh_s:
-                # a worker is gone: relaunched workers may hold other ranks, while the old files
-                # still name this host (at most every refresh_s; a failed run's dead pids that
-                # nothing replaces bring no full reads)
-                table = self._table(now)
-                if table and table != self._own:
-                    self._own = ()
-            if self._own:
-                pids, elsewhere = self._read(self._files(self._own))
-                if elsewhere or len(pids) < len(self._own):
-                    # not written yet, stale from an earlier placement, or the ranks moved: keep
-                    # them only while this node's process table still says they are ours
-                    table = self._table(now) if table is None else table
-                    if table != self._own:
-                        self._own = ()
-            if not self._own:
-                self._own = self._table(now) if table is None else table
-                self._by_table = bool(self._own)
-                if self._own:
-                    pids, _ = self._read(self._files(self._own))
-                else:
-                    try:
-                        paths = [Path(e.path) for e in os.scandir(self.dir)]
-                    except OSError:
-                        paths = []
-                    pids, _ = self._read(paths)
-                    if pids and _local_world_size(pids) == len(pids):
-                        self._own = tuple(sorted(pids.values()))
-            self._pids = pids
+            pids = self._own_pids(now, gone) if self._own else None
+            self._pids = self._search(now) if pids is None else pids
         return self._pids
 
+    def _own_pids(self, now: float, gone: bool) -> dict[int, int] | None:
+        """pid -> rank from this node's own files; None when its ranks must be found again."""
+        # a worker is gone: relaunched workers may hold other ranks while the old files still name
+        # this host (at most every refresh_s; a failed run's dead pids that nothing replaces leave
+        # the table empty and bring no full reads)
+        recheck = gone and self._by_table and now - self._table_at >= self.refresh_s
+        if recheck and self._table(now) not in ((), self._own):
+            return None
+        pids, elsewhere = self._read(self._files(self._own))
+        # not written yet, stale from an earlier placement, or the ranks moved: keep them only
+        # while this node's process table still says they are ours
+        if (elsewhere or len(pids) < len(self._own)) and self._table(now) != self._own:
+            return None
+        return pids
+
+    def _search(self, now: float) -> dict[int, int]:
+        """This node's ranks from the process table, else from every file (see the class doc)."""
+        self._own = self._table(now)
+        self._by_table = bool(self._own)
+        if self._own:
+            return self._read(self._files(self._own))[0]
+        try:
+            paths = [Path(e.path) for e in os.scandir(self.dir)]
+        except OSError:
+            paths = []
+        pids, _ = self._read(paths)
+        if pids and _local_world_size(pids) == len(pids):
+            self._own = tuple(sorted(pids.values()))
+        return pids
+
     def _table(self, now: float) -> tuple[int, ...]:
-        self._table_at = now
-        return _workers_ranks(self.dir.parent)
+        """_workers_ranks, looked at once per read (`now`)."""
+        if self._table_at != now:
+            self._table_at, self._table_ranks = now, _workers_ranks(self.dir.parent)
+        return self._table_ranks
 
     def _files(self, ranks: tuple[int, ...]) -> list[Path]:
         return [self.dir / f"rank-{r}.json" for r in ranks]
