@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -259,22 +260,43 @@ def test_agent_reports_the_runs_processes_from_heartbeats(tmp_path):
                 p.wait()
 
 
-def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats(tmp_path, monkeypatch):
+@pytest.fixture
+def beat(tmp_path):
+    """beat(rank, pid, host) writes rank N's heartbeat in tmp_path/run/heartbeat."""
+    beats = tmp_path / "run" / "heartbeat"
+    beats.mkdir(parents=True)
+
+    def write(rank: int, pid: int, host: str) -> None:
+        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid,
+                                                             "host": host}))  # fmt: skip
+
+    return write
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The names of the files read through Path.read_text from here on: what an agent costs the
+    shared storage the heartbeats are on."""
+    read: list[str] = []
+    real = Path.read_text
+
+    def counting(self, *a, **kw):
+        read.append(self.name)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    return read
+
+
+def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats(tmp_path, beat, reads):
     """Finding a node's ranks means reading every heartbeat (the names do not say the host); at
     256 nodes x 2,048 files on shared storage that must not go on every refresh. Once as many ranks
     as LOCAL_WORLD_SIZE says are found, only their files are read; a rank that moves away brings
     back full reads, and without LOCAL_WORLD_SIZE every read stays a full one."""
-    import pathlib
-
     from taehv_console.core.watch.agent import RunProcesses
 
     beats = tmp_path / "run" / "heartbeat"
-    beats.mkdir(parents=True)
     host = socket.gethostname()
-
-    def beat(rank: int, pid: int, on: str) -> None:
-        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid, "host": on}))
-
     env = {**os.environ, "LOCAL_WORLD_SIZE": "2"}
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     ours = {r: subprocess.Popen(sleeper, env=env) for r in (3, 5)}
@@ -285,14 +307,8 @@ def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats
         for r in (*range(6, 40), 4):  # the other nodes' ranks
             beat(r, 100000 + r, f"node-{r // 8}")
         every = len(list(beats.iterdir()))  # 37 files
-        read: list[str] = []
-        real = pathlib.Path.read_text
-
-        def counting(self, *a, **kw):
-            read.append(self.name)
-            return real(self, *a, **kw)
-
-        monkeypatch.setattr(pathlib.Path, "read_text", counting)
+        read = reads
+        read.clear()
         procs = RunProcesses(str(tmp_path / "run"), host)
         assert procs.current(0.0) == {ours[3].pid: 3, ours[5].pid: 5}
         assert len(read) == every  # the first read is a full one
@@ -327,28 +343,25 @@ def test_once_its_nodes_ranks_are_all_found_an_agent_reads_only_their_heartbeats
                 p.wait()
 
 
-def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, monkeypatch):
+def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, beat, reads):
     """At start-up no file of this node may exist yet while the other nodes' do: the workers'
     RANK/LOCAL_RANK/LOCAL_WORLD_SIZE (torchrun's) say which files are ours before any is written,
     so an agent never reads the whole folder. The launcher (no LOCAL_RANK) and another run's workers
     do not count."""
-    import pathlib
-
     from taehv_console.core.watch.agent import RunProcesses, _workers_ranks
 
     run = tmp_path / "run"
-    beats = run / "heartbeat"
-    beats.mkdir(parents=True)
     host = socket.gethostname()
-
-    def beat(rank: int, pid: int, on: str) -> None:
-        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid, "host": on}))
-
     for r in range(8, 40):  # the other nodes' ranks have all written
         beat(r, 100000 + r, f"node-{r // 8}")
 
-    def worker(rank, local, run_arg, cwd, **extra):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_WORLD_SIZE": "2", **extra}
+    def until_found(ranks: tuple[int, ...]) -> None:
+        deadline = time.time() + 10  # until the workers' argv and environments are in /proc
+        while _workers_ranks(run) != ranks and time.time() < deadline:
+            time.sleep(0.05)
+
+    def worker(rank, local, run_arg, cwd):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
         if local is not None:
             env["LOCAL_RANK"] = str(local)
         # the argv the launcher gives a worker: `python -m trainer.cli --run RUN`, here after -c
@@ -364,17 +377,9 @@ def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, 
         worker(7, 1, str(other), "/"),  # another run on this node
     ]
     try:
-        read: list[str] = []
-        real = pathlib.Path.read_text
-
-        def counting(self, *a, **kw):
-            read.append(self.name)
-            return real(self, *a, **kw)
-
-        deadline = time.time() + 10  # until the workers' argv and environments are in /proc
-        while _workers_ranks(run) != (3, 5) and time.time() < deadline:
-            time.sleep(0.05)
-        monkeypatch.setattr(pathlib.Path, "read_text", counting)
+        until_found((3, 5))
+        read = reads
+        read.clear()
         procs = RunProcesses(str(run), host)
         assert procs.current(0.0) == {}  # nothing of ours written yet
         assert sorted(read) == ["rank-3.json", "rank-5.json"]  # and nothing else read
@@ -394,9 +399,7 @@ def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, 
             p.kill()
             p.wait()
         started += [worker(0, 0, str(run), "/"), worker(1, 1, str(run), "/")]
-        deadline = time.time() + 10
-        while _workers_ranks(run) != (0, 1) and time.time() < deadline:
-            time.sleep(0.05)
+        until_found((0, 1))
         read.clear()
         assert procs.current(20.0, gone=True) == {}  # what the agent asks when a known pid is gone
         assert sorted(read) == ["rank-0.json", "rank-1.json"]
