@@ -151,5 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.run, resume=args.resume, weights_only=args.weights_only)
 
 
+def entry() -> None:
+    """The process entry (`taehv-train`, and `python -m trainer.cli`, which every launched rank runs):
+    `main`, then out without interpreter finalisation, which races gloo's worker threads (see
+    trainer.hard_exit). `main` itself returns, for callers in-process."""
+    from trainer.hard_exit import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -678,10 +678,11 @@ class Trainer:
         return EXIT_OK
 
     def _leave_world(self) -> None:
-        """Leave together and take the process group down before the interpreter does. Rank 0 still
-        writes the exported weights after the last collective; a peer that exited meanwhile tore its
-        gloo group down during interpreter teardown, and now and then aborted there ("terminate
-        called without an active exception", SIGABRT, so torchrun reported a finished run as failed)."""
+        """Leave together and take the process group down: rank 0 still writes the exported weights
+        after the last collective, and NCCL wants its communicators destroyed. On gloo this alone
+        does not stop the SIGABRT a finalising interpreter now and then met ("terminate called
+        without an active exception", so torchrun called a finished run failed): the process then
+        leaves without finalising (trainer.cli.entry, trainer.hard_exit)."""
         self._barrier()
         self.engine.destroy()
         self.accelerator.end_training()

@@ -11,6 +11,7 @@ import deepspeed
 import torch
 from torch import nn
 
+from trainer.hard_exit import exit_now
 from trainer.master_weights import MasterEMA, full_fp32_weights, master_partitions
 
 
@@ -72,12 +73,11 @@ def main() -> None:
         piece = flat[start : start + part.numel()]
         out["partition_in_export"] = piece.numel() > 0 and torch.equal(piece, part[: piece.numel()])
     print("PROBE " + json.dumps(out), flush=True)
-    # leave as the trainer does (Trainer._leave_world): a ZeRO-3 rank that left its gloo group to
-    # interpreter teardown now and then aborted there (SIGABRT, "terminate called without an active
-    # exception"), failing a probe whose findings were all printed
+    # leave as the trainer does (trainer.cli.entry): together, then without interpreter
+    # finalisation, which races gloo's worker threads (trainer.hard_exit); a rank that finalised
+    # now and then aborted there (SIGABRT), failing a probe whose findings were all printed
     torch.distributed.barrier()
-    engine.destroy()
-    torch.distributed.destroy_process_group()
+    exit_now(0)
 
 
 if __name__ == "__main__":
