@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+from trainer.hard_exit import exit_now
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,12 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.run, resume=args.resume, weights_only=args.weights_only)
 
 
-def entry() -> None:
+def entry() -> NoReturn:
     """The process entry (`taehv-train`, and `python -m trainer.cli`, which every launched rank runs):
     `main`, then out without interpreter finalisation, which races gloo's worker threads (see
     trainer.hard_exit). `main` itself returns, for callers in-process."""
-    from trainer.hard_exit import exit_now
-
     exit_now(main())
 
 
