@@ -226,6 +226,19 @@ class Monitor:
             self._latest = self._build(time.time() if at is None else at)
         return self._latest
 
+    def read_now(self, *sources: str) -> RunView:
+        """The named sources (pollers whose name starts with one of them: "events", "heartbeats")
+        read once each, then a view built now: the last word on a run that has just ended, while
+        the scheduler may still be running."""
+        for p in self._pollers:
+            if p.name.startswith(sources):
+                try:
+                    p.run_once()
+                except Exception:  # noqa: BLE001 - recorded on the source, as the scheduler would
+                    pass
+        with self._lock:
+            return self._build(time.time())
+
     # ------------------------------------------------------------------ runners
     def pool(self) -> Any:
         if self._pool is None:

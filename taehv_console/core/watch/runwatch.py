@@ -113,14 +113,7 @@ class RunWatch:
 
     def final_view(self) -> RunView:
         """A view built now, after the run ended (state.json and the last events read)."""
-        for p in self.monitor._pollers:
-            if p.name.startswith(("events", "heartbeats")):
-                try:
-                    p.run_once()
-                except Exception:  # noqa: BLE001 - recorded on the source
-                    pass
-        with self.monitor._lock:
-            return self.monitor._build(time.time())
+        return self.monitor.read_now("events", "heartbeats")
 
     def stop(self) -> None:
         self.monitor.stop()

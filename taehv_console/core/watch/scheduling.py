@@ -38,6 +38,9 @@ class Poller:
         self.error = ""
         self.last_duration: float | None = None
         self.started: float | None = None  # monotonic, while running
+        # one poll at a time, also when a caller reads a source itself (Monitor.read_now) while the
+        # scheduler runs: two tails from the same offset would hand the same lines over twice
+        self._running = threading.Lock()
 
     def poll(self) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -55,7 +58,12 @@ class Poller:
                             last_duration_s=self.last_duration, running_for_s=running)  # fmt: skip
 
     def run_once(self) -> bool:
-        """poll() with its bookkeeping (what the scheduler does around each poll); True: more pending."""
+        """poll() with its bookkeeping (what the scheduler does around each poll); True: more pending.
+        A call while another is polling this source waits for it to end."""
+        with self._running:
+            return self._run_once()
+
+    def _run_once(self) -> bool:
         self.started = time.monotonic()
         try:
             more = bool(self.poll())

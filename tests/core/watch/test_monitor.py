@@ -16,8 +16,9 @@ import psutil
 import pytest
 
 from taehv_console.core.watch.monitor import Monitor, PollerConfig, snapshot_once
-from taehv_console.core.watch.scheduling import CallPoller, Scheduler
+from taehv_console.core.watch.scheduling import CallPoller, FilesPoller, Scheduler
 from taehv_console.core.watch.state import ClusterState, NodeState, RankState
+from taehv_console.core.watch.tail import LocalFiles, Tailer
 from tests.core.watch.conftest import FakeRun, fast_config, wait_state
 
 HOST = socket.gethostname()
@@ -148,6 +149,44 @@ def test_polls_never_overlap_and_failures_back_off():
     assert bad_gaps[0] == pytest.approx(0.05, abs=0.04) and bad_gaps[1] == pytest.approx(0.1, abs=0.04)
     assert max(bad_gaps) < 0.5  # capped at backoff_max_s
     assert bad_p.error == "OSError: node unreachable" and bad_p.polls == len(calls["bad"])
+
+
+def test_a_source_read_by_hand_while_the_scheduler_polls_it_hands_each_line_over_once(tmp_path):
+    """Monitor.read_now (the last view of a run that just ended) polls sources the scheduler may be
+    polling at that moment. The chunk source below holds a reader until a second one arrives (or
+    0.5 s pass), so without one-poll-at-a-time both read from the same offset: the second sees the
+    file go back and reports it replaced, and its lines come twice."""
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "rank-0.jsonl").write_bytes(b"1\n2\n3\n")
+    meet = threading.Barrier(2, timeout=0.5)
+
+    class Meeting(LocalFiles):
+        def read(self, *args):
+            try:
+                meet.wait()
+            except threading.BrokenBarrierError:
+                pass  # alone: the other poll is done or waiting its turn
+            return super().read(*args)
+
+    applied = []
+    poller = FilesPoller("events", PollerConfig(1.0, 5.0), Tailer(tmp_path, Meeting(), append=["events/*.jsonl"]),
+                         lambda res, now, reader: applied.append(res), "local")  # fmt: skip
+    errors = []
+
+    def poll():
+        try:
+            poller.run_once()
+        except Exception as err:  # noqa: BLE001 - collected: a racing poll's bookkeeping can fail too
+            errors.append(err)
+
+    threads = [threading.Thread(target=poll) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert errors == []
+    assert [line for res in applied for lines in res.lines.values() for line in lines] == [b"1", b"2", b"3"]
+    assert not any(res.reset for res in applied) and poller.polls == 2
 
 
 def test_rank_behind_by_a_step_is_named_the_laggard_from_heartbeats_alone(fake_run):
