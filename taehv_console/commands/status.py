@@ -99,7 +99,7 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
         info["error"] = str(err)
         return info
     a = state.attempt
-    info.update(phase=state.phase.value, backend=state.backend, hosts=list(state.hosts),
+    info.update(phase=state.phase.value, backend=state.backend.value, hosts=list(state.hosts),
                 attempts=len(state.attempts))
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)

@@ -76,7 +76,7 @@ class RunSession:
 
     # ------------------------------------------------------------------ watching
     def monitor_hosts(self) -> list[str] | None:
-        return monitor_hosts(self.ctrl.state.backend, self.ctrl.state.hosts)
+        return monitor_hosts(self.ctrl.kind, self.ctrl.state.hosts)
 
     def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
         """The run's one watch pipeline (with stall forensics), as --no-tui follows it."""

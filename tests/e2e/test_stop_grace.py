@@ -13,6 +13,7 @@ import time
 import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
+from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.run.control import LaunchSpec, RunController, create_run
 from tests.e2e.consoles import free_port
@@ -31,7 +32,8 @@ def test_stop_waits_past_torchruns_default_for_a_slow_checkpoint(tmp_path):
     cfg = load_preset("cpu-smoke", overrides=[
         f'data.source="{clips}"', "topology.gpus_per_node=1", "optim.max_steps=1000",
         "schedule.checkpoint_every=1000", "schedule.val_every=1000"]).config
-    spec = LaunchSpec(backend="local", hosts=("localhost",), master_addr="127.0.0.1", master_port=free_port(),
+    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",), master_addr="127.0.0.1",
+                      master_port=free_port(),
                       env={"OMP_NUM_THREADS": "1", "TAEHV_FAULTS": f"ckpt_sleep:0:*:{SLOW_SAVE_S}"})
     run = create_run(tmp_path / "runs", cfg, spec)
     with SshPool(SshSettings.from_env()) as pool, RunController.open(run, pool, purpose="test") as ctrl:

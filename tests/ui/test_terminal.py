@@ -84,12 +84,13 @@ def live_fake_run(tmp_path):
     """A run under tmp_path/runs launched by core's controller with fake launchers, its lock
     released (as after a console was closed): the processes train on, detached."""
     from taehv_console.core.cluster.ssh import SshPool, SshSettings
+    from taehv_console.core.models import BackendKind
     from taehv_console.core.plan.presets import load_preset
     from taehv_console.core.run.control import LaunchSpec, RunController, create_run
     from tests.core.run.fake_launcher import fake_commands
 
     cfg = load_preset("cpu-smoke", overrides=["optim.max_steps=1000"]).config
-    spec = LaunchSpec(backend="local", hosts=("localhost",), master_addr="127.0.0.1", master_port=29999)
+    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",), master_addr="127.0.0.1", master_port=29999)
     run = create_run(tmp_path / "runs", cfg, spec)
     with SshPool(SshSettings.from_env()) as pool:
         ctrl = RunController.open(run, pool, purpose="test launch")

@@ -48,7 +48,7 @@ def launch_spec(options: FlowOptions, topology: Topology, backend: BackendKind, 
         hosts, master = ("localhost",), "127.0.0.1"
     else:  # slurm, sbatch (platform launches through prepare_platform_node)
         hosts, master = tuple(topology.hosts), topology.master_addr
-    return LaunchSpec(backend=backend.value, hosts=hosts, master_addr=master, master_port=master_port or 29500,
+    return LaunchSpec(backend=backend, hosts=hosts, master_addr=master, master_port=master_port or 29500,
                       env=dict(options.env))
 
 
@@ -152,10 +152,10 @@ def prepare_platform_node(options: FlowOptions, topology: Topology, cfg: TrainCo
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(render_accelerate_yaml(cfg, rank, opts))
     os.replace(tmp, target)
-    state = RunState(run_id=run.run_id, phase=Phase.CREATED, backend=BackendKind.PLATFORM.value, hosts=(),
+    state = RunState(run_id=run.run_id, phase=Phase.CREATED, backend=BackendKind.PLATFORM, hosts=(),
                      master_addr=topology.master_addr, master_port=master_port, created=time.time(),
                      env=tuple(sorted(options.env.items())), controlled=(rank,))
     if rank == 0 and run.has_state():
-        state = dataclasses.replace(run.read_state(), controlled=(0,), backend=BackendKind.PLATFORM.value)
+        state = dataclasses.replace(run.read_state(), controlled=(0,), backend=BackendKind.PLATFORM)
     return PlatformNode(run=run, state=state, rank=rank, nodes=nodes, master_addr=topology.master_addr,
                         master_port=master_port)

@@ -131,7 +131,7 @@ class LaunchSpec:
     """Where and how the run's nodes start. `hosts` in machine-rank order (the ssh aliases for the
     ssh backend); `controlled` the nodes this console starts (all, except on a platform)."""
 
-    backend: str
+    backend: BackendKind
     hosts: tuple[str, ...]
     master_addr: str
     master_port: int
@@ -283,7 +283,7 @@ class RunController:
 
     @property
     def kind(self) -> BackendKind:
-        return BackendKind(self.state.backend)
+        return self.state.backend
 
     @property
     def world_size(self) -> int:

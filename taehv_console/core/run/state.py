@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from taehv_console.core.models import BackendKind
+
 STATE_VERSION = 1
 
 
@@ -98,7 +100,7 @@ class Attempt:
 class RunState:
     run_id: str
     phase: Phase
-    backend: str  # local | ssh | platform | slurm | sbatch
+    backend: BackendKind  # state.json holds its value; a str given here is taken as that value
     hosts: tuple[str, ...]  # one per node, machine-rank order
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
@@ -113,6 +115,11 @@ class RunState:
     controlled: tuple[int, ...] = ()
     version: int = STATE_VERSION
 
+    def __post_init__(self) -> None:
+        # an unknown kind (a hand-edited or newer state.json) is a ValueError, which read_state
+        # turns into a StateError naming the file
+        object.__setattr__(self, "backend", BackendKind(self.backend))
+
     @property
     def attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
@@ -126,6 +133,7 @@ class RunState:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["phase"] = self.phase.value
+        d["backend"] = self.backend.value
         d["env"] = dict(self.env)
         return d
 

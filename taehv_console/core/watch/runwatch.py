@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from taehv_console.core.forensics import ForensicsReport, RankRef, StallForensics
+from taehv_console.core.models import BackendKind
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig
 from taehv_console.core.watch.state import RankHealth, RankState, RunView
 from trainer.events import atomic_write_text
@@ -22,11 +23,11 @@ from trainer.events import atomic_write_text
 REPORT_GLOB = "forensics/report-*.json"
 
 
-def monitor_hosts(backend: str, hosts: Sequence[str]) -> list[str] | None:
+def monitor_hosts(kind: BackendKind, hosts: Sequence[str]) -> list[str] | None:
     """The nodes a monitor watches for a run as state.json records it; None: this machine only
     (a local run, or loopback "nodes" sharing one name)."""
     hosts = list(hosts)
-    if backend == "local" or len(set(hosts)) != len(hosts) or not hosts:
+    if kind is BackendKind.LOCAL or len(set(hosts)) != len(hosts) or not hosts:
         return None
     return hosts
 
@@ -92,17 +93,17 @@ class StallResponder:
 class RunWatch:
     """The one pipeline for a followed run: Monitor + StallResponder. view() is the newest RunView."""
 
-    def __init__(self, run_dir: Path, pool: Any, backend: str, hosts: Sequence[str], *, agents: bool = True,
+    def __init__(self, run_dir: Path, pool: Any, kind: BackendKind, hosts: Sequence[str], *, agents: bool = True,
                  config: MonitorConfig | None = None, facts: dict | None = None, forensics: Any = None):  # fmt: skip
         self.run_dir = Path(run_dir)
-        watched = monitor_hosts(backend, hosts)
+        watched = monitor_hosts(kind, hosts)
         self.monitor = Monitor(self.run_dir, hosts=watched, pool=pool, agents=agents, config=config, facts=facts)
         self.responder = StallResponder(self.run_dir, pool, watched or list(hosts)[:1], forensics)
         self.monitor.subscribe(self.responder)
 
     @classmethod
     def for_controller(cls, ctrl: Any, **kw: Any) -> RunWatch:
-        return cls(ctrl.run.path, ctrl.pool, ctrl.state.backend, ctrl.state.hosts, **kw)
+        return cls(ctrl.run.path, ctrl.pool, ctrl.kind, ctrl.state.hosts, **kw)
 
     def start(self) -> RunWatch:
         self.monitor.start()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
+from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.run.control import LaunchSpec, RunController, create_run
 from taehv_console.core.run.rundir import RunDir
@@ -26,8 +27,8 @@ FAKE = Path(__file__).with_name("fake_launcher.py")
 def make_run(runs: Path, nodes: int = 2, per_node: int = 1, max_steps: int = 1000, env: dict | None = None) -> RunDir:
     cfg = load_preset("cpu-smoke", overrides=[f"topology.nodes={nodes}", f"topology.gpus_per_node={per_node}",
                                               f"optim.max_steps={max_steps}"]).config
-    spec = LaunchSpec(backend="local", hosts=("localhost",) * nodes, master_addr="127.0.0.1", master_port=29999,
-                      env=env or {})
+    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",) * nodes, master_addr="127.0.0.1",
+                      master_port=29999, env=env or {})
     return create_run(runs, cfg, spec)
 
 

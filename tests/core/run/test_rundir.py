@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from taehv_console.core.models import BackendKind
 from taehv_console.core.run.lock import RunBusyError, RunLock, is_locked
 from taehv_console.core.run.rundir import RunNotFoundError, create_run_dir, new_run_id, resolve_run
 from taehv_console.core.run.state import (
@@ -66,6 +67,19 @@ def test_state_round_trips_and_ignores_fields_it_does_not_know(tmp_path):
     assert read_state(path).attempts[0].event_offsets == ((0, 7),)
     path.write_text("{half")
     with pytest.raises(StateError, match="unreadable"):
+        read_state(path)
+
+
+def test_the_backend_is_a_kind_in_memory_and_its_value_on_disk(tmp_path):
+    path = tmp_path / "state.json"
+    write_state(path, RunState(run_id="r", phase=Phase.CREATED, backend="slurm", hosts=("n1",)))
+    back = read_state(path)
+    assert back.backend is BackendKind.SLURM and back.backend.slurm  # dispatch on the member, not a string
+    assert json.loads(path.read_text())["backend"] == "slurm"
+    data = json.loads(path.read_text())
+    data["backend"] = "mpirun"  # hand-edited, or a newer console's kind
+    path.write_text(json.dumps(data))
+    with pytest.raises(StateError, match=r"state\.json: not a run state .*'mpirun'"):
         read_state(path)
 
 

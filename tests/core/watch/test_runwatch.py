@@ -12,6 +12,7 @@ import sys
 import time
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
+from taehv_console.core.models import BackendKind
 from taehv_console.core.watch.health import HealthPolicy
 from taehv_console.core.watch.monitor import MonitorConfig, PollerConfig
 from taehv_console.core.watch.runwatch import RunWatch
@@ -37,7 +38,7 @@ def test_a_confirmed_stall_gets_one_forensics_report_with_the_stalled_ranks_stac
                             health=HealthPolicy(stall_floor_s=5.0))
         calls = []
         with SshPool(SshSettings.from_env()) as pool:
-            watch = RunWatch(run, pool, "local", ("localhost",), agents=False, config=cfg)
+            watch = RunWatch(run, pool, BackendKind.LOCAL, ("localhost",), agents=False, config=cfg)
             real = watch.responder.forensics.collect
             watch.responder.forensics.collect = lambda *a, **kw: calls.append(a) or real(*a, **kw)
             watch.start()
