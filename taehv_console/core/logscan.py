@@ -59,6 +59,8 @@ _ORDINAL = re.compile(r"invalid device ordinal", re.IGNORECASE)
 # the dead peer is the cause (the root-cause block names it).
 _PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer ?(?P<peer>\S*)")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
+_FAILURES = "Failures:"  # torchelastic's summary: the other failures, then the root cause
+_BLOCK_RULE = re.compile(r"^-{20,}$|^\s*<NO_OTHER_FAILURES>\s*$")
 _BLOCK_FIELD = re.compile(r"^\s+(?P<key>[\w ]+?)\s*:\s?(?P<value>.*)$")
 _BLOCK_INDEX = re.compile(r"^\s*\[\d+\]:\s*$")
 _BENIGN = ("NCCL INFO", "is deprecated")
@@ -124,9 +126,31 @@ def scan_line(line: str) -> LineMatch | None:
 
 @dataclass
 class _Block:
+    """torchelastic's failure summary: its entries in order, and which one it calls the root cause
+    (`line` is then the root cause's line)."""
+
     line: int
-    text: str
-    fields: dict[str, str] = field(default_factory=dict)
+    entries: list[dict[str, str]] = field(default_factory=list)
+    root: int | None = None
+
+    def add(self, key: str, value: str) -> None:
+        if not self.entries:
+            self.entries.append({})
+        self.entries[-1][key] = value
+
+    def cause(self) -> tuple[dict[str, str], dict[str, str] | None]:
+        """The entry that caused the failure, and torchelastic's own pick where that is another.
+        torchelastic orders by the second a failure was observed and breaks ties by rank, so a rank
+        that exited with an error because its peer was killed (gloo: connection closed) is named
+        when both were seen in the same poll. A rank killed by a signal in that same second is
+        the cause: a peer that merely exited cannot have killed it."""
+        named = self.entries[self.root or 0]
+        if (_int(named.get("exitcode")) or 0) < 0:
+            return named, None
+        for e in self.entries:
+            if e is not named and e.get("time") == named.get("time") and (_int(e.get("exitcode")) or 0) < 0:
+                return e, named
+        return named, None
 
 
 def _int(text: str | None) -> int | None:
@@ -157,14 +181,23 @@ class LogScanner:
             block = self._blocks.get(source)
             if block is not None:
                 if _BLOCK_INDEX.match(text):
+                    block.entries.append({})
+                    continue
+                if _ROOT_CAUSE in text:
+                    block.line, block.root = n, len(block.entries)
                     continue
                 m = _BLOCK_FIELD.match(text)
                 if m:
-                    block.fields[m["key"].strip()] = m["value"].strip()
+                    block.add(m["key"].strip(), m["value"].strip())
+                    continue
+                if _BLOCK_RULE.match(text):
                     continue
                 self._emit_block(source, now, out)  # the block ended; this line is read as usual
-            if _ROOT_CAUSE in text:
-                self._blocks[source] = _Block(n, text.strip())
+            if text.strip() == _FAILURES:
+                self._blocks[source] = _Block(n)
+                continue
+            if _ROOT_CAUSE in text:  # a summary whose "Failures:" line was not seen
+                self._blocks[source] = _Block(n, root=0)
                 continue
             hit = scan_line(text)
             if hit is not None:
@@ -186,7 +219,9 @@ class LogScanner:
 
     def _emit_block(self, source: str, now: float, out: list[LogSignal]) -> None:
         b = self._blocks.pop(source)
-        f = b.fields
+        if b.root is None or not b.entries:
+            return  # a "Failures:" list that never reached its root cause says nothing on its own
+        f, named = b.cause()
         exit_text = f.get("exitcode", "")
         fields: list[tuple[str, Any]] = [("exitcode", _int(exit_text)), ("pid", _int(exit_text.partition("pid:")[2]))]
         if f.get("local_rank") is not None or "local_rank" in f.get("rank", ""):
@@ -196,7 +231,11 @@ class LogScanner:
         if f.get("time"):
             fields.append(("time", f["time"]))
         text = (f"root cause: rank {f.get('rank', '?')} on {f.get('host', '?')}, exitcode {exit_text or '?'}"
-                + (f" ({f['traceback']})" if "Signal" in f.get("traceback", "") else ""))  # fmt: skip
+                + (f" ({f['traceback']})" if "Signal" in f.get("traceback", "") else "")
+                + (f"; torchrun named rank {named.get('rank', '?')} (exitcode {named.get('exitcode', '?')}),"
+                   " seen in the same second" if named is not None else ""))  # fmt: skip
+        if named is not None:
+            fields.append(("torchrun_root_rank", _int(named.get("rank"))))
         self._add(LogSignal("root_cause", "error", source, b.line, text, _int(f.get("rank")), f.get("host"),
                             tuple(fields), now), out)  # fmt: skip
 

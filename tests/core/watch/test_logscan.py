@@ -108,6 +108,17 @@ def test_watchdog_line_glued_to_the_previous_output_is_still_found():
     assert hit is not None and hit.kind == "watchdog_timeout" and hit.rank == 1
 
 
+def test_a_rank_killed_in_the_second_torchrun_names_its_peer_is_the_root_cause():
+    # recorded in CI: rank 1 kill -9'd, rank 0 exited 1 on the closed gloo connection, and torchrun
+    # saw both in one poll, so its tie-break by rank called rank 0 the root cause
+    lines = (LOGS / "torchrun_kill9_same_second_cpu.log").read_text().splitlines()
+    assert any("rank      : 0" in ln for ln in lines[lines.index("Root Cause (first observed failure):"):])
+    (root,) = [s for s in scan("torchrun_kill9_same_second_cpu.log") if s.kind == "root_cause"]
+    assert (root.rank, root.get("exitcode"), root.get("torchrun_root_rank")) == (1, -9, 0)
+    assert "SIGKILL" in root.text and "torchrun named rank 0" in root.text
+    assert root.line == lines.index("Root Cause (first observed failure):") + 1
+
+
 def test_root_cause_block_split_across_reads_and_flushed_when_the_file_goes_quiet():
     lines = (LOGS / "torchrun_kill9_cpu.log").read_text().splitlines()
     cut = next(i for i, ln in enumerate(lines) if "exitcode  : -9" in ln)
