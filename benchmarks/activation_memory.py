@@ -63,8 +63,19 @@ def main() -> None:
         return
     results = {}
     for ckpt in (False, True):
-        cmd = [sys.executable, __file__, "--child", "--size", args.size, "--frames", str(args.frames),
-               "--device", args.device, "--batch", str(args.batch)] + (["--ckpt"] if ckpt else [])  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--size",
+            args.size,
+            "--frames",
+            str(args.frames),
+            "--device",
+            args.device,
+            "--batch",
+            str(args.batch),
+        ] + (["--ckpt"] if ckpt else [])
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[ckpt] = json.loads(out)["bytes_per_clip"]
     scale = (12 * 480 * 720) / (args.frames * h * w)
@@ -73,13 +84,18 @@ def main() -> None:
     state_gb = 11_315_539 * (2 + 4 + 4 + 8) / 1e9  # bf16 weights, fp32 grads, fp32 master, Adam m and v
     kind = "GPU allocated" if args.device == "cuda" else "CPU RSS, fp32"
     print(f"peak {kind} per clip at {args.frames}x{h}x{w} ({args.device}, batch {args.batch}):")
-    for ckpt, label in ((False, "without activation checkpointing"), (True, "with activation checkpointing   ")):
+    for ckpt, label in (
+        (False, "without activation checkpointing"),
+        (True, "with activation checkpointing   "),
+    ):
         per = results[ckpt]
         at_full = per * scale * to_gpu / 1e9
         total = 8 * at_full + state_gb
         fits = "fits" if total < 80 else "does NOT fit"
-        print(f"  {label}: {per / 1e6:9.1f} MB/clip measured -> {at_full:6.2f} GB/clip at 12x480x720 bf16; "
-              f"batch 8 + weights/grads/Adam = {total:6.1f} GB ({fits} in 80 GB)")  # fmt: skip
+        print(
+            f"  {label}: {per / 1e6:9.1f} MB/clip measured -> {at_full:6.2f} GB/clip at 12x480x720 bf16; "
+            f"batch 8 + weights/grads/Adam = {total:6.1f} GB ({fits} in 80 GB)"
+        )
     print(f"  checkpointing saves {100 * (1 - results[True] / results[False]):.0f}% of activation memory")
 
 

@@ -70,7 +70,9 @@ def main() -> None:
     s, v = statistics.median(save_s), statistics.median(verify_s)
     print(f"checkpoint: {mb:.0f} MB in {len(ckpt.required_files(2, 2))} files, {ckpt.HASH_ALGO}")
     print(f"hash at save:   {s:.3f} s  {mb / s:,.0f} MB/s  ({s / mb * 1024:.2f} s per GB)")
-    print(f"verify (hashes, sizes, zip directories): {v:.3f} s  {mb / v:,.0f} MB/s  ({v / mb * 1024:.2f} s per GB)")
+    print(
+        f"verify (hashes, sizes, zip directories): {v:.3f} s  {mb / v:,.0f} MB/s  ({v / mb * 1024:.2f} s per GB)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,13 @@ def main() -> int:
         paths = find_videos(str(folder))
         for title, data in (
             ("12x480x720 clips", DataSection(source=str(folder), frames=12, height=480, width=720)),
-            ("crop recipe: 12x64x64 windows of frames scaled to 480 high, frame step 1-5",
-             DataSection(source=str(folder), frames=12, height=64, width=64, frame_height=480, max_delta=5)),
-        ):  # fmt: skip
+            (
+                "crop recipe: 12x64x64 windows of frames scaled to 480 high, frame step 1-5",
+                DataSection(
+                    source=str(folder), frames=12, height=64, width=64, frame_height=480, max_delta=5
+                ),
+            ),
+        ):
             cost = measure_loader(paths, data, args.clips)
             target = default_target_clips_per_s(data.frames, data.height, data.width)
             print(f"== {title}")

@@ -64,8 +64,13 @@ def _timed(fn, *args, **kwargs):
 
 
 def _torchcodec_frames(decoder, path: Path, indices: list[int], device: str, seek_mode: str):
-    d = decoder(str(path), device=device, dimension_order="NHWC", seek_mode=seek_mode,
-                num_ffmpeg_threads=_DECODE_THREADS)  # fmt: skip
+    d = decoder(
+        str(path),
+        device=device,
+        dimension_order="NHWC",
+        seek_mode=seek_mode,
+        num_ffmpeg_threads=_DECODE_THREADS,
+    )
     out = d.get_frames_at(indices).data
     if device == "cuda":
         import torch

@@ -81,8 +81,14 @@ def loader_batches(s: Setting, args) -> Iterator[torch.Tensor]:
 
     if not args.data:
         raise SystemExit("--modes loader needs --data DIR (a directory of clips)")
-    cfg = DataSection(source=str(args.data), frames=s.frames, height=s.height, width=s.width,
-                      num_workers=args.workers, max_delta=1)  # fmt: skip
+    cfg = DataSection(
+        source=str(args.data),
+        frames=s.frames,
+        height=s.height,
+        width=s.width,
+        num_workers=args.workers,
+        max_delta=1,
+    )
     dataset = VideoClipDataset(find_videos(cfg.source), cfg, train=True)
     loader = make_train_loader(dataset, 0, 1, 0, s.batch, 0, cfg.num_workers, cfg.prefetch_factor)
     while True:
@@ -102,8 +108,12 @@ def teacher(args) -> torch.nn.Module:
         if args.teacher:
             vae = AutoencoderKLHunyuanVideo.from_pretrained(args.teacher)
         elif args.tiny:
-            vae = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-                                            mid_block_add_attention=False)  # fmt: skip
+            vae = AutoencoderKLHunyuanVideo(
+                block_out_channels=(8, 8, 16, 16),
+                layers_per_block=1,
+                norm_num_groups=4,
+                mid_block_add_attention=False,
+            )
         else:
             vae = AutoencoderKLHunyuanVideo()
         dtype = torch.bfloat16 if args.bf16 else torch.float32
@@ -171,8 +181,12 @@ def distill_step(model: TAEHV, opt, batch, args) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-STEPS = {"synthetic": reconstruction_step, "loader": reconstruction_step,
-         "teacher-online": distill_step, "teacher-cached": distill_step}
+STEPS = {
+    "synthetic": reconstruction_step,
+    "loader": reconstruction_step,
+    "teacher-online": distill_step,
+    "teacher-cached": distill_step,
+}
 
 
 def sync(device: str) -> None:
@@ -210,8 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--data", type=Path, help="a directory of clips, for --modes loader")
     p.add_argument("--workers", type=int, default=8, help="loader processes, for --modes loader")
-    p.add_argument("--teacher", type=Path, help="a diffusers AutoencoderKLHunyuanVideo directory, for the teacher "
-                   "modes (default: its architecture with random weights, which costs the same)")
+    p.add_argument(
+        "--teacher",
+        type=Path,
+        help="a diffusers AutoencoderKLHunyuanVideo directory, for the teacher "
+        "modes (default: its architecture with random weights, which costs the same)",
+    )
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--channels-last", action="store_true", default=True)
@@ -230,20 +248,26 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.warmup = 2, 1
     sizes = TINY if args.tiny else RECIPES
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"# {name}, {'bf16' if args.bf16 else 'fp32'}, channels_last {args.channels_last}, "
-          f"compile {args.compile}, {args.steps} timed steps after {args.warmup}"
-          + (" (tiny smoke run: figures are not a measurement)" if args.tiny else ""))  # fmt: skip
-    print(f"{'mode':<10} {'recipe':<6} {'clip':>10} {'batch':>5} {'clips/s':>9} {'step s':>8} "
-          f"{'wait s':>7} {'TFLOP/s':>8} {'MFU':>6}")  # fmt: skip
+    print(
+        f"# {name}, {'bf16' if args.bf16 else 'fp32'}, channels_last {args.channels_last}, "
+        f"compile {args.compile}, {args.steps} timed steps after {args.warmup}"
+        + (" (tiny smoke run: figures are not a measurement)" if args.tiny else "")
+    )
+    print(
+        f"{'mode':<10} {'recipe':<6} {'clip':>10} {'batch':>5} {'clips/s':>9} {'step s':>8} "
+        f"{'wait s':>7} {'TFLOP/s':>8} {'MFU':>6}"
+    )
     for mode in args.modes.split(","):
         for recipe in args.recipes.split(","):
             frames, h, w = sizes[recipe]
             batch = 1 if args.tiny else (args.batch_full if recipe == "full" else args.batch_crop)
             r = measure(mode, Setting(recipe, frames, h, w, batch), args)
             tflops = r.clips_per_s * flop_per_clip_step(frames, h, w)
-            print(f"{mode:<10} {recipe:<6} {f'{frames}x{h}x{w}':>10} {batch:>5} {r.clips_per_s:9.2f} "
-                  f"{r.step_s:8.4f} {r.data_wait_s:7.4f} {tflops / 1e12:8.1f} {tflops / H100_BF16_PEAK:6.1%}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{mode:<10} {recipe:<6} {f'{frames}x{h}x{w}':>10} {batch:>5} {r.clips_per_s:9.2f} "
+                f"{r.step_s:8.4f} {r.data_wait_s:7.4f} {tflops / 1e12:8.1f} {tflops / H100_BF16_PEAK:6.1%}",
+                flush=True,
+            )
     return 0
 
 

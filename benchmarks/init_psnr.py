@@ -58,7 +58,9 @@ def make_clips(kind: str, out: Path, n: int, frames: int, h: int, w: int) -> lis
     return [decode_clip(p) for p in paths]
 
 
-def sample(clips: list[torch.Tensor], n: int, frames: int, h: int, w: int, g: torch.Generator) -> torch.Tensor:
+def sample(
+    clips: list[torch.Tensor], n: int, frames: int, h: int, w: int, g: torch.Generator
+) -> torch.Tensor:
     out = []
     for _ in range(n):
         c = clips[int(torch.randint(len(clips), (1,), generator=g))]
@@ -131,8 +133,10 @@ def main() -> None:
     args = p.parse_args()
     args.size = tuple(int(v) for v in args.size.lower().split("x"))
     h, w = args.size
-    print(f"# batch {args.batch} of {args.frames}x{h}x{w}, LR {args.lr:g}, warmup {args.warmup}, "
-          f"{args.steps} steps, device {args.device}")  # fmt: skip
+    print(
+        f"# batch {args.batch} of {args.frames}x{h}x{w}, LR {args.lr:g}, warmup {args.warmup}, "
+        f"{args.steps} steps, device {args.device}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.data.split(","):
             clips = make_clips(kind, Path(tmp), args.clips, args.frames, h, w)

@@ -40,11 +40,24 @@ def one_round(pool, runs: Path, clips: Path, port: int, steps_before_stop: int) 
     from taehv_console.core.plan.presets import load_preset
     from taehv_console.core.run.control import LaunchSpec, RunController, create_run
 
-    cfg = load_preset("cpu-smoke", overrides=[
-        f'data.source="{clips}"', "topology.nodes=2", "topology.gpus_per_node=1", "optim.max_steps=1000",
-        "schedule.val_every=1000", "schedule.checkpoint_every=1000"]).config
-    spec = LaunchSpec(backend="ssh", hosts=("127.0.0.2", "127.0.0.3"), master_addr="127.0.0.2", master_port=port,
-                      env={"OMP_NUM_THREADS": "1"})
+    cfg = load_preset(
+        "cpu-smoke",
+        overrides=[
+            f'data.source="{clips}"',
+            "topology.nodes=2",
+            "topology.gpus_per_node=1",
+            "optim.max_steps=1000",
+            "schedule.val_every=1000",
+            "schedule.checkpoint_every=1000",
+        ],
+    ).config
+    spec = LaunchSpec(
+        backend="ssh",
+        hosts=("127.0.0.2", "127.0.0.3"),
+        master_addr="127.0.0.2",
+        master_port=port,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     run = create_run(runs, cfg, spec)
     marks: dict[str, float] = {}
     with RunController.open(run, pool, purpose="benchmark") as ctrl:
@@ -98,7 +111,9 @@ def main() -> int:
                         port = s.getsockname()[1]
                     marks = one_round(pool, work / "runs", clips, port, args.steps_before_stop)
                     rounds.append(marks)
-                    print(f"round {i + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in marks.items()), flush=True)
+                    print(
+                        f"round {i + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in marks.items()), flush=True
+                    )
         finally:
             sshd.stop()
     print("\nmedian over", len(rounds), "round(s), 2 loopback nodes x 1 CPU rank, cpu-smoke 8x64x64:")

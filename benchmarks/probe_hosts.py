@@ -46,9 +46,13 @@ def main() -> int:
     sshd = load_loopback_sshd()(tempfile.mkdtemp(prefix="taehv-bench-sshd-"), n_hosts=max(args.sizes)).start()
     try:
         settings = sshd.settings()
-        print(f"machine: {os.cpu_count()} CPU(s); probe = {settings.python} -m taehv_console.core.cluster.probe")
-        print(f"{'N':>3}  {'cold wall s':>11}  {'warm wall s':>11}  {'sum of per-host s':>17}  "
-              f"{'slowest host s':>14}  {'warm `true` wall s':>18}")
+        print(
+            f"machine: {os.cpu_count()} CPU(s); probe = {settings.python} -m taehv_console.core.cluster.probe"
+        )
+        print(
+            f"{'N':>3}  {'cold wall s':>11}  {'warm wall s':>11}  {'sum of per-host s':>17}  "
+            f"{'slowest host s':>14}  {'warm `true` wall s':>18}"
+        )
         for n in args.sizes:
             hosts = sshd.addresses[:n]
             cold, warm, sums, slowest, bare = [], [], [], [], []
@@ -68,9 +72,11 @@ def main() -> int:
                     done = pool.run_all(hosts, ["true"])
                     bare.append(time.perf_counter() - t0)
                     assert all(getattr(r, "ok", False) for r in done.values())
-            print(f"{n:>3}  {statistics.median(cold):>11.3f}  {statistics.median(warm):>11.3f}  "
-                  f"{statistics.median(sums):>17.3f}  {statistics.median(slowest):>14.3f}  "
-                  f"{statistics.median(bare):>18.3f}")
+            print(
+                f"{n:>3}  {statistics.median(cold):>11.3f}  {statistics.median(warm):>11.3f}  "
+                f"{statistics.median(sums):>17.3f}  {statistics.median(slowest):>14.3f}  "
+                f"{statistics.median(bare):>18.3f}"
+            )
     finally:
         sshd.stop()
     return 0

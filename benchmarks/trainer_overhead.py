@@ -26,18 +26,31 @@ def config(data: Path, steps: int, frames: int, h: int, w: int, batch: int) -> d
     return {
         "run": {"preset": "bench", "seed": 0},
         "topology": {"nodes": 1, "gpus_per_node": 1, "device": "cpu"},
-        "data": {"source": str(data), "frames": frames, "height": h, "width": w, "num_workers": 1,
-                 "val_fraction": 0.0, "max_delta": 1},
+        "data": {
+            "source": str(data),
+            "frames": frames,
+            "height": h,
+            "width": w,
+            "num_workers": 1,
+            "val_fraction": 0.0,
+            "max_delta": 1,
+        },
         "optim": {"batch_per_gpu": batch, "grad_accum": 1, "lr": 1e-4, "warmup_steps": 0, "max_steps": steps},
         "deepspeed": {"zero_stage": 2},
         "schedule": {"log_every": 10, "val_every": 10**6, "checkpoint_every": 10**6},
-    }  # fmt: skip
+    }
 
 
 def trainer_step_times(run: Path) -> list[float]:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    subprocess.run([sys.executable, "-m", "trainer.cli", "--run", str(run)], check=True, env=env, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "--run", str(run)],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lines = (run / "events" / "rank-0.jsonl").read_text().splitlines()
     return [e["step_time_s"] for e in map(json.loads, lines) if e["kind"] == "step"]
 
@@ -54,8 +67,11 @@ def bare_step_times(cfg_dict: dict) -> list[float]:
     model = build_model(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=0.01)
     ds = VideoClipDataset(find_videos(cfg.data.source), cfg.data, train=True)
-    loader = iter(make_train_loader(ds, 0, 1, 0, cfg.optim.batch_per_gpu, 0, cfg.data.num_workers,
-                                    cfg.data.prefetch_factor))  # fmt: skip
+    loader = iter(
+        make_train_loader(
+            ds, 0, 1, 0, cfg.optim.batch_per_gpu, 0, cfg.data.num_workers, cfg.data.prefetch_factor
+        )
+    )
     times = []
     for _ in range(cfg.optim.max_steps):
         t0 = time.time()
@@ -94,8 +110,10 @@ def main() -> None:
         warm = 5  # first steps include DeepSpeed/allocator warm-up in both
         trainer = statistics.median(trainer_step_times(run)[warm:])
         bare = statistics.median(bare_step_times(cfg)[warm:])
-    print(f"clip {args.frames}x{h}x{w}, batch {args.batch}, {args.steps} steps, 1 CPU process, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"clip {args.frames}x{h}x{w}, batch {args.batch}, {args.steps} steps, 1 CPU process, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"bare PyTorch loop : median step {bare * 1000:8.1f} ms")
     print(f"taehv trainer     : median step {trainer * 1000:8.1f} ms")
     print(f"ratio trainer/bare: {trainer / bare:.3f}  (target <= 1.10)")

@@ -44,12 +44,20 @@ def child(seconds: float, interval: float | None) -> None:
 
     def varied(i: int):
         # every node's sample and the header change, as on a busy cluster
-        nodes = tuple(dataclasses.replace(n, sample_age_s=0.1 * (i % 7),
-                                          sample=dataclasses.replace(n.sample, cpu_pct=10 + (i * 7 + k) % 50,
-                                                                     gpus=samples._gpus(k, 0.9 + 0.1 * ((i + k) % 2))))
-                      for k, n in enumerate(base.nodes))
+        nodes = tuple(
+            dataclasses.replace(
+                n,
+                sample_age_s=0.1 * (i % 7),
+                sample=dataclasses.replace(
+                    n.sample, cpu_pct=10 + (i * 7 + k) % 50, gpus=samples._gpus(k, 0.9 + 0.1 * ((i + k) % 2))
+                ),
+            )
+            for k, n in enumerate(base.nodes)
+        )
         run = dataclasses.replace(base.run, step=base.run.step + i)
-        return dataclasses.replace(base, time=base.time + interval * i, seq=base.seq + i, nodes=nodes, run=run)
+        return dataclasses.replace(
+            base, time=base.time + interval * i, seq=base.seq + i, nodes=nodes, run=run
+        )
 
     async def pilot(p) -> None:
         app.cluster_state = base
@@ -85,8 +93,16 @@ def measure(seconds: float, interval: float | None) -> float:
     argv = [sys.executable, __file__, "--child", "--seconds", str(seconds)]
     if interval:
         argv += ["--interval", str(interval)]
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "TERM": "xterm-256color"},
+        close_fds=True,
+    )
     os.close(slave)
     buf = b""
     start_cpu = start_t = None
@@ -124,8 +140,10 @@ def main() -> int:
         return 0
     idle = measure(args.seconds, None)
     live = measure(args.seconds, 0.5)
-    print(f"console process CPU on the {NODES}-node dashboard (160x50 pty, {args.seconds:g} s each, "
-          f"{os.cpu_count()} CPUs; 100% = one core)")
+    print(
+        f"console process CPU on the {NODES}-node dashboard (160x50 pty, {args.seconds:g} s each, "
+        f"{os.cpu_count()} CPUs; 100% = one core)"
+    )
     print(f"  idle (no new state)          {idle:5.1f} %")
     print(f"  live (new state every 0.5 s) {live:5.1f} %")
     return 0

@@ -28,11 +28,23 @@ MARKS = {"first frame": b"looking for a live run", "wizard (Detect)": b"Detect"}
 def one_start(runs_dir: str, timeout: float = 60.0) -> dict[str, float]:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
-    env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT),
-           "XDG_CONFIG_HOME": tempfile.mkdtemp(prefix="taehv-bench-config-")}
+    env = {
+        **os.environ,
+        "TERM": "xterm-256color",
+        "PYTHONPATH": str(ROOT),
+        "XDG_CONFIG_HOME": tempfile.mkdtemp(prefix="taehv-bench-config-"),
+    }
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "taehv_console.cli", "--runs", runs_dir], stdin=slave,
-                            stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taehv_console.cli", "--runs", runs_dir],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        close_fds=True,
+    )
     os.close(slave)
     seen: dict[str, float] = {}
     buf = b""
@@ -73,11 +85,15 @@ def main() -> int:
         for _ in range(args.runs):
             for name, seconds in one_start(runs).items():
                 results[name].append(seconds)
-    print(f"taehv-console start-up in a 160x50 pty, {args.runs} starts (after one warm-up), {os.cpu_count()} CPUs")
+    print(
+        f"taehv-console start-up in a 160x50 pty, {args.runs} starts (after one warm-up), {os.cpu_count()} CPUs"
+    )
     for name, values in results.items():
         if values:
-            print(f"  exec -> {name:<16} median {statistics.median(values):.2f} s   min {min(values):.2f} s   "
-                  f"max {max(values):.2f} s")
+            print(
+                f"  exec -> {name:<16} median {statistics.median(values):.2f} s   min {min(values):.2f} s   "
+                f"max {max(values):.2f} s"
+            )
         else:
             print(f"  exec -> {name:<16} not seen")
     return 0

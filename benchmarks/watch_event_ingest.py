@@ -31,28 +31,97 @@ from taehv_console.core.watch.tail import Tailer
 def write_events(path: Path, n_lines: int, seed: int = 1) -> int:
     rng = random.Random(seed)
     t = 1_760_000_000.0
-    lines = [json.dumps({"v": 1, "time": t, "rank": 0, "kind": "start", "world_size": 512, "node": "gpu-node-1",
-                         "local_rank": 0, "preset": "64gpu-h100", "resumed_from": None, "max_steps": 100000,
-                         "step": 0}, separators=(",", ":"))]  # fmt: skip
+    lines = [
+        json.dumps(
+            {
+                "v": 1,
+                "time": t,
+                "rank": 0,
+                "kind": "start",
+                "world_size": 512,
+                "node": "gpu-node-1",
+                "local_rank": 0,
+                "preset": "64gpu-h100",
+                "resumed_from": None,
+                "max_steps": 100000,
+                "step": 0,
+            },
+            separators=(",", ":"),
+        )
+    ]
     step = 0
     while len(lines) < n_lines:
         step += 1
         t += 1.02 + rng.random() * 0.05
         loss = 0.02 + 0.5 / (1 + step / 400) + rng.random() * 0.002
-        lines.append(json.dumps({"v": 1, "time": t, "rank": 0, "kind": "step", "step": step, "loss": loss,
-                                 "recon_loss": loss, "psnr": 10 * __import__("math").log10(1 / loss),
-                                 "lr": 2e-4, "grad_norm": 0.5 + rng.random(), "samples_per_s": 250 + rng.random() * 5,
-                                 "step_time_s": 1.02, "gpu_mem_gb": 61.3, "nonfinite_skipped": 0},
-                                separators=(",", ":")))  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "v": 1,
+                    "time": t,
+                    "rank": 0,
+                    "kind": "step",
+                    "step": step,
+                    "loss": loss,
+                    "recon_loss": loss,
+                    "psnr": 10 * __import__("math").log10(1 / loss),
+                    "lr": 2e-4,
+                    "grad_norm": 0.5 + rng.random(),
+                    "samples_per_s": 250 + rng.random() * 5,
+                    "step_time_s": 1.02,
+                    "gpu_mem_gb": 61.3,
+                    "nonfinite_skipped": 0,
+                },
+                separators=(",", ":"),
+            )
+        )
         if step % 500 == 0:
-            lines.append(json.dumps({"v": 1, "time": t, "rank": 0, "kind": "val", "step": step, "psnr": 30.1,
-                                     "ssim": 0.9, "n_clips": 64}, separators=(",", ":")))  # fmt: skip
-            lines.append(json.dumps({"v": 1, "time": t, "rank": 0, "kind": "checkpoint", "step": step, "path": "x",
-                                     "status": "complete", "seconds": 4.2, "bytes": 190_000_000},
-                                    separators=(",", ":")))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "time": t,
+                        "rank": 0,
+                        "kind": "val",
+                        "step": step,
+                        "psnr": 30.1,
+                        "ssim": 0.9,
+                        "n_clips": 64,
+                    },
+                    separators=(",", ":"),
+                )
+            )
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "time": t,
+                        "rank": 0,
+                        "kind": "checkpoint",
+                        "step": step,
+                        "path": "x",
+                        "status": "complete",
+                        "seconds": 4.2,
+                        "bytes": 190_000_000,
+                    },
+                    separators=(",", ":"),
+                )
+            )
         if step % 1777 == 0:
-            lines.append(json.dumps({"v": 1, "time": t, "rank": 0, "kind": "data", "step": step,
-                                     "path": f"/data/v/{step}.mp4", "reason": "corrupt video"}, separators=(",", ":")))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "time": t,
+                        "rank": 0,
+                        "kind": "data",
+                        "step": step,
+                        "path": f"/data/v/{step}.mp4",
+                        "reason": "corrupt video",
+                    },
+                    separators=(",", ":"),
+                )
+            )
     lines = lines[:n_lines]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -102,10 +171,14 @@ def main() -> int:
             assert fold.lines == n and fold.last_step is not None
         full = parse_all(path)
         print(f"events file: {n:,} lines, {size / 1e6:.0f} MB (rank 0, one step line per step)")
-        print(f"ingest (Tailer + EventFold, 1 core): median {statistics.median(walls):.3f} s wall, "
-              f"{statistics.median(cpus):.3f} s CPU -> {n / statistics.median(walls):,.0f} lines/s")  # fmt: skip
-        print(f"  newest step {fold.last_step['step']}, {len(fold.loss)} history points, "
-              f"{len(fold.checkpoints)} checkpoint events, {fold.data_skipped} skipped clips")  # fmt: skip
+        print(
+            f"ingest (Tailer + EventFold, 1 core): median {statistics.median(walls):.3f} s wall, "
+            f"{statistics.median(cpus):.3f} s CPU -> {n / statistics.median(walls):,.0f} lines/s"
+        )
+        print(
+            f"  newest step {fold.last_step['step']}, {len(fold.loss)} history points, "
+            f"{len(fold.checkpoints)} checkpoint events, {fold.data_skipped} skipped clips"
+        )
         print(f"for comparison, json.loads of every line: {full:.3f} s CPU -> {n / full:,.0f} lines/s")
     return 0
 

@@ -69,9 +69,27 @@ class _Replay:
     thread (its CPU time is measured, to be subtracted from the monitor's)."""
 
     def __init__(self, run: Path, nodes: int):
-        out = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--interval", "1", "--count", "1",
-                              "--replay", str(RECORDED), "--host-name", "node-00", "--run", str(run)],
-                             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "taehv_console.core.watch.agent",
+                "--interval",
+                "1",
+                "--count",
+                "1",
+                "--replay",
+                str(RECORDED),
+                "--host-name",
+                "node-00",
+                "--run",
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         self.sample = json.loads(out.stdout.strip().splitlines()[-1])
         self.buffers: dict[str, list[str]] = {}
         self.lock = threading.Lock()
@@ -105,7 +123,9 @@ class _Replay:
             seq += 1
             with self.lock:
                 hosts = list(self.buffers)
-            lines = {h: json.dumps({**self.sample, "host": h, "time": time.time(), "seq": seq}) for h in hosts}
+            lines = {
+                h: json.dumps({**self.sample, "host": h, "time": time.time(), "seq": seq}) for h in hosts
+            }
             with self.lock:
                 for h, line in lines.items():
                     self.buffers[h].append(line)
@@ -126,9 +146,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--events-per-s", type=float, default=10.0)
-    ap.add_argument("--heartbeats", action="store_true", help="also 8 heartbeat files per node, each replaced every second")
-    ap.add_argument("--agents", choices=("process", "inproc"), default="process",
-                    help="agent processes (default), or recorded lines replayed in this process")
+    ap.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="also 8 heartbeat files per node, each replaced every second",
+    )
+    ap.add_argument(
+        "--agents",
+        choices=("process", "inproc"),
+        default="process",
+        help="agent processes (default), or recorded lines replayed in this process",
+    )
     args = ap.parse_args()
     hosts = [f"node-{i:02d}" for i in range(args.nodes)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,17 +166,38 @@ def main() -> int:
         for i in range(args.nodes):
             (run / "logs" / f"node-{i}.log").write_text("")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(8 * args.nodes if args.heartbeats else 0),
-                                   str(args.events_per_s)], env=env)  # fmt: skip
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                str(run),
+                str(8 * args.nodes if args.heartbeats else 0),
+                str(args.events_per_s),
+            ],
+            env=env,
+        )
 
         replay = _Replay(run, args.nodes) if args.agents == "inproc" else None
 
         def agent(host: str):
             if replay is not None:
                 return replay.stream(host)
-            return LocalLineStream([sys.executable, "-m", "taehv_console.core.watch.agent",
-                                    "--interval", str(mon.agent_interval_s),
-                                    "--replay", str(RECORDED), "--host-name", host, "--run", str(run)])  # fmt: skip
+            return LocalLineStream(
+                [
+                    sys.executable,
+                    "-m",
+                    "taehv_console.core.watch.agent",
+                    "--interval",
+                    str(mon.agent_interval_s),
+                    "--replay",
+                    str(RECORDED),
+                    "--host-name",
+                    host,
+                    "--run",
+                    str(run),
+                ]
+            )
 
         published = []
         mon = Monitor(run, hosts=hosts, agent_stream=agent)
@@ -186,16 +235,29 @@ def main() -> int:
                 replay.stop()
             writer.kill()
             writer.wait()
-        print(f"followed {args.nodes} nodes x 8 GPUs (agent samples every {mon.agent_interval_s:g} s), rank-0 events at "
-              f"{args.events_per_s:g}/s" + (f", {8 * args.nodes} heartbeats replaced every second" if args.heartbeats else ""))  # fmt: skip
+        print(
+            f"followed {args.nodes} nodes x 8 GPUs (agent samples every {mon.agent_interval_s:g} s), rank-0 events at "
+            f"{args.events_per_s:g}/s"
+            + (f", {8 * args.nodes} heartbeats replaced every second" if args.heartbeats else "")
+        )
         print(f"monitor CPU: {cpu:.2f} s over {wall:.1f} s = {100 * cpu / wall:.2f}% of one core")
-        print(f"  {len(published) - n0} snapshots published ({(len(published) - n0) / wall:.1f}/s), steps "
-              f"{step0} -> {s.run.step}, {len(s.nodes)} nodes ok: "
-              f"{sum(1 for n in s.nodes if n.state.value == 'ok')}, {len(s.history.gpu_util)} GPU series "
-              f"({samples} points)")  # fmt: skip
+        print(
+            f"  {len(published) - n0} snapshots published ({(len(published) - n0) / wall:.1f}/s), steps "
+            f"{step0} -> {s.run.step}, {len(s.nodes)} nodes ok: "
+            f"{sum(1 for n in s.nodes if n.state.value == 'ok')}, {len(s.history.gpu_util)} GPU series "
+            f"({samples} points)"
+        )
         print(f"  one snapshot build: {build_ms:.1f} ms")
-        print(json.dumps({"nodes": args.nodes, "cpu_pct": round(100 * cpu / wall, 2), "build_ms": round(build_ms, 2),
-                          "published_per_s": round((len(published) - n0) / wall, 2)}))
+        print(
+            json.dumps(
+                {
+                    "nodes": args.nodes,
+                    "cpu_pct": round(100 * cpu / wall, 2),
+                    "build_ms": round(build_ms, 2),
+                    "published_per_s": round((len(published) - n0) / wall, 2),
+                }
+            )
+        )
     return 0
 
 

@@ -38,8 +38,14 @@ from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode
 COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("taehv_console.commands.presets", "list the shipped and user presets"),
     "plan": ("taehv_console.commands.plan", "communication, time, cost and memory figures for a preset"),
-    "render": ("taehv_console.commands.render", "write the launch files (accelerate, DeepSpeed, hostfile, sbatch, k8s)"),
-    "detect": ("taehv_console.commands.detect", "detect the cluster: topology source and the facts of every node"),
+    "render": (
+        "taehv_console.commands.render",
+        "write the launch files (accelerate, DeepSpeed, hostfile, sbatch, k8s)",
+    ),
+    "detect": (
+        "taehv_console.commands.detect",
+        "detect the cluster: topology source and the facts of every node",
+    ),
     "preflight": ("taehv_console.commands.preflight", "check the cluster against a preset before launching"),
     "trust": ("taehv_console.commands.trust", "show a host's SSH key fingerprint and add it to known_hosts"),
     "status": ("taehv_console.commands.status", "a run's phase, nodes, progress and failure; or every run"),
@@ -51,18 +57,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _top_level(add_help: bool = True) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(
-        prog="taehv-console", add_help=add_help,
+        prog="taehv-console",
+        add_help=add_help,
         description="Train TAEHV with DeepSpeed across GPU nodes: detect, check, plan, launch, watch.",
     )
-    parser.add_argument("--no-tui", action="store_true",
-                        help="run the whole flow headless (containers, CI): detect, preflight, launch or attach, "
-                             "progress until the run ends")
+    parser.add_argument(
+        "--no-tui",
+        action="store_true",
+        help="run the whole flow headless (containers, CI): detect, preflight, launch or attach, "
+        "progress until the run ends",
+    )
     # the headless flow's options live on the top level: `taehv-console --no-tui --hosts FILE ...`
     add_launch_options(parser)
     add_ssh_options(parser)
-    parser.add_argument("--theme", metavar="NAME",
-                        help="console colour theme: dark (default), light, high-contrast, or a file's name in "
-                             "~/.config/taehv-console/themes/; NO_COLOR is respected")
+    parser.add_argument(
+        "--theme",
+        metavar="NAME",
+        help="console colour theme: dark (default), light, high-contrast, or a file's name in "
+        "~/.config/taehv-console/themes/; NO_COLOR is respected",
+    )
     parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
     return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -22,7 +22,8 @@ class ExitCode(enum.IntEnum):
 def exit_code_for(phase: Any) -> ExitCode:
     value = getattr(phase, "value", phase)
     return {"done": ExitCode.DONE, "stopped": ExitCode.STOPPED, "failed": ExitCode.TRAINING_FAILED}.get(
-        value, ExitCode.TRAINING_FAILED)
+        value, ExitCode.TRAINING_FAILED
+    )
 
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)

@@ -166,8 +166,14 @@ class RichView(PlainView):
         super().__init__(out)
 
         self.console = Console(file=out)
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[stats]}"), console=self.console, transient=False)
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            console=self.console,
+            transient=False,
+        )
         self.task = self.bar.add_task("starting", total=None, stats="")
         self.bar.start()
 
@@ -188,8 +194,13 @@ class RichView(PlainView):
         self.health(view)
         h = headline(view)
         stats = f"loss {h.loss}  psnr {h.psnr} dB  {h.clips_per_s} clips/s  eta {h.eta}"
-        self.bar.update(self.task, completed=view.run.step or 0, total=view.run.max_steps, description=h.phase,
-                        stats=stats)
+        self.bar.update(
+            self.task,
+            completed=view.run.step or 0,
+            total=view.run.max_steps,
+            description=h.phase,
+            stats=stats,
+        )
 
     def close(self) -> None:
         self.bar.stop()
@@ -219,13 +230,19 @@ class JsonView:
         if view is None:
             return
 
-
         t = time.time()
         base = {"source": "console", "time": t, "run": view.run.run_id}
         if view.run.phase != self._seen.phase:
             self._seen.phase = view.run.phase
-            self.emit({**base, "kind": "phase", "phase": view.run.phase, "attempt": snap.attempt,
-                       "progress": progress_dict(view)})
+            self.emit(
+                {
+                    **base,
+                    "kind": "phase",
+                    "phase": view.run.phase,
+                    "attempt": snap.attempt,
+                    "progress": progress_dict(view),
+                }
+            )
         new, cleared, reports = self._seen.changes(view)
         for s in new:
             self.emit({**base, "kind": "stall", **asdict(s), "message": s.text})
@@ -236,10 +253,26 @@ class JsonView:
         health = tuple((r.rank, r.state.value, r.blocked_by) for r in view.ranks)
         if health != self._health:
             self._health = health
-            self.emit({**base, "kind": "health", "ranks": [
-                {"rank": r.rank, "node": r.node, "state": r.state.value, "step": r.step, "blocked_by": r.blocked_by,
-                 "heartbeat_age_s": r.heartbeat_age_s, "score": r.score, "waiting_s": r.waiting_s,
-                 "detail": r.detail} for r in view.ranks]})
+            self.emit(
+                {
+                    **base,
+                    "kind": "health",
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "node": r.node,
+                            "state": r.state.value,
+                            "step": r.step,
+                            "blocked_by": r.blocked_by,
+                            "heartbeat_age_s": r.heartbeat_age_s,
+                            "score": r.score,
+                            "waiting_s": r.waiting_s,
+                            "detail": r.detail,
+                        }
+                        for r in view.ranks
+                    ],
+                }
+            )
 
     def result(self, obj: Mapping[str, Any]) -> None:
         self.emit({"source": "console", "kind": "result", "time": time.time(), **obj})
@@ -259,6 +292,7 @@ def make_view(json_mode: bool, out: TextIO | None = None) -> Any:
 
 # ---------------------------------------------------------------------------------- following
 
+
 class _Signals:
     """SIGTERM/SIGINT -> a graceful stop of the run; a second one cuts the grace short."""
 
@@ -275,8 +309,10 @@ class _Signals:
     def _handle(self, signum: int, _frame: Any) -> None:
         self.count += 1
         if self.count == 1:
-            self.view.note(f"{signal.Signals(signum).name}: stopping the whole run (checkpoint first); "
-                           "send it again to skip the wait")
+            self.view.note(
+                f"{signal.Signals(signum).name}: stopping the whole run (checkpoint first); "
+                "send it again to skip the wait"
+            )
         elif self.ctrl is not None:
             self.ctrl.hurry = True
 
@@ -296,7 +332,9 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     sigs.install()
     watch = RunWatch.for_controller(ctrl).start()
     try:
-        outcome = ctrl.follow(lambda snap: view.update(snap, watch.view()), should_stop=lambda: sigs.count > 0)
+        outcome = ctrl.follow(
+            lambda snap: view.update(snap, watch.view()), should_stop=lambda: sigs.count > 0
+        )
         view.update(ctrl.snapshot(), watch.final_view())
     finally:
         watch.stop()
@@ -319,16 +357,21 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> 
         view.result(summary)
         return code
     p = summary["progress"]
-    view.note(f"{ctrl.run.run_id}: {outcome.phase.value} at step {p.get('step')}"
-              f"/{p.get('max_steps')} (exit {code.value} {code.name.lower()})")
+    view.note(
+        f"{ctrl.run.run_id}: {outcome.phase.value} at step {p.get('step')}"
+        f"/{p.get('max_steps')} (exit {code.value} {code.name.lower()})"
+    )
     if outcome.failure is not None:
         view.note(f"failure: {outcome.failure.summary()}")
         for line in outcome.failure.log_lines:
             view.note(f"  | {line}")
     if outcome.stop is not None and outcome.phase.value == "stopped":
         s = outcome.stop
-        view.note(f"stop: checkpoint at step {s.checkpoint_step}" if s.checkpoint_step is not None
-                  else "stop: no checkpoint was written by this stop")
+        view.note(
+            f"stop: checkpoint at step {s.checkpoint_step}"
+            if s.checkpoint_step is not None
+            else "stop: no checkpoint was written by this stop"
+        )
         view.note("resume with: taehv-console resume " + str(ctrl.run.path))
     if outcome.final_weights:
         view.note(f"weights: {outcome.final_weights}")
@@ -337,13 +380,21 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> 
 
 def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) -> dict[str, Any]:
     progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
-    return {"run": ctrl.run.run_id, "run_dir": str(ctrl.run.path), "phase": outcome.phase.value,
-            "exit_code": int(code), "exit_name": code.name.lower(), "progress": progress,
-            "failure": asdict(outcome.failure) if outcome.failure else None,
-            "stop": asdict(outcome.stop) if outcome.stop else None, "final_weights": outcome.final_weights}
+    return {
+        "run": ctrl.run.run_id,
+        "run_dir": str(ctrl.run.path),
+        "phase": outcome.phase.value,
+        "exit_code": int(code),
+        "exit_name": code.name.lower(),
+        "progress": progress,
+        "failure": asdict(outcome.failure) if outcome.failure else None,
+        "stop": asdict(outcome.stop) if outcome.stop else None,
+        "final_weights": outcome.final_weights,
+    }
 
 
 # ------------------------------------------------------------------------------------- the flow
+
 
 def _fail(view: Any, code: ExitCode, message: str) -> ExitCode:
     if isinstance(view, JsonView):
@@ -360,8 +411,12 @@ def run(options: FlowOptions, json_mode: bool = False) -> int:
         return int(_run(options, view))
     except KeyboardInterrupt:
         # before `follow` took over the signals: detection, preflight or the launch itself
-        return _fail(view, ExitCode.INTERRUPTED, "interrupted; a run already launched keeps running "
-                                                 "(see `taehv-console status`, stop it with `taehv-console stop`)")
+        return _fail(
+            view,
+            ExitCode.INTERRUPTED,
+            "interrupted; a run already launched keeps running "
+            "(see `taehv-console status`, stop it with `taehv-console stop`)",
+        )
     finally:
         view.close()
 
@@ -429,7 +484,9 @@ def _run(options: FlowOptions, view: Any) -> ExitCode:
             return _fail(view, err.code, str(err))
 
 
-def _attach_if_live(run: RunDir, pool: SshPool, view: Any, options: FlowOptions, named: bool) -> ExitCode | None:
+def _attach_if_live(
+    run: RunDir, pool: SshPool, view: Any, options: FlowOptions, named: bool
+) -> ExitCode | None:
     """Attach when the run's processes are alive (RunBusyError when another console has it);
     None when the run should be launched (not live, never started)."""
     ctrl = RunController.open(run, pool, purpose="attach (--no-tui)")
@@ -449,8 +506,15 @@ def _attach_if_live(run: RunDir, pool: SshPool, view: Any, options: FlowOptions,
 
 def _print_findings(view: Any, report: Any, chosen: str) -> None:
     if isinstance(view, JsonView):
-        view.emit({"source": "console", "kind": "preflight", "time": time.time(), "config": chosen,
-                    **report.to_dict()})
+        view.emit(
+            {
+                "source": "console",
+                "kind": "preflight",
+                "time": time.time(),
+                "config": chosen,
+                **report.to_dict(),
+            }
+        )
         return
     view.note(f"config: {chosen}")
     for f in report.findings:
@@ -461,8 +525,9 @@ def _print_findings(view: Any, report: Any, chosen: str) -> None:
         view.note(f"preflight: {len(report.errors)} error(s); nothing was started")
 
 
-def _launch_new(options: FlowOptions, cfg: Any, spec: LaunchSpec, pool: SshPool, view: Any,
-                existing: RunDir | None) -> ExitCode:
+def _launch_new(
+    options: FlowOptions, cfg: Any, spec: LaunchSpec, pool: SshPool, view: Any, existing: RunDir | None
+) -> ExitCode:
     run = create_run(options.runs, cfg, spec, run=existing)
     view.note(f"run {run.run_id} in {run.path}")
     ctrl = RunController.open(run, pool, purpose="launch (--no-tui)")
@@ -487,8 +552,13 @@ def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: Any
     """A pod/container: launch this node (machine rank = the platform's node index); node 0 also
     records the run's state and reports on every node, the others follow their own node."""
     run, rank = node.run, node.rank
-    ctrl = RunController.open(run, pool, purpose=f"platform node {rank}",
-                              lock_name=None if rank == 0 else f"lock.node-{rank}", state=node.state)
+    ctrl = RunController.open(
+        run,
+        pool,
+        purpose=f"platform node {rank}",
+        lock_name=None if rank == 0 else f"lock.node-{rank}",
+        state=node.state,
+    )
     try:
         if options.grace_s:
             ctrl.grace_s = options.grace_s
@@ -501,8 +571,10 @@ def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: Any
         except LaunchError as err:
             view.note(f"launch failed: {err}")
             return report_outcome(ctrl, ctrl.outcome(), view)
-        view.note(f"node {rank} of {node.nodes} started (machine rank {rank}, master {node.master_addr}:"
-                  f"{node.master_port})")
+        view.note(
+            f"node {rank} of {node.nodes} started (machine rank {rank}, master {node.master_addr}:"
+            f"{node.master_port})"
+        )
         return follow(ctrl, view, options.grace_s)
     finally:
         ctrl.close()

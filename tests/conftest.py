@@ -97,54 +97,72 @@ class LoopbackSshd:
         self.dir.mkdir(parents=True, exist_ok=True)
         for path in (self.host_key_path, self.key_path):
             if not os.path.exists(path):
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "taehv-test",
-                                "-f", path], check=True)
+                subprocess.run(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "taehv-test", "-f", path],
+                    check=True,
+                )
         shutil.copy(self.key_path + ".pub", self.dir / "authorized_keys")
         if os.geteuid() == 0:
             # sshd's privilege separation needs this directory; it is root's to create.
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         self.port = port or _port_free_on(self.addresses)
         config = self.dir / "sshd_config"
-        config.write_text("\n".join([
-            *(f"ListenAddress {a}:{self.port}" for a in self.addresses),
-            f"HostKey {self.host_key_path}",
-            f"PidFile {self.dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "PermitRootLogin prohibit-password",
-            "AllowAgentForwarding no",
-            "AllowTcpForwarding no",
-            "X11Forwarding no",
-            "PrintMotd no",
-            # All test hosts share this one daemon: the default 10:30:100 would drop connections
-            # at random once a fan-out opens more than 10 handshakes at once.
-            "MaxStartups 500",
-            "MaxSessions 100",
-            "LogLevel VERBOSE",
-            "",
-        ]))
+        config.write_text(
+            "\n".join(
+                [
+                    *(f"ListenAddress {a}:{self.port}" for a in self.addresses),
+                    f"HostKey {self.host_key_path}",
+                    f"PidFile {self.dir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin prohibit-password",
+                    "AllowAgentForwarding no",
+                    "AllowTcpForwarding no",
+                    "X11Forwarding no",
+                    "PrintMotd no",
+                    # All test hosts share this one daemon: the default 10:30:100 would drop connections
+                    # at random once a fan-out opens more than 10 handshakes at once.
+                    "MaxStartups 500",
+                    "MaxSessions 100",
+                    "LogLevel VERBOSE",
+                    "",
+                ]
+            )
+        )
         check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
         if check.returncode:
             raise RuntimeError(f"sshd rejects the test config: {check.stderr}")
         log = open(self.log_path, "ab")
-        self._proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
-                                      stdin=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            [sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+        )
         log.close()
         host_pub = Path(self.host_key_path + ".pub").read_text().split()
         Path(self.known_hosts).write_text(
-            "".join(f"[{a}]:{self.port} {host_pub[0]} {host_pub[1]}\n" for a in self.addresses))
+            "".join(f"[{a}]:{self.port} {host_pub[0]} {host_pub[1]}\n" for a in self.addresses)
+        )
         blocks = [f"Host tnode{a.rsplit('.', 1)[1]}\n  HostName {a}\n" for a in self.addresses]
         blocks.append(
             "Host 127.0.0.* tnode*\n"
-            f"  Port {self.port}\n  User {self.user}\n  IdentityFile {self.key_path}\n  IdentitiesOnly yes\n")
+            f"  Port {self.port}\n  User {self.user}\n  IdentityFile {self.key_path}\n  IdentitiesOnly yes\n"
+        )
         Path(self.ssh_config).write_text("\n".join(blocks))
-        self.hosts = [SshdHost(host=a, alias=f"tnode{a.rsplit('.', 1)[1]}", port=self.port, user=self.user,
-                               key_path=self.key_path, known_hosts=self.known_hosts, ssh_config=self.ssh_config)
-                      for a in self.addresses]
+        self.hosts = [
+            SshdHost(
+                host=a,
+                alias=f"tnode{a.rsplit('.', 1)[1]}",
+                port=self.port,
+                user=self.user,
+                key_path=self.key_path,
+                known_hosts=self.known_hosts,
+                ssh_config=self.ssh_config,
+            )
+            for a in self.addresses
+        ]
         self._wait_ready(timeout)
         return self
 
@@ -153,7 +171,9 @@ class LoopbackSshd:
         pending = list(self.addresses)
         while pending:
             if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"sshd exited with {self._proc.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"sshd exited with {self._proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             a = pending[0]
             try:
                 with socket.create_connection((a, self.port), timeout=1) as s:
@@ -181,16 +201,25 @@ class LoopbackSshd:
         """SshSettings pointing at this server's files only (no ~/.ssh, no system known_hosts)."""
         from taehv_console.core.cluster.ssh import SshSettings
 
-        base = dict(config_path=self.ssh_config, known_hosts_path=self.known_hosts,
-                    system_known_hosts_path=None, connect_timeout_s=10.0, command_timeout_s=60.0,
-                    allow_agent=False, python=sys.executable)
+        base = dict(
+            config_path=self.ssh_config,
+            known_hosts_path=self.known_hosts,
+            system_known_hosts_path=None,
+            connect_timeout_s=10.0,
+            command_timeout_s=60.0,
+            allow_agent=False,
+            python=sys.executable,
+        )
         base.update(overrides)
         return SshSettings(**base)
 
     def env(self) -> dict[str, str]:
         """Variables that point a `taehv-console` subprocess at this server."""
-        return {"TAEHV_SSH_CONFIG": self.ssh_config, "TAEHV_KNOWN_HOSTS": self.known_hosts,
-                "TAEHV_REMOTE_PYTHON": sys.executable}
+        return {
+            "TAEHV_SSH_CONFIG": self.ssh_config,
+            "TAEHV_KNOWN_HOSTS": self.known_hosts,
+            "TAEHV_REMOTE_PYTHON": sys.executable,
+        }
 
     def write_hostfile(self, path: str | Path, slots: int | None = 1, hosts: list[str] | None = None) -> Path:
         path = Path(path)

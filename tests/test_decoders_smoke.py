@@ -16,11 +16,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decoders.py"
 
 def test_decoders_benchmark_reads_real_clips_and_says_what_it_measured(tmp_path):
     make_photo_clips(tmp_path / "clips", clips=2, frames=30, height=64, width=96)
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "clips"), "--clips", "3", "--step", "2"],
-                       check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "clips"), "--clips", "3", "--step", "2"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "12 frames 2 apart per clip, 3 clips each" in r.stdout
-    assert re.search(r"== clips \(96x64\)\n  pyav +\d+\.\d{3} CPU-s, \d+\.\d{3} wall-s per clip", r.stdout), r.stdout
+    assert re.search(r"== clips \(96x64\)\n  pyav +\d+\.\d{3} CPU-s, \d+\.\d{3} wall-s per clip", r.stdout), (
+        r.stdout
+    )
     if importlib.util.find_spec("torchcodec") is None:
         assert "torchcodec does not import here (ModuleNotFoundError" in r.stdout
     if "torchcodec does not import here" not in r.stdout:  # it decodes the same pixels as PyAV

@@ -37,14 +37,31 @@ def test_flop_count_and_mfu_follow_the_facts():
 def test_tiny_cpu_run_goes_through_synthetic_and_loader(tmp_path):
     make_synthetic(tmp_path / "clips", clips=3, frames=8, height=64, width=80)
     r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--modes", "synthetic,loader",
-         "--data", str(tmp_path / "clips"), "--workers", "0"],
-        capture_output=True, text=True, timeout=540, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--modes",
+            "synthetic,loader",
+            "--data",
+            str(tmp_path / "clips"),
+            "--workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("synthetic", "loader"))]
     assert [(row[0], row[1]) for row in rows] == [
-        ("synthetic", "full"), ("synthetic", "crop"), ("loader", "full"), ("loader", "crop")
+        ("synthetic", "full"),
+        ("synthetic", "crop"),
+        ("loader", "full"),
+        ("loader", "crop"),
     ]
     assert all(float(row[4]) > 0 for row in rows)  # clips/s
     assert "not a measurement" in r.stdout
@@ -54,10 +71,23 @@ def test_tiny_cpu_run_goes_through_synthetic_and_loader(tmp_path):
 @pytest.mark.timeout(600)
 def test_tiny_cpu_run_times_the_teacher_online_against_cached_latents():
     r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--no-bf16", "--modes",
-         "teacher-online,teacher-cached", "--recipes", "full"],
-        capture_output=True, text=True, timeout=540, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--no-bf16",
+            "--modes",
+            "teacher-online,teacher-cached",
+            "--recipes",
+            "full",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith("teacher")]
     assert [row[0] for row in rows] == ["teacher-online", "teacher-cached"]
@@ -65,6 +95,10 @@ def test_tiny_cpu_run_times_the_teacher_online_against_cached_latents():
 
 
 def test_loader_mode_without_data_says_what_is_missing():
-    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--modes", "loader"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--modes", "loader"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode != 0 and "--data DIR" in r.stderr

@@ -111,11 +111,18 @@ def measure_loader(paths: list[Path], cfg: DataSection, clips: int, seed: int = 
     skipped = tuple(f"{s['path']}: {s['reason']}" for it in items for s in it["skipped"])
     made = sum(it["video"].shape[0] for it in items)  # clips: crops_per_clip per decoded clip
     return LoaderCost(
-        clips=made, frames=cfg.frames, height=cfg.height, width=cfg.width,
-        load_cpu_s=load_cpu / made, decode_cpu_s=max(0.0, load_cpu - ds.finish_cpu_s) / made,
-        jitter_cpu_s=jitter_cpu / made, wall_s=wall / made, source=_describe(Path(paths[0])),
-        skipped=skipped, crops_per_clip=ds.crops_per_item,
-    )  # fmt: skip
+        clips=made,
+        frames=cfg.frames,
+        height=cfg.height,
+        width=cfg.width,
+        load_cpu_s=load_cpu / made,
+        decode_cpu_s=max(0.0, load_cpu - ds.finish_cpu_s) / made,
+        jitter_cpu_s=jitter_cpu / made,
+        wall_s=wall / made,
+        source=_describe(Path(paths[0])),
+        skipped=skipped,
+        crops_per_clip=ds.crops_per_item,
+    )
 
 
 def report_lines(

@@ -128,8 +128,14 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def finalize(tmp_dir: Path, step: int, world_size: int, zero_stage: int, extra: dict | None = None,
-             parts: tuple[str, ...] = ()) -> Path:
+def finalize(
+    tmp_dir: Path,
+    step: int,
+    world_size: int,
+    zero_stage: int,
+    extra: dict | None = None,
+    parts: tuple[str, ...] = (),
+) -> Path:
     """Rank 0, after every rank has written into tmp_dir: check, seal and publish. Raises
     CheckpointError (and publishes nothing) when the file set is incomplete."""
     problems = check_files(tmp_dir, world_size, zero_stage, parts)
@@ -321,7 +327,8 @@ def resolve_resume(root: Path, spec: str) -> tuple[CheckpointStatus | None, list
     named, problem = read_latest(root)
     if problem is None and named is not None and (chosen is None or named != chosen.path.name):
         problem = f"{Path(root) / LATEST}: names {named}, " + (
-            f"but {chosen.path.name} is the newest that verifies" if chosen else "and no checkpoint verifies")
+            f"but {chosen.path.name} is the newest that verifies" if chosen else "and no checkpoint verifies"
+        )
     if problem:
         skipped.append(CheckpointStatus(Path(root) / LATEST, -1, "invalid", (problem,)))
     return chosen, skipped
@@ -379,8 +386,16 @@ def universal_command(ckpt_dir: Path) -> list[str]:
     """The conversion that makes a checkpoint loadable at any world size (argv). `inject_missing_
     state` lets checkpoints written before the model carried DeepSpeed's universal info convert."""
     ckpt_dir = Path(ckpt_dir)
-    return ["python", "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / DS_TAG),
-            "--output_folder", str(ckpt_dir / UNIVERSAL), "--inject_missing_state"]
+    return [
+        "python",
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(ckpt_dir / DS_TAG),
+        "--output_folder",
+        str(ckpt_dir / UNIVERSAL),
+        "--inject_missing_state",
+    ]
 
 
 def universal_problem(ckpt_dir: Path) -> str | None:

@@ -14,7 +14,9 @@ from trainer.hard_exit import exit_now
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taehv-train", description="Train TAEHV on one rank of a run.")
     parser.add_argument("--run", type=Path, help="the run directory holding run.toml")
-    parser.add_argument("--resume", metavar="latest|PATH", help="resume from the newest complete checkpoint or a path")
+    parser.add_argument(
+        "--resume", metavar="latest|PATH", help="resume from the newest complete checkpoint or a path"
+    )
     parser.add_argument(
         "--weights-only",
         action="store_true",
@@ -36,10 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the teacher VAE once over the data and write its latents (resumable; spread over the "
         "processes of a launch by RANK/WORLD_SIZE)",
     )
-    cache.add_argument("--run", dest="cache_run", type=Path, required=True, help="the run directory holding run.toml")
+    cache.add_argument(
+        "--run", dest="cache_run", type=Path, required=True, help="the run directory holding run.toml"
+    )
     cache.add_argument("--out", help="cache directory (default: loss.teacher_cache of run.toml)")
-    cache.add_argument("--size", help="canvas HxW the latents cover (default: data.height x data.width); "
-                       "training takes latent-aligned crops of data.height x data.width from it")
+    cache.add_argument(
+        "--size",
+        help="canvas HxW the latents cover (default: data.height x data.width); "
+        "training takes latent-aligned crops of data.height x data.width from it",
+    )
     cache.add_argument("--max-windows", type=int, default=4, help="frame windows cached per clip (default 4)")
     bench = sub.add_parser(
         "bench-data",
@@ -60,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--clips", type=int, default=16, help="clips to decode (after one warm-up clip)")
     bench.add_argument("--workers", type=int, help="say whether this many loader workers per GPU keep up")
     bench.add_argument(
-        "--target-clips-per-s", type=float,
+        "--target-clips-per-s",
+        type=float,
         help="clips/s one GPU consumes (the console passes its planner's figure; default: an H100 at 40%% "
         "MFU, 65 clips/s at 12x480x720, scaled by the clip size)",
-    )  # fmt: skip
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

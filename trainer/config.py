@@ -70,7 +70,8 @@ class DataSection(_Section):
     height: int = Field(480, ge=8, description="training crop height: the clips the model sees")
     width: int = Field(720, ge=8, description="training crop width")
     frame_height: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="frames are scaled down to this height (never up) and the height x width crop is taken "
         "from them; 0 = the crop covers the frame's largest region of its aspect ratio (a resize-crop)",
     )
@@ -87,7 +88,9 @@ class DataSection(_Section):
     prefetch_factor: int = Field(2, ge=1)
     max_skip_per_item: int = Field(8, ge=1, description="bad videos tried in a row before giving up")
     crops_per_clip: int = Field(
-        1, ge=1, le=256,
+        1,
+        ge=1,
+        le=256,
         description="training crops cut from each decoded clip, each with its own window, flip and jitter: "
         "decoding is the loader's cost, so small crops (the crop recipe) share it; a multiple of it "
         "must divide optim.batch_per_gpu",
@@ -146,8 +149,9 @@ class LossSection(_Section):
     teacher: str = Field("", description="a local diffusers AutoencoderKLHunyuanVideo directory ('' = none)")
     teacher_subfolder: str = ""
     teacher_cache: str = Field(
-        "", description="a latent cache written by `taehv-train cache-latents` ('' = run the teacher online); "
-        "when set, training reads it and never loads the teacher"
+        "",
+        description="a latent cache written by `taehv-train cache-latents` ('' = run the teacher online); "
+        "when set, training reads it and never loads the teacher",
     )
     distill_encoder_weight: float = Field(1.0, ge=0)
     decoder_on_teacher_latents: bool = False
@@ -195,7 +199,9 @@ class ScheduleSection(_Section):
     )
     checkpoint_every: int = Field(1000, ge=1)
     keep_checkpoints: int = Field(3, ge=2, description="complete checkpoints kept (never fewer than 2)")
-    stop_grace_s: int = Field(120, ge=1, description="how long a stop waits for the checkpoint before SIGKILL")
+    stop_grace_s: int = Field(
+        120, ge=1, description="how long a stop waits for the checkpoint before SIGKILL"
+    )
 
 
 # POSIX environment variable names: the keys are exported by rendered shell scripts and passed as
@@ -217,7 +223,9 @@ class DistributedSection(_Section):
                     "not starting with a digit); refused: it would be written into launch scripts"
                 )
             if any(c in value for c in "\0\n\r"):
-                raise ValueError(f"{key}: the value contains a NUL or line break, which no environment can carry")
+                raise ValueError(
+                    f"{key}: the value contains a NUL or line break, which no environment can carry"
+                )
         return env
 
 
@@ -237,19 +245,25 @@ class TrainConfig(_Section):
     def _adversarial_has_frame_groups(self) -> "TrainConfig":
         # T = 4k frames decode to T - 3, and the discriminator judges groups of 3 of them
         if self.adversarial.weight > 0 and self.data.frames < 8:
-            raise ValueError(f"adversarial.weight > 0 needs data.frames >= 8 (the discriminator sees groups of 3 "
-                             f"decoded frames; {self.data.frames} frames decode to {self.data.frames - 3})")
+            raise ValueError(
+                f"adversarial.weight > 0 needs data.frames >= 8 (the discriminator sees groups of 3 "
+                f"decoded frames; {self.data.frames} frames decode to {self.data.frames - 3})"
+            )
         return self
 
     @model_validator(mode="after")
     def _crops_fill_the_batch(self) -> "TrainConfig":
         k = self.data.crops_per_clip
         if k > 1 and self.optim.batch_per_gpu % k:
-            raise ValueError(f"optim.batch_per_gpu ({self.optim.batch_per_gpu}) must be a multiple of "
-                             f"data.crops_per_clip ({k}): a micro-batch holds whole clips' crops")
+            raise ValueError(
+                f"optim.batch_per_gpu ({self.optim.batch_per_gpu}) must be a multiple of "
+                f"data.crops_per_clip ({k}): a micro-batch holds whole clips' crops"
+            )
         if k > 1 and self.loss.teacher_cache:
-            raise ValueError(f"data.crops_per_clip ({k}) > 1 does not work with loss.teacher_cache: a cached "
-                             "clip has one latent window (use 1, or distil with the teacher online)")
+            raise ValueError(
+                f"data.crops_per_clip ({k}) > 1 does not work with loss.teacher_cache: a cached "
+                "clip has one latent window (use 1, or distil with the teacher online)"
+            )
         return self
 
     @property

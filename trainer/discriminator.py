@@ -32,8 +32,11 @@ class PatchDiscriminator(nn.Module):
         ch = width
         for _ in range(blocks):
             nxt = min(ch * 2, 8 * width)
-            self.blocks.append(nn.Sequential(nn.Conv2d(ch, nxt, 4, stride=2, padding=1, bias=False),
-                                             nn.BatchNorm2d(nxt), nn.ReLU()))  # fmt: skip
+            self.blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(ch, nxt, 4, stride=2, padding=1, bias=False), nn.BatchNorm2d(nxt), nn.ReLU()
+                )
+            )
             self.heads.append(nn.Conv2d(nxt, 1, 1))
             ch = nxt
 
@@ -91,7 +94,9 @@ class Adversary:
                 if p.ndim > 1:
                     p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / p[0].numel()) ** 0.5)
         self.net.to(device).train()
-        self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0)
+        self.opt = torch.optim.AdamW(
+            self.net.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0
+        )
         self.replay_size = cfg.replay
         self.replay: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.gen = torch.Generator().manual_seed(seed + 104729)
@@ -106,7 +111,9 @@ class Adversary:
         finally:
             self.net.requires_grad_(True)
 
-    def discriminator_step(self, fake: torch.Tensor, real: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+    def discriminator_step(
+        self, fake: torch.Tensor, real: torch.Tensor, latents: torch.Tensor
+    ) -> torch.Tensor:
         """One update on detached fakes plus replayed ones; gradients averaged over all ranks. Returns
         the loss as a device tensor (metrics leave the device only at log steps)."""
         import torch.distributed as dist
@@ -115,7 +122,9 @@ class Adversary:
         r, rc = frame_groups(real.float(), latents.detach().float())
         current = (f, c)
         if self.replay:
-            pick = torch.randint(len(self.replay), (min(len(self.replay), f.shape[0]),), generator=self.gen).tolist()
+            pick = torch.randint(
+                len(self.replay), (min(len(self.replay), f.shape[0]),), generator=self.gen
+            ).tolist()
             f = torch.cat([f, *[self.replay[i][0] for i in pick]])
             c = torch.cat([c, *[self.replay[i][1] for i in pick]])
         self._remember(*current)
@@ -157,8 +166,10 @@ class Adversary:
         """Rank 0: weights as safetensors, optimizer state as a torch archive (no pickled code)."""
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()},
-                  str(directory / WEIGHTS))  # fmt: skip
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()},
+            str(directory / WEIGHTS),
+        )
         torch.save(self.opt.state_dict(), directory / OPTIMIZER)
 
     def load(self, directory) -> None:

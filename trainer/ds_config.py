@@ -117,8 +117,10 @@ def effective_deepspeed_config(engine) -> dict:
         "train_batch_size": c.train_batch_size,
         "gradient_clipping": c.gradient_clipping,
         "zero_optimization": zero,
-        "bf16": {"enabled": bool(engine.bfloat16_enabled()),
-                 "check_grad_overflow": bool(c.bfloat16_config.check_grad_overflow)},
+        "bf16": {
+            "enabled": bool(engine.bfloat16_enabled()),
+            "check_grad_overflow": bool(c.bfloat16_config.check_grad_overflow),
+        },
         "fp16_enabled": bool(engine.fp16_enabled()),
     }
     if c.grad_accum_dtype is not None:

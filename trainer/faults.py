@@ -32,7 +32,9 @@ def parse_faults(spec: str) -> list[Fault]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         bits = part.split(":")
         if len(bits) not in (3, 4) or bits[0] not in KINDS:
-            raise ValueError(f"TAEHV_FAULTS: cannot read {part!r}; expected kind:rank:step[:seconds], kind in {KINDS}")
+            raise ValueError(
+                f"TAEHV_FAULTS: cannot read {part!r}; expected kind:rank:step[:seconds], kind in {KINDS}"
+            )
         step = None if bits[2] == "*" else int(bits[2])
         faults.append(Fault(bits[0], int(bits[1]), step, float(bits[3]) if len(bits) == 4 else 0.0))
     return faults

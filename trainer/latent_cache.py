@@ -95,7 +95,9 @@ def to_canvas(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
     else:
         crop_h, crop_w = round(w * height / width), w
     top, left = (h - crop_h) // 2, (w - crop_w) // 2
-    x = torch.from_numpy(np.ascontiguousarray(frames[:, top : top + crop_h, left : left + crop_w])).permute(0, 3, 1, 2)
+    x = torch.from_numpy(np.ascontiguousarray(frames[:, top : top + crop_h, left : left + crop_w])).permute(
+        0, 3, 1, 2
+    )
     if (crop_h, crop_w) != (height, width):
         x = F.interpolate(x, size=(height, width), mode="bilinear", antialias=True, align_corners=False)
     return x.contiguous()
@@ -109,10 +111,14 @@ def read_manifest(cache_dir: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise CacheError(f"{cache_dir}: no latent cache here (no {MANIFEST}); build it with "
-                         "`taehv-train cache-latents --run RUN`") from None
+        raise CacheError(
+            f"{cache_dir}: no latent cache here (no {MANIFEST}); build it with "
+            "`taehv-train cache-latents --run RUN`"
+        ) from None
     except (OSError, json.JSONDecodeError) as err:
-        raise CacheError(f"{path}: unreadable ({err}); rebuild it with `taehv-train cache-latents --run RUN`") from None
+        raise CacheError(
+            f"{path}: unreadable ({err}); rebuild it with `taehv-train cache-latents --run RUN`"
+        ) from None
 
 
 def data_differences(manifest: dict, current: list[dict]) -> list[str]:
@@ -124,7 +130,9 @@ def data_differences(manifest: dict, current: list[dict]) -> list[str]:
     for p in sorted(now.keys() & cached.keys()):
         a, b = cached[p], now[p]
         if (a["size"], a["mtime_ns"]) != (b["size"], b["mtime_ns"]):
-            out.append(f"changed {p} ({a['size']} -> {b['size']} bytes, modified since the cache was written)")
+            out.append(
+                f"changed {p} ({a['size']} -> {b['size']} bytes, modified since the cache was written)"
+            )
     return out
 
 
@@ -137,19 +145,25 @@ def open_cache(cache_dir: str | Path, cfg) -> dict:
     manifest = read_manifest(cache_dir)
     rebuild = f"; run `taehv-train cache-latents --run RUN` to update it (it re-encodes only what changed)"
     if manifest.get("version") != CACHE_VERSION:
-        raise CacheError(f"{cache_dir}: cache format {manifest.get('version')}, this trainer reads {CACHE_VERSION}"
-                         + rebuild)
+        raise CacheError(
+            f"{cache_dir}: cache format {manifest.get('version')}, this trainer reads {CACHE_VERSION}"
+            + rebuild
+        )
     spec = manifest["spec"]
     d = cfg.data
     problems = []
     if spec["frames"] != d.frames:
         problems.append(f"its windows are {spec['frames']} frames, data.frames is {d.frames}")
     if spec["height"] < d.height or spec["width"] < d.width:
-        problems.append(f"its canvas is {spec['height']}x{spec['width']}, smaller than the training crop "
-                        f"data.height x data.width = {d.height}x{d.width}")
+        problems.append(
+            f"its canvas is {spec['height']}x{spec['width']}, smaller than the training crop "
+            f"data.height x data.width = {d.height}x{d.width}"
+        )
     if spec["latent_channels"] != cfg.model.latent_channels:
-        problems.append(f"its latents have {spec['latent_channels']} channels, model.latent_channels is "
-                        f"{cfg.model.latent_channels}")
+        problems.append(
+            f"its latents have {spec['latent_channels']} channels, model.latent_channels is "
+            f"{cfg.model.latent_channels}"
+        )
     if problems:
         raise CacheError(f"latent cache {cache_dir} does not fit this run: " + "; ".join(problems) + rebuild)
     try:
@@ -159,8 +173,10 @@ def open_cache(cache_dir: str | Path, cfg) -> dict:
     diff = data_differences(manifest, [clip_identity(p) for p in videos])
     if diff:
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
-        raise CacheError(f"latent cache {cache_dir} does not match the data in {d.source}: {len(diff)} clip(s) "
-                         f"differ: {shown}" + rebuild)
+        raise CacheError(
+            f"latent cache {cache_dir} does not match the data in {d.source}: {len(diff)} clip(s) "
+            f"differ: {shown}" + rebuild
+        )
     teacher = Path(cfg.loss.teacher).expanduser() if cfg.loss.teacher else None
     if teacher is not None and teacher.is_dir():
         # the teacher is optional once cached; when it is named and present, it must be the one used
@@ -169,12 +185,15 @@ def open_cache(cache_dir: str | Path, cfg) -> dict:
         except OSError:
             ident = None
         if ident is not None and ident != spec["teacher"]:
-            raise CacheError(f"latent cache {cache_dir} was made with another teacher than loss.teacher = "
-                             f"{str(teacher)!r} (its config or weight files differ)" + rebuild)
+            raise CacheError(
+                f"latent cache {cache_dir} was made with another teacher than loss.teacher = "
+                f"{str(teacher)!r} (its config or weight files differ)" + rebuild
+            )
     missing = [c["file"] for c in manifest["clips"] if c["windows"] and not (cache_dir / c["file"]).is_file()]
     if missing:
-        raise CacheError(f"latent cache {cache_dir}: {len(missing)} latent file(s) missing, e.g. {missing[0]}"
-                         + rebuild)
+        raise CacheError(
+            f"latent cache {cache_dir}: {len(missing)} latent file(s) missing, e.g. {missing[0]}" + rebuild
+        )
     return manifest
 
 
@@ -207,29 +226,46 @@ def encode_clip(teacher, path: Path, spec: CacheSpec, device) -> tuple[torch.Ten
     for s in starts:
         frames = read_frames(path, [s + i * spec.step for i in range(spec.frames)])
         if frames.shape[1] < spec.height or frames.shape[2] < spec.width:
-            raise DataSourceError(f"{path}: {frames.shape[1]}x{frames.shape[2]} frames are smaller than the cache "
-                                  f"canvas {spec.height}x{spec.width} (sources are never upsampled)")
+            raise DataSourceError(
+                f"{path}: {frames.shape[1]}x{frames.shape[2]} frames are smaller than the cache "
+                f"canvas {spec.height}x{spec.width} (sources are never upsampled)"
+            )
         video = to_canvas(frames, spec.height, spec.width)[None].to(device).float().div_(255)
         out.append(encode(teacher, video)[0].to("cpu", STORE_DTYPE))
     if not out:
-        return torch.zeros(0, spec.frames // 4, spec.latent_channels, spec.height // 8, spec.width // 8,
-                           dtype=STORE_DTYPE), []  # fmt: skip
+        return torch.zeros(
+            0, spec.frames // 4, spec.latent_channels, spec.height // 8, spec.width // 8, dtype=STORE_DTYPE
+        ), []
     return torch.stack(out), starts
 
 
-def _write_entry(target: Path, latents: torch.Tensor, starts: list[int], identity: dict, spec_digest: str) -> None:
+def _write_entry(
+    target: Path, latents: torch.Tensor, starts: list[int], identity: dict, spec_digest: str
+) -> None:
     from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    save_file({"latents": latents.contiguous(), "starts": torch.tensor(starts, dtype=torch.int64)}, str(tmp),
-              metadata={"spec": spec_digest, "clip": json.dumps(identity, sort_keys=True)})  # fmt: skip
+    save_file(
+        {"latents": latents.contiguous(), "starts": torch.tensor(starts, dtype=torch.int64)},
+        str(tmp),
+        metadata={"spec": spec_digest, "clip": json.dumps(identity, sort_keys=True)},
+    )
     os.replace(tmp, target)
 
 
-def build_cache(cfg, cache_dir: str | Path, *, rank: int = 0, world: int = 1, device: str = "cpu",
-                height: int | None = None, width: int | None = None, max_windows: int = 4,
-                log=print) -> dict:  # fmt: skip
+def build_cache(
+    cfg,
+    cache_dir: str | Path,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    device: str = "cpu",
+    height: int | None = None,
+    width: int | None = None,
+    max_windows: int = 4,
+    log=print,
+) -> dict:
     """This rank's share (clips i with i % world == rank) of the cache, skipping clips whose latents
     are already there for the same clip and settings; then, if every clip is done, the manifest.
     Several ranks run it at once without talking to each other: whichever finishes last sees every
@@ -238,17 +274,27 @@ def build_cache(cfg, cache_dir: str | Path, *, rank: int = 0, world: int = 1, de
 
     cache_dir = Path(cache_dir).expanduser()
     if not cfg.loss.teacher:
-        raise CacheError("loss.teacher is empty: the cache needs the teacher VAE to encode the data "
-                         "(--set loss.teacher=DIR)")
+        raise CacheError(
+            "loss.teacher is empty: the cache needs the teacher VAE to encode the data "
+            "(--set loss.teacher=DIR)"
+        )
     videos = find_videos(cfg.data.source, cfg.data.root)
     teacher = load_teacher(cfg.loss.teacher, cfg.loss.teacher_subfolder, cfg.model.latent_channels)
     dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     teacher = teacher.to(device, dtype)
-    spec = CacheSpec(frames=cfg.data.frames, height=height or cfg.data.height, width=width or cfg.data.width,
-                     step=cfg.data.min_delta, max_windows=max_windows, latent_channels=cfg.model.latent_channels,
-                     teacher=teacher_identity(cfg.loss.teacher, cfg.loss.teacher_subfolder))  # fmt: skip
+    spec = CacheSpec(
+        frames=cfg.data.frames,
+        height=height or cfg.data.height,
+        width=width or cfg.data.width,
+        step=cfg.data.min_delta,
+        max_windows=max_windows,
+        latent_channels=cfg.model.latent_channels,
+        teacher=teacher_identity(cfg.loss.teacher, cfg.loss.teacher_subfolder),
+    )
     if spec.height % LATENT_CELL or spec.width % LATENT_CELL:
-        raise CacheError(f"cache canvas {spec.height}x{spec.width}: both sides must be multiples of {LATENT_CELL}")
+        raise CacheError(
+            f"cache canvas {spec.height}x{spec.width}: both sides must be multiples of {LATENT_CELL}"
+        )
     digest = spec.digest()
     identities = [clip_identity(p) for p in videos]
     encoded = kept = 0
@@ -265,12 +311,20 @@ def build_cache(cfg, cache_dir: str | Path, *, rank: int = 0, world: int = 1, de
             # knows to leave it out rather than stopping at it
             log(f"[cache-latents] rank {rank}: {videos[i]}: no windows ({err})")
             starts = []
-            latents = torch.zeros(0, spec.frames // 4, spec.latent_channels, spec.height // 8, spec.width // 8,
-                                  dtype=STORE_DTYPE)  # fmt: skip
+            latents = torch.zeros(
+                0,
+                spec.frames // 4,
+                spec.latent_channels,
+                spec.height // 8,
+                spec.width // 8,
+                dtype=STORE_DTYPE,
+            )
         _write_entry(target, latents, starts, identities[i], digest)
         encoded += 1
-        log(f"[cache-latents] rank {rank}: {encoded + kept}/{len(range(rank, len(videos), world))} "
-            f"{videos[i].name}: {len(starts)} window(s), {time.time() - t0:.1f}s")  # fmt: skip
+        log(
+            f"[cache-latents] rank {rank}: {encoded + kept}/{len(range(rank, len(videos), world))} "
+            f"{videos[i].name}: {len(starts)} window(s), {time.time() - t0:.1f}s"
+        )
     done = _finish(cache_dir, spec, identities, digest, log)
     return {"encoded": encoded, "kept": kept, "manifest": done}
 
@@ -291,11 +345,18 @@ def _finish(cache_dir: Path, spec: CacheSpec, identities: list[dict], digest: st
     for stale in (cache_dir / CLIPS).glob("*.safetensors"):
         if f"{CLIPS}/{stale.name}" not in wanted:  # a clip removed from the data
             stale.unlink(missing_ok=True)
-    manifest = {"version": CACHE_VERSION, "spec": asdict(spec), "spec_digest": digest, "created": time.time(),
-                "clips": clips}  # fmt: skip
+    manifest = {
+        "version": CACHE_VERSION,
+        "spec": asdict(spec),
+        "spec_digest": digest,
+        "created": time.time(),
+        "clips": clips,
+    }
     atomic_write_text(cache_dir / MANIFEST, json.dumps(manifest, indent=1), fsync=True)
-    log(f"[cache-latents] manifest written: {len(clips)} clips, "
-        f"{sum(c['windows'] for c in clips)} windows in {cache_dir}")  # fmt: skip
+    log(
+        f"[cache-latents] manifest written: {len(clips)} clips, "
+        f"{sum(c['windows'] for c in clips)} windows in {cache_dir}"
+    )
     return True
 
 
@@ -314,8 +375,10 @@ class CachedLatentDataset(Dataset):
         wanted = {str(p) for p in paths}
         self.clips = [c for c in manifest["clips"] if c["path"] in wanted and c["windows"] > 0]
         if not self.clips:
-            raise CacheError(f"latent cache {self.cache_dir}: none of the {len(wanted)} training clips has a "
-                             f"window of {self.spec['frames']} frames")
+            raise CacheError(
+                f"latent cache {self.cache_dir}: none of the {len(wanted)} training clips has a "
+                f"window of {self.spec['frames']} frames"
+            )
         self.unusable = [c["path"] for c in manifest["clips"] if c["path"] in wanted and c["windows"] == 0]
 
     def __len__(self) -> int:
@@ -333,12 +396,18 @@ class CachedLatentDataset(Dataset):
         left = int(rng.integers(0, (self.spec["width"] - self.cfg.width) // cell + 1)) * cell
         with safe_open(str(self.cache_dir / clip["file"]), "pt") as f:
             start = int(f.get_slice("starts")[window : window + 1][0])
-            lat = f.get_slice("latents")[window : window + 1, :, :, top // cell : (top + self.cfg.height) // cell,
-                                         left // cell : (left + self.cfg.width) // cell][0]  # fmt: skip
+            lat = f.get_slice("latents")[
+                window : window + 1,
+                :,
+                :,
+                top // cell : (top + self.cfg.height) // cell,
+                left // cell : (left + self.cfg.width) // cell,
+            ][0]
         s = self.spec
         frames = read_frames(Path(clip["path"]), [start + i * s["step"] for i in range(s["frames"])])
-        video = to_canvas(frames, s["height"], s["width"])[:, :, top : top + self.cfg.height,
-                                                           left : left + self.cfg.width]  # fmt: skip
+        video = to_canvas(frames, s["height"], s["width"])[
+            :, :, top : top + self.cfg.height, left : left + self.cfg.width
+        ]
         return {"video": video.contiguous(), "latents": lat.float(), "index": index, "skipped": []}
 
 
@@ -351,18 +420,31 @@ def collate_cached(items: list[dict]) -> dict:
     }
 
 
-def make_cached_loader(dataset: CachedLatentDataset, rank: int, world: int, seed: int, batch_size: int,
-                       start_sample: int, num_workers: int, prefetch_factor: int) -> DataLoader:  # fmt: skip
+def make_cached_loader(
+    dataset: CachedLatentDataset,
+    rank: int,
+    world: int,
+    seed: int,
+    batch_size: int,
+    start_sample: int,
+    num_workers: int,
+    prefetch_factor: int,
+) -> DataLoader:
     """As trainer.data.make_train_loader, for cached items (latents ride along with the video)."""
     from trainer.data import _ignore_stop_signals
 
     workers = num_workers > 0
     return DataLoader(
-        dataset, batch_size=batch_size, sampler=ResumableSampler(len(dataset), rank, world, seed, start_sample),
-        collate_fn=collate_cached, num_workers=num_workers, persistent_workers=workers,
-        prefetch_factor=prefetch_factor if workers else None, pin_memory=torch.cuda.is_available(),
+        dataset,
+        batch_size=batch_size,
+        sampler=ResumableSampler(len(dataset), rank, world, seed, start_sample),
+        collate_fn=collate_cached,
+        num_workers=num_workers,
+        persistent_workers=workers,
+        prefetch_factor=prefetch_factor if workers else None,
+        pin_memory=torch.cuda.is_available(),
         worker_init_fn=_ignore_stop_signals if workers else None,
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -389,11 +471,22 @@ def cache_main(run_dir: Path, out: str | None, size: str | None, max_windows: in
         device = "cpu"
         if cfg.topology.device == "cuda" and torch.cuda.is_available():
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        result = build_cache(cfg, cache_dir, rank=rank, world=world, device=device, height=height, width=width,
-                             max_windows=max_windows)  # fmt: skip
+        result = build_cache(
+            cfg,
+            cache_dir,
+            rank=rank,
+            world=world,
+            device=device,
+            height=height,
+            width=width,
+            max_windows=max_windows,
+        )
     except (ConfigError, DataSourceError, CacheError, TeacherError, ValueError) as err:
         print(f"[cache-latents] error: {err}", file=sys.stderr, flush=True)
         return 2
-    print(f"[cache-latents] rank {rank}/{world}: encoded {result['encoded']}, kept {result['kept']}"
-          + ("; manifest complete" if result["manifest"] else "; other ranks still running"), flush=True)
+    print(
+        f"[cache-latents] rank {rank}/{world}: encoded {result['encoded']}, kept {result['kept']}"
+        + ("; manifest complete" if result["manifest"] else "; other ranks still running"),
+        flush=True,
+    )
     return 0

@@ -13,7 +13,11 @@ import torch
 
 # Where DeepSpeed's optimizers keep this rank's flat fp32 master partitions: ZeRO-1/2, ZeRO-3,
 # and the bf16 optimizer used without ZeRO.
-_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
+_MASTER_ATTRS = (
+    "single_partition_of_fp32_groups",
+    "fp32_partitioned_groups_flat",
+    "fp32_groups_flat_partition",
+)
 
 
 def master_partitions(engine) -> list[torch.Tensor]:
@@ -70,8 +74,9 @@ class MasterEMA:
         shapes = [tuple(t.shape) for t in self.shadow]
         got = [tuple(t.shape) for t in saved] if isinstance(saved, (list, tuple)) else None
         if got != shapes:
-            raise ValueError(f"{where}: EMA state does not match this run's master partitions "
-                             f"({got} vs {shapes})")  # fmt: skip
+            raise ValueError(
+                f"{where}: EMA state does not match this run's master partitions ({got} vs {shapes})"
+            )
         self.shadow = [t.to(s.device, torch.float32) for t, s in zip(saved, self.shadow)]
 
     @contextmanager

@@ -30,7 +30,11 @@ class MemBlock(nn.Module):
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
         self.conv = nn.Sequential(
-            conv(n_in * 2, n_out), nn.ReLU(inplace=True), conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out)
+            conv(n_in * 2, n_out),
+            nn.ReLU(inplace=True),
+            conv(n_out, n_out),
+            nn.ReLU(inplace=True),
+            conv(n_out, n_out),
         )
         self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
         self.act = nn.ReLU(inplace=True)
@@ -128,29 +132,51 @@ class TAEHV(nn.Module):
         self.channels_last = False  # set by use_channels_last()
         p2 = patch_size**2
         self.encoder = nn.Sequential(
-            conv(3 * p2, 64), nn.ReLU(inplace=True),
-            TPool(64, 2 if encoder_time_downscale[0] else 1), conv(64, 64, stride=2, bias=False),
-            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
-            TPool(64, 2 if encoder_time_downscale[1] else 1), conv(64, 64, stride=2, bias=False),
-            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
-            TPool(64, 2 if encoder_time_downscale[2] else 1), conv(64, 64, stride=2, bias=False),
-            MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64),
+            conv(3 * p2, 64),
+            nn.ReLU(inplace=True),
+            TPool(64, 2 if encoder_time_downscale[0] else 1),
+            conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            TPool(64, 2 if encoder_time_downscale[1] else 1),
+            conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            TPool(64, 2 if encoder_time_downscale[2] else 1),
+            conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
             conv(64, latent_channels),
-        )  # fmt: skip
+        )
         n_f = (256, 128, 64, 64)
         self.decoder = nn.Sequential(
-            Clamp(), conv(latent_channels, n_f[0]), nn.ReLU(inplace=True),
-            MemBlock(n_f[0], n_f[0]), MemBlock(n_f[0], n_f[0]), MemBlock(n_f[0], n_f[0]),
+            Clamp(),
+            conv(latent_channels, n_f[0]),
+            nn.ReLU(inplace=True),
+            MemBlock(n_f[0], n_f[0]),
+            MemBlock(n_f[0], n_f[0]),
+            MemBlock(n_f[0], n_f[0]),
             nn.Upsample(scale_factor=2 if decoder_space_upscale[0] else 1),
-            TGrow(n_f[0], 2 if decoder_time_upscale[0] else 1), conv(n_f[0], n_f[1], bias=False),
-            MemBlock(n_f[1], n_f[1]), MemBlock(n_f[1], n_f[1]), MemBlock(n_f[1], n_f[1]),
+            TGrow(n_f[0], 2 if decoder_time_upscale[0] else 1),
+            conv(n_f[0], n_f[1], bias=False),
+            MemBlock(n_f[1], n_f[1]),
+            MemBlock(n_f[1], n_f[1]),
+            MemBlock(n_f[1], n_f[1]),
             nn.Upsample(scale_factor=2 if decoder_space_upscale[1] else 1),
-            TGrow(n_f[1], 2 if decoder_time_upscale[1] else 1), conv(n_f[1], n_f[2], bias=False),
-            MemBlock(n_f[2], n_f[2]), MemBlock(n_f[2], n_f[2]), MemBlock(n_f[2], n_f[2]),
+            TGrow(n_f[1], 2 if decoder_time_upscale[1] else 1),
+            conv(n_f[1], n_f[2], bias=False),
+            MemBlock(n_f[2], n_f[2]),
+            MemBlock(n_f[2], n_f[2]),
+            MemBlock(n_f[2], n_f[2]),
             nn.Upsample(scale_factor=2 if decoder_space_upscale[2] else 1),
-            TGrow(n_f[2], 2 if decoder_time_upscale[2] else 1), conv(n_f[2], n_f[3], bias=False),
-            nn.ReLU(inplace=True), conv(n_f[3], 3 * p2),
-        )  # fmt: skip
+            TGrow(n_f[2], 2 if decoder_time_upscale[2] else 1),
+            conv(n_f[2], n_f[3], bias=False),
+            nn.ReLU(inplace=True),
+            conv(n_f[3], 3 * p2),
+        )
         self.init_weights()
         self._encoder_stages = self._split_stages(self.encoder)
         self._decoder_stages = self._split_stages(self.decoder)

@@ -199,9 +199,15 @@ def make_synthetic(
 # scikit-image's bundled colour photographs (no download): real textures, edges and colour
 # statistics, which the analytic clips above lack.
 PHOTOS = (
-    "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "retina",
     "stereo_motorcycle",
-)  # fmt: skip
+)
 
 
 @functools.cache

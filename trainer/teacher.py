@@ -27,7 +27,9 @@ def _model_dir(path: str | Path, subfolder: str = "") -> Path:
     return Path(path).expanduser() / subfolder if subfolder else Path(path).expanduser()
 
 
-def load_teacher(path: str | Path, subfolder: str = "", latent_channels: int = 16, where: str = "loss.teacher"):
+def load_teacher(
+    path: str | Path, subfolder: str = "", latent_channels: int = 16, where: str = "loss.teacher"
+):
     """The teacher on the CPU in eval mode, frozen. Raises TeacherError for a missing directory, one
     diffusers cannot load (corrupt or not a HunyuanVideo VAE), or the wrong latent channel count."""
     root = Path(path).expanduser()
@@ -37,8 +39,10 @@ def load_teacher(path: str | Path, subfolder: str = "", latent_channels: int = 1
         raise TeacherError(f"{where} = {str(root)!r}: no such directory (a teacher is never substituted)")
     model_dir = _model_dir(root, subfolder)
     if not (model_dir / "config.json").is_file():
-        raise TeacherError(f"{where} = {str(model_dir)!r}: no config.json (not a diffusers model directory; "
-                           f"save one with {TEACHER_CLASS}.save_pretrained, or set loss.teacher_subfolder)")
+        raise TeacherError(
+            f"{where} = {str(model_dir)!r}: no config.json (not a diffusers model directory; "
+            f"save one with {TEACHER_CLASS}.save_pretrained, or set loss.teacher_subfolder)"
+        )
     import warnings
 
     try:
@@ -52,8 +56,10 @@ def load_teacher(path: str | Path, subfolder: str = "", latent_channels: int = 1
         raise TeacherError(f"{where} = {str(model_dir)!r}: cannot load {TEACHER_CLASS}: {first}") from None
     lc = teacher.config.latent_channels
     if lc != latent_channels:
-        raise TeacherError(f"{where} = {str(model_dir)!r}: the teacher has {lc} latent channels, the student "
-                           f"(model.latent_channels) has {latent_channels}")
+        raise TeacherError(
+            f"{where} = {str(model_dir)!r}: the teacher has {lc} latent channels, the student "
+            f"(model.latent_channels) has {latent_channels}"
+        )
     return teacher.requires_grad_(False).eval()
 
 
@@ -97,15 +103,27 @@ def check_teacher(path: str, subfolder: str = "", latent_channels: int = 16) -> 
     except TeacherError as err:
         return {"ok": False, "path": str(path), "error": str(err)}
     except Exception as err:  # noqa: BLE001 - a teacher that loads but cannot encode is as unusable
-        return {"ok": False, "path": str(path), "error": f"loss.teacher = {str(path)!r}: encoding a test clip "
-                                                        f"failed: {type(err).__name__}: {err}"}
+        return {
+            "ok": False,
+            "path": str(path),
+            "error": f"loss.teacher = {str(path)!r}: encoding a test clip "
+            f"failed: {type(err).__name__}: {err}",
+        }
     if not probe.ok:
-        return {"ok": False, "path": str(path), "latent_shape": list(probe.latent_shape),
-                "error": f"loss.teacher = {str(path)!r}: an 8-frame 16x16 clip gives latents "
-                         f"{'x'.join(map(str, probe.latent_shape))}, the student needs "
-                         f"{'x'.join(map(str, probe.expected))} (T/4 x C x H/8 x W/8)"}  # fmt: skip
-    return {"ok": True, "path": str(path), "latent_shape": list(probe.latent_shape),
-            "identity": teacher_identity(path, subfolder)}  # fmt: skip
+        return {
+            "ok": False,
+            "path": str(path),
+            "latent_shape": list(probe.latent_shape),
+            "error": f"loss.teacher = {str(path)!r}: an 8-frame 16x16 clip gives latents "
+            f"{'x'.join(map(str, probe.latent_shape))}, the student needs "
+            f"{'x'.join(map(str, probe.expected))} (T/4 x C x H/8 x W/8)",
+        }
+    return {
+        "ok": True,
+        "path": str(path),
+        "latent_shape": list(probe.latent_shape),
+        "identity": teacher_identity(path, subfolder),
+    }
 
 
 def teacher_identity(path: str | Path, subfolder: str = "") -> dict:
@@ -117,5 +135,7 @@ def teacher_identity(path: str | Path, subfolder: str = "") -> dict:
     return {
         "class": TEACHER_CLASS,
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
-        "weights": [{"name": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in weights],
+        "weights": [
+            {"name": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in weights
+        ],
     }

@@ -84,13 +84,26 @@ def _set_single_process_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 class Trainer:
-    def __init__(self, run_dir: Path, cfg: TrainConfig, resume: str | None, weights_only: bool,
-                 teacher=None, latent_cache: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: TrainConfig,
+        resume: str | None,
+        weights_only: bool,
+        teacher=None,
+        latent_cache: dict | None = None,
+    ):
         self.run_dir = run_dir
         self.cfg = cfg
         # checked before any process group: a loaded teacher (CPU) or a cache manifest that matches the data
@@ -112,7 +125,9 @@ class Trainer:
         cfg = self.cfg
         self.device_kind = cfg.topology.device
         if self.device_kind == "cuda" and not torch.cuda.is_available():
-            raise SetupError(f"{self.run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+            raise SetupError(
+                f"{self.run_dir}/run.toml: topology.device is cuda but no CUDA device is visible"
+            )
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if self.device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         _set_single_process_env()
@@ -133,7 +148,9 @@ class Trainer:
         # The process group is created here, with the configured timeout: DeepSpeed and accelerate
         # reuse it, so collective_timeout_s really is what a hung collective waits for.
         backend = "gloo" if self.device_kind == "cpu" else "nccl"
-        self.state = PartialState(backend=backend, timeout=timedelta(seconds=cfg.distributed.collective_timeout_s))
+        self.state = PartialState(
+            backend=backend, timeout=timedelta(seconds=cfg.distributed.collective_timeout_s)
+        )
         self.ds_config = build_deepspeed_config(cfg, self.device_kind)
         self.precision = resolve_precision(cfg, self.device_kind)
         plugin = DeepSpeedPlugin(hf_ds_config=self.ds_config)
@@ -194,7 +211,11 @@ class Trainer:
         )
 
         # saved into every checkpoint: what ds_to_universal needs to convert it for another world size
-        setattr(model, UNIVERSAL_CHECKPOINT_INFO, {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE})
+        setattr(
+            model,
+            UNIVERSAL_CHECKPOINT_INFO,
+            {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
+        )
         if self.universal:
             # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
             self.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
@@ -205,7 +226,10 @@ class Trainer:
         for name, p in model.named_parameters():
             (no_decay if p.ndim <= 1 else decay).append(p)
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": cfg.optim.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=lr_at(0, cfg),
             betas=tuple(cfg.optim.betas),
             eps=cfg.optim.eps,
@@ -216,8 +240,9 @@ class Trainer:
             # what DeepSpeed really runs with, beside what was asked: a knob that never reached it shows here
             from trainer.ds_config import effective_deepspeed_config
 
-            atomic_write_text(self.run_dir / "deepspeed.effective.json",
-                              _json(**effective_deepspeed_config(self.engine)))  # fmt: skip
+            atomic_write_text(
+                self.run_dir / "deepspeed.effective.json", _json(**effective_deepspeed_config(self.engine))
+            )
         self.model_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
 
         # Trainer state that checkpoints carry besides DeepSpeed's.
@@ -265,8 +290,11 @@ class Trainer:
             if source.path.parent.resolve() == self.ckpt_root.resolve():
                 ckpt.write_latest(self.ckpt_root, source.path.name)
             if self.abandoned:
-                print(f"[taehv-train] resuming from {source.path.name}: the newer checkpoints of the old timeline "
-                      f"were moved to {self.abandoned} (kept, never resumed from automatically)", flush=True)
+                print(
+                    f"[taehv-train] resuming from {source.path.name}: the newer checkpoints of the old timeline "
+                    f"were moved to {self.abandoned} (kept, never resumed from automatically)",
+                    flush=True,
+                )
         self._barrier()
 
     def _teacher_on_device(self):
@@ -337,7 +365,9 @@ class Trainer:
             self.events.emit("checkpoint", step=step, path=str(tmp), status="started", reason=reason)
         self._barrier()
         with ckpt.disk_full_named(tmp):
-            self.engine.save_checkpoint(str(tmp), tag=ckpt.DS_TAG, client_state={"step": step}, save_latest=False)
+            self.engine.save_checkpoint(
+                str(tmp), tag=ckpt.DS_TAG, client_state={"step": step}, save_latest=False
+            )
             weights = self.full_weights()
             ema_weights = self.full_weights(use_ema=True) if self.ema is not None else None
             torch.save(
@@ -358,18 +388,28 @@ class Trainer:
                 atomic_write_text(
                     tmp / "trainer" / "state.json",
                     _json(
-                        step=step, best_psnr=self.best_psnr if math.isfinite(self.best_psnr) else None,
-                        nonfinite_skipped=self.nonfinite_skipped, data_skipped=self.data_skipped,
-                        world_size=self.world, preset=self.cfg.run.preset, last_val=self.last_val,
+                        step=step,
+                        best_psnr=self.best_psnr if math.isfinite(self.best_psnr) else None,
+                        nonfinite_skipped=self.nonfinite_skipped,
+                        data_skipped=self.data_skipped,
+                        world_size=self.world,
+                        preset=self.cfg.run.preset,
+                        last_val=self.last_val,
                     ),
-                )  # fmt: skip
+                )
         self.faults.sleep("ckpt_sleep", step)
         self._barrier()
         ok, message, final = 1.0, "", None
         if self.is_main:
             try:
-                final = ckpt.finalize(tmp, step, self.world, self.zero_stage,
-                                      {"preset": self.cfg.run.preset, "parts": list(self.parts)}, parts=self.parts)
+                final = ckpt.finalize(
+                    tmp,
+                    step,
+                    self.world,
+                    self.zero_stage,
+                    {"preset": self.cfg.run.preset, "parts": list(self.parts)},
+                    parts=self.parts,
+                )
             except (ckpt.CheckpointError, OSError) as err:
                 ok, message = 0.0, str(err)
         ok = self._all_reduce([ok])[0] if self.world > 1 else ok  # only rank 0 can say 1: sum == 1 means done
@@ -377,15 +417,36 @@ class Trainer:
         if self.is_main:
             if ok:
                 # pruning only ever follows a complete save
-                ckpt.prune(self.ckpt_root, self.cfg.schedule.keep_checkpoints, step,
-                           protect=(self.resume_from.path,) if self.resume_from else ())
+                ckpt.prune(
+                    self.ckpt_root,
+                    self.cfg.schedule.keep_checkpoints,
+                    step,
+                    protect=(self.resume_from.path,) if self.resume_from else (),
+                )
                 nbytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
-                self.events.emit("checkpoint", step=step, path=str(final), seconds=round(time.time() - t0, 3),
-                                 bytes=nbytes, status="complete", reason=reason)  # fmt: skip
+                self.events.emit(
+                    "checkpoint",
+                    step=step,
+                    path=str(final),
+                    seconds=round(time.time() - t0, 3),
+                    bytes=nbytes,
+                    status="complete",
+                    reason=reason,
+                )
             else:
-                self.events.emit("checkpoint", step=step, path=str(tmp), seconds=round(time.time() - t0, 3),
-                                 bytes=0, status="failed", reason=reason, message=message)  # fmt: skip
-                print(f"[taehv-train] checkpoint at step {step} FAILED: {message}", file=sys.stderr, flush=True)
+                self.events.emit(
+                    "checkpoint",
+                    step=step,
+                    path=str(tmp),
+                    seconds=round(time.time() - t0, 3),
+                    bytes=0,
+                    status="failed",
+                    reason=reason,
+                    message=message,
+                )
+                print(
+                    f"[taehv-train] checkpoint at step {step} FAILED: {message}", file=sys.stderr, flush=True
+                )
         self.last_saved_step = step
         dist.barrier()
         return ok
@@ -403,7 +464,9 @@ class Trainer:
             )
             if load_path is None:
                 raise ckpt.CheckpointError(f"{st.path}: DeepSpeed found nothing to load")
-            rank_state = torch.load(st.path / ckpt.rank_state_name(self.rank), map_location="cpu", weights_only=True)
+            rank_state = torch.load(
+                st.path / ckpt.rank_state_name(self.rank), map_location="cpu", weights_only=True
+            )
             torch.set_rng_state(rank_state["torch_rng"])
             if self.device_kind == "cuda" and rank_state.get("cuda_rng") is not None:
                 torch.cuda.set_rng_state(rank_state["cuda_rng"])
@@ -419,8 +482,10 @@ class Trainer:
             if (st.path / DISC_WEIGHTS).is_file():
                 self.adversary.load(st.path)
             elif self.is_main:
-                print(f"[taehv-train] {st.path} has no discriminator: the adversarial term starts with a fresh one",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[taehv-train] {st.path} has no discriminator: the adversarial term starts with a fresh one",
+                    flush=True,
+                )
         state = json.loads((st.path / "trainer" / "state.json").read_text())
         self.step = int(state["step"])
         self.best_psnr = state.get("best_psnr") or -math.inf
@@ -429,8 +494,12 @@ class Trainer:
         self.last_val = state.get("last_val")
         if self.weights_only:
             # a fresh optimizer on another world size: the data position restarts for this world
-            self.samples_consumed = (self.step * self.cfg.optim.grad_accum * self.cfg.optim.batch_per_gpu
-                                     // self.cfg.data.crops_per_clip)  # items: a clip's crops are one
+            self.samples_consumed = (
+                self.step
+                * self.cfg.optim.grad_accum
+                * self.cfg.optim.batch_per_gpu
+                // self.cfg.data.crops_per_clip
+            )  # items: a clip's crops are one
 
     def _load_universal(self, st: ckpt.CheckpointStatus) -> None:
         """Weights and optimizer state from step-<N>/universal at this world size. Step and LR come
@@ -448,14 +517,19 @@ class Trainer:
         if self.ema is not None:
             self.ema = MasterEMA(self.engine, self.cfg.optim.ema_decay)  # from the loaded master weights
         if self.is_main:
-            print(f"[taehv-train] loaded the universal checkpoint {st.path / ckpt.UNIVERSAL} "
-                  f"(written by {st.world_size} processes) at {self.world}", flush=True)
+            print(
+                f"[taehv-train] loaded the universal checkpoint {st.path / ckpt.UNIVERSAL} "
+                f"(written by {st.world_size} processes) at {self.world}",
+                flush=True,
+            )
 
     # ---------------------------------------------------------------- data
     def build_data(self) -> None:
         cfg = self.cfg
         videos = find_videos(cfg.data.source, cfg.data.root)
-        self.train_paths, self.val_paths = split_train_val(videos, cfg.data.val_fraction, cfg.data.val_max_clips)
+        self.train_paths, self.val_paths = split_train_val(
+            videos, cfg.data.val_fraction, cfg.data.val_max_clips
+        )
         if self.latent_cache is not None:
             self._build_cached_data()
             return
@@ -463,11 +537,19 @@ class Trainer:
         self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
         if self.rescale_data_from:
             consumed, old_world = self.rescale_data_from
-            self.samples_consumed = ckpt.rescaled_data_position(consumed, old_world, self.world, len(self.train_set))
+            self.samples_consumed = ckpt.rescaled_data_position(
+                consumed, old_world, self.world, len(self.train_set)
+            )
         self.loader = make_train_loader(
-            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
-            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
-        )  # fmt: skip
+            self.train_set,
+            self.rank,
+            self.world,
+            cfg.run.seed,
+            cfg.optim.batch_per_gpu,
+            self.samples_consumed,
+            cfg.data.num_workers,
+            cfg.data.prefetch_factor,
+        )
         self.batches = iter(self.loader)
 
     def _build_cached_data(self) -> None:
@@ -476,15 +558,26 @@ class Trainer:
         from trainer.latent_cache import CachedLatentDataset, make_cached_loader
 
         cfg = self.cfg
-        self.train_set = CachedLatentDataset(cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data)
+        self.train_set = CachedLatentDataset(
+            cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data
+        )
         if self.is_main and self.train_set.unusable:
-            print(f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
-                  f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}", flush=True)
+            print(
+                f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
+                f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}",
+                flush=True,
+            )
         self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
         self.loader = make_cached_loader(
-            self.train_set, self.rank, self.world, cfg.run.seed, cfg.optim.batch_per_gpu,
-            self.samples_consumed, cfg.data.num_workers, cfg.data.prefetch_factor,
-        )  # fmt: skip
+            self.train_set,
+            self.rank,
+            self.world,
+            cfg.run.seed,
+            cfg.optim.batch_per_gpu,
+            self.samples_consumed,
+            cfg.data.num_workers,
+            cfg.data.prefetch_factor,
+        )
         self.batches = iter(self.loader)
 
     def _next_batch(self):
@@ -496,8 +589,14 @@ class Trainer:
     def _report_skips(self, skipped: list[dict]) -> None:
         for s in skipped:
             self.data_skipped += 1
-            self.events.emit("data", step=self.step, path=s["path"], reason=s["reason"], count=self.data_skipped)
-            print(f"[taehv-train] rank {self.rank}: skipped {s['path']}: {s['reason']}", file=sys.stderr, flush=True)
+            self.events.emit(
+                "data", step=self.step, path=s["path"], reason=s["reason"], count=self.data_skipped
+            )
+            print(
+                f"[taehv-train] rank {self.rank}: skipped {s['path']}: {s['reason']}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _to_input(self, video_u8, jitter=None):
         # uint8 crosses the loader and the bus; float conversion and colour jitter happen on the device
@@ -591,8 +690,11 @@ class Trainer:
                 if key in result:
                     self.tb.add_scalar(f"val/{key}", result[key], self.step)
             ema_text = f"; EMA PSNR {result['ema_psnr']:.2f} dB" if ema_model is not None else ""
-            print(f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}"
-                  f"{ema_text}", flush=True)  # fmt: skip
+            print(
+                f"[taehv-train] val step {self.step}: PSNR {result['psnr']:.2f} dB SSIM {result['ssim']:.4f}"
+                f"{ema_text}",
+                flush=True,
+            )
         # with EMA on, the EMA weights are what a user takes away, so they choose best/; the untrained
         # model (a validation at step 0) is a baseline, never the best weights
         chosen = result["ema_psnr"] if ema_model is not None else result["psnr"]
@@ -637,18 +739,28 @@ class Trainer:
         self.tb = SummaryWriter(str(self.run_dir / "tensorboard")) if self.is_main else None
         self.last_saved_step = self.step if self.resume_from else -1
         self.events.emit(
-            "start", world_size=self.world, node=socket.gethostname(), local_rank=self.local_rank,
-            preset=cfg.run.preset, resumed_from=str(self.resume_from.path) if self.resume_from else None,
-            max_steps=cfg.optim.max_steps, step=self.step, zero_stage=self.zero_stage, precision=self.precision,
+            "start",
+            world_size=self.world,
+            node=socket.gethostname(),
+            local_rank=self.local_rank,
+            preset=cfg.run.preset,
+            resumed_from=str(self.resume_from.path) if self.resume_from else None,
+            max_steps=cfg.optim.max_steps,
+            step=self.step,
+            zero_stage=self.zero_stage,
+            precision=self.precision,
             nonfinite_guard=self.nonfinite_guard,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in self.skipped_checkpoints],
             abandoned=str(self.abandoned) if self.abandoned else None,
             **self._recipe_fields(),
-        )  # fmt: skip
+        )
         self.events.heartbeat(self.step)
         if self.is_main:
             for s in self.skipped_checkpoints:
-                print(f"[taehv-train] not resuming from {s.path}: {s.state}: {'; '.join(s.problems)}", flush=True)
+                print(
+                    f"[taehv-train] not resuming from {s.path}: {s.state}: {'; '.join(s.problems)}",
+                    flush=True,
+                )
             if self.resume_from:
                 print(f"[taehv-train] resumed from {self.resume_from.path} at step {self.step}", flush=True)
         stop_reason = "done"
@@ -669,8 +781,9 @@ class Trainer:
             self.save_checkpoint("stop" if stop_reason == "signal" else "final")
         if stop_reason == "done":
             self._export("final", {"step": self.step, "last_val": self.last_val})
-        self.events.emit("stop", step=self.step, reason=stop_reason, exit_status=0,
-                         signal=self.stop.signal_name or None)  # fmt: skip
+        self.events.emit(
+            "stop", step=self.step, reason=stop_reason, exit_status=0, signal=self.stop.signal_name or None
+        )
         self.events.heartbeat(self.step, stopped=True)
         if self.tb:
             self.tb.close()
@@ -691,7 +804,9 @@ class Trainer:
         """What the start event says of the recipe: where the teacher's latents come from (a cached run
         shows it never loaded the teacher) and, with the adversarial term, the discriminator it starts
         from (its digest equals the checkpoint's after a resume)."""
-        teacher = "cache" if self.latent_cache is not None else ("online" if self.teacher is not None else None)
+        teacher = (
+            "cache" if self.latent_cache is not None else ("online" if self.teacher is not None else None)
+        )
         out = {"teacher": teacher, "teacher_loaded": self.teacher is not None}
         if self.adversary is not None:
             out["discriminator_digest"] = self.adversary.digest()
@@ -714,7 +829,9 @@ class Trainer:
         while done < cfg.optim.grad_accum:
             tries += 1
             if tries > 10 * cfg.optim.grad_accum:
-                raise RuntimeError(f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up")
+                raise RuntimeError(
+                    f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up"
+                )
             waited = time.perf_counter()
             batch = self._next_batch()
             data_wait_s += time.perf_counter() - waited
@@ -723,7 +840,9 @@ class Trainer:
             jitter = batch.get("jitter") if self.cfg.data.color_jitter > 0 else None
             x = self._to_input(batch["video"], jitter)
             t_lat = batch.get("latents")
-            loss, parts = self.compute_loss(x, None if t_lat is None else t_lat.to(self.device, non_blocking=True))
+            loss, parts = self.compute_loss(
+                x, None if t_lat is None else t_lat.to(self.device, non_blocking=True)
+            )
             if self.faults.nan_loss(self.step):
                 loss = loss * float("nan")
             self.faults.sleep("stall", self.step)
@@ -734,13 +853,17 @@ class Trainer:
                 self.engine.step()
                 done += 1
                 self.metrics.add_micro_batch(
-                    {k: torch.where(finite, v.detach().float(), 0.0) for k, v in {"loss": loss, **parts}.items()}
+                    {
+                        k: torch.where(finite, v.detach().float(), 0.0)
+                        for k, v in {"loss": loss, **parts}.items()
+                    }
                 )
                 continue
             # One small collective per micro-batch: any rank's non-finite loss skips it everywhere,
             # any rank's stop request stops everywhere at the end of this step.
-            bad, stop = self._all_reduce([0.0 if torch.isfinite(loss).item() else 1.0,
-                                          1.0 if self.stop.requested else 0.0], op="max")  # fmt: skip
+            bad, stop = self._all_reduce(
+                [0.0 if torch.isfinite(loss).item() else 1.0, 1.0 if self.stop.requested else 0.0], op="max"
+            )
             stop_agreed = stop_agreed or stop > 0
             if bad > 0:
                 self.nonfinite_skipped += 1
@@ -749,8 +872,12 @@ class Trainer:
                     # a forward with no backward leaves gathered/prefetched ZeRO-3 params in flight
                     self.engine.empty_partition_cache()
                 if self.is_main:
-                    print(f"[taehv-train] step {self.step}: non-finite loss on some rank; micro-batch skipped "
-                          f"on all ranks ({self.nonfinite_skipped} so far)", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"[taehv-train] step {self.step}: non-finite loss on some rank; micro-batch skipped "
+                        f"on all ranks ({self.nonfinite_skipped} so far)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 continue
             self.engine.backward(loss)
             self.engine.step()
@@ -768,16 +895,24 @@ class Trainer:
             if skipped:
                 self.nonfinite_skipped += skipped
                 if self.is_main:
-                    print(f"[taehv-train] step {self.step + 1}: non-finite gradients on some rank; DeepSpeed "
-                          f"skipped the update ({self.nonfinite_skipped} so far)", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"[taehv-train] step {self.step + 1}: non-finite gradients on some rank; DeepSpeed "
+                        f"skipped the update ({self.nonfinite_skipped} so far)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         if self.ema is not None:
             self.ema.update()
         self.step += 1
         step_time = time.time() - t0
         self.metrics.add_step(self.engine.get_global_grad_norm(), step_time)
         self.data_wait_log_s += data_wait_s
-        self.events.heartbeat(self.step, step_time_s=step_time, wait_s=round(self.collective_wait_s, 6),
-                              data_wait_s=round(data_wait_s, 6))  # fmt: skip
+        self.events.heartbeat(
+            self.step,
+            step_time_s=step_time,
+            wait_s=round(self.collective_wait_s, 6),
+            data_wait_s=round(data_wait_s, 6),
+        )
         if self.step % cfg.schedule.log_every == 0 or self.step in (1, cfg.optim.max_steps) or stop_agreed:
             self._log_metrics(lr)
         return stop_agreed
@@ -796,14 +931,21 @@ class Trainer:
         self.collective_wait_s += time.time() - t0
         gpu_mem = torch.cuda.max_memory_allocated() / 2**30 if self.device_kind == "cuda" else None
         self.last = {
-            "step": self.step, "loss": means["loss"], "recon_loss": means["recon_loss"],
-            "psnr": psnr_from_mse(means["recon_loss"]), "lr": lr, "grad_norm": grad_norm,
+            "step": self.step,
+            "loss": means["loss"],
+            "recon_loss": means["recon_loss"],
+            "psnr": psnr_from_mse(means["recon_loss"]),
+            "lr": lr,
+            "grad_norm": grad_norm,
             "samples_per_s": self.cfg.effective_batch / step_time if step_time > 0 else 0.0,
-            "step_time_s": step_time, "gpu_mem_gb": gpu_mem, "nonfinite_skipped": self.nonfinite_skipped,
+            "step_time_s": step_time,
+            "gpu_mem_gb": gpu_mem,
+            "nonfinite_skipped": self.nonfinite_skipped,
             **{k: v for k, v in means.items() if k not in ("loss", "recon_loss")},
             # this rank's own wait for its loader (not reduced: a slow node's loader shows on its ranks)
-            "data_wait_s": data_wait_s, "data_wait_share": data_wait_s / step_time if step_time > 0 else 0.0,
-        }  # fmt: skip
+            "data_wait_s": data_wait_s,
+            "data_wait_share": data_wait_s / step_time if step_time > 0 else 0.0,
+        }
         self.events.emit("step", **self.last)
         if self.is_main:
             for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s", *RECIPE_METRICS):
@@ -881,8 +1023,10 @@ def _recipe_inputs(cfg: TrainConfig):
     teacher = load_teacher(cfg.loss.teacher, cfg.loss.teacher_subfolder, cfg.model.latent_channels)
     probe = probe_teacher(teacher, cfg.model.latent_channels)
     if not probe.ok:
-        raise TeacherError(f"loss.teacher = {cfg.loss.teacher!r}: latents of shape {probe.latent_shape} for a "
-                           f"test clip, the student needs {probe.expected} (T/4 x C x H/8 x W/8)")
+        raise TeacherError(
+            f"loss.teacher = {cfg.loss.teacher!r}: latents of shape {probe.latent_shape} for a "
+            f"test clip, the student needs {probe.expected} (T/4 x C x H/8 x W/8)"
+        )
     return teacher, None
 
 

@@ -34,8 +34,15 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     topology, probes = found.topology, found.probes
     if args.json:
-        json.dump({"ok": all(p.ok for p in probes), "topology": topology.to_dict(),
-                   "nodes": [p.to_dict() for p in probes]}, sys.stdout, indent=2)
+        json.dump(
+            {
+                "ok": all(p.ok for p in probes),
+                "topology": topology.to_dict(),
+                "nodes": [p.to_dict() for p in probes],
+            },
+            sys.stdout,
+            indent=2,
+        )
         print()
     else:
         render(topology, probes)
@@ -57,9 +64,11 @@ def gpu_summary(facts: Any) -> str:
 
 def render_topology(console: Any, topology: Any) -> None:
     console.print(f"[bold]topology[/]: {topology.source.value} — {topology.detail}")
-    console.print(f"  nodes {topology.node_count}, master {topology.master_addr}:{topology.master_port}"
-                  + (f", this node's rank {topology.this_node_rank}" if topology.this_node_rank is not None else "")
-                  + (f", {topology.processes_per_node} processes per node" if topology.processes_per_node else ""))
+    console.print(
+        f"  nodes {topology.node_count}, master {topology.master_addr}:{topology.master_port}"
+        + (f", this node's rank {topology.this_node_rank}" if topology.this_node_rank is not None else "")
+        + (f", {topology.processes_per_node} processes per node" if topology.processes_per_node else "")
+    )
     for note in topology.notes:
         console.print(f"  [yellow]note[/]: {note}")
 
@@ -74,14 +83,26 @@ def render(topology: Any, probes: Any) -> None:
         table.add_column(col)
     for p in probes:
         if not p.ok:
-            table.add_row(f"[red]{p.host}[/]", str(slots.get(p.host) or "-"), "[red]unreachable[/]",
-                          "", "", "", f"{p.seconds:.2f}s")
+            table.add_row(
+                f"[red]{p.host}[/]",
+                str(slots.get(p.host) or "-"),
+                "[red]unreachable[/]",
+                "",
+                "",
+                "",
+                f"{p.seconds:.2f}s",
+            )
             continue
         f = p.facts
         table.add_row(
-            p.host, str(slots.get(p.host) or "-"), gpu_summary(f),
-            f"{f.driver_version or '-'}/{f.cuda_driver_version or '-'}", f"{f.cpu_count}/{f.ram_gb:.0f}G",
-            " · ".join(v or "[red]none[/]" for v in (f.torch_version, f.deepspeed_version, f.accelerate_version)),
+            p.host,
+            str(slots.get(p.host) or "-"),
+            gpu_summary(f),
+            f"{f.driver_version or '-'}/{f.cuda_driver_version or '-'}",
+            f"{f.cpu_count}/{f.ram_gb:.0f}G",
+            " · ".join(
+                v or "[red]none[/]" for v in (f.torch_version, f.deepspeed_version, f.accelerate_version)
+            ),
             f"{p.seconds:.2f}s",
         )
     console.print(table)
@@ -90,9 +111,12 @@ def render(topology: Any, probes: Any) -> None:
             console.print(f"[red]{p.host}[/]: {p.error}" + (f"\n  fix: {p.fix}" if p.fix else ""))
             continue
         f = p.facts
-        extra = [f"hostname {f.hostname}", f"Python {f.python_version}",
-                 f"NCCL {f.nccl_version}" if f.nccl_version else f"NCCL - ({f.nccl_reason})",
-                 f"IB {','.join(f.ib_devices)}" if f.ib_devices else "no InfiniBand"]
+        extra = [
+            f"hostname {f.hostname}",
+            f"Python {f.python_version}",
+            f"NCCL {f.nccl_version}" if f.nccl_version else f"NCCL - ({f.nccl_reason})",
+            f"IB {','.join(f.ib_devices)}" if f.ib_devices else "no InfiniBand",
+        ]
         if not f.visible_gpu_count:
             extra.append(f"0 GPUs: {f.gpu_reason or 'none visible'}")
         if f.invalid_visible_entries:

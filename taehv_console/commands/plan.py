@@ -162,10 +162,17 @@ def _comparison(args: argparse.Namespace) -> int:
     console = _console()
     console.print(table)
     # the author's recipe on each preset (--set loss.teacher=DIR): the teacher online against cached latents
-    recipe = "; ".join(f"{p.name} {p.teacher.online_gpu_hours:,.0f} / {p.teacher.cached_gpu_hours:,.0f}"
-                       for p in plans if p.teacher is not None)
-    console.print(f"distilling (--set loss.teacher=DIR), GPU-hours with the teacher online / cached: {recipe}",
-                  highlight=False, markup=False, soft_wrap=True)
+    recipe = "; ".join(
+        f"{p.name} {p.teacher.online_gpu_hours:,.0f} / {p.teacher.cached_gpu_hours:,.0f}"
+        for p in plans
+        if p.teacher is not None
+    )
+    console.print(
+        f"distilling (--set loss.teacher=DIR), GPU-hours with the teacher online / cached: {recipe}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
     return 0
@@ -259,7 +266,10 @@ def _print_plan(resolved, plan, row) -> None:
         f"timeout       {plan.collective_timeout}",
     ]
     if plan.teacher is not None:
-        lines += [f"{'recipe' if i == 0 else '':<14}{line}" for i, line in enumerate(teacher_lines(plan.teacher, _hours))]
+        lines += [
+            f"{'recipe' if i == 0 else '':<14}{line}"
+            for i, line in enumerate(teacher_lines(plan.teacher, _hours))
+        ]
     for line in lines:
         console.print(line, highlight=False)
     for n in m.notes:

@@ -32,22 +32,47 @@ from trainer.events import atomic_write_text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="auto", metavar="NAME|PATH|auto",
-                        help="preset to check (default auto: the one picked for the detected cluster)")
+    parser.add_argument(
+        "--preset",
+        default="auto",
+        metavar="NAME|PATH|auto",
+        help="preset to check (default auto: the one picked for the detected cluster)",
+    )
     parser.add_argument("--hosts", metavar="FILE", help="DeepSpeed hostfile ('host slots=N' per line)")
     parser.add_argument("--data", metavar="DIR", help="data source (sets data.source)")
     parser.add_argument("--runs", metavar="DIR", default="runs", help="runs directory (default ./runs)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. optim.batch_per_gpu=4; repeatable")
-    parser.add_argument("--master-port", type=int, metavar="PORT",
-                        help="port the run's master will use (default: a free one, as a launch picks)")
-    parser.add_argument("--bandwidth", action="store_true",
-                        help="also measure all-reduce bandwidth between the nodes (a few seconds)")
-    parser.add_argument("--bandwidth-mb", type=float, default=64.0, metavar="MB",
-                        help="all-reduce buffer size for --bandwidth (default 64)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. optim.batch_per_gpu=4; repeatable",
+    )
+    parser.add_argument(
+        "--master-port",
+        type=int,
+        metavar="PORT",
+        help="port the run's master will use (default: a free one, as a launch picks)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="also measure all-reduce bandwidth between the nodes (a few seconds)",
+    )
+    parser.add_argument(
+        "--bandwidth-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="all-reduce buffer size for --bandwidth (default 64)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--report", metavar="FILE",
-                        help="also write the JSON report to FILE (what an sbatch job's preflight leaves in the run)")
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write the JSON report to FILE (what an sbatch job's preflight leaves in the run)",
+    )
     add_ssh_options(parser)
 
 
@@ -62,15 +87,31 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     say = None if args.json else (lambda msg: print(f"… {msg}", file=sys.stderr))
     with SshPool(options.ssh) as pool:
-        result = preflight(options, found.topology, found.probes, chosen, pool, say, bandwidth=args.bandwidth,
-                           bandwidth_megabytes=args.bandwidth_mb)
+        result = preflight(
+            options,
+            found.topology,
+            found.probes,
+            chosen,
+            pool,
+            say,
+            bandwidth=args.bandwidth,
+            bandwidth_megabytes=args.bandwidth_mb,
+        )
     report = result.report
     if args.report:
-        atomic_write_text(Path(args.report), json.dumps({**report.to_dict(), "config": result.chosen,
-                                                         "master_port": result.master_port}, indent=2) + "\n")
+        atomic_write_text(
+            Path(args.report),
+            json.dumps(
+                {**report.to_dict(), "config": result.chosen, "master_port": result.master_port}, indent=2
+            )
+            + "\n",
+        )
     if args.json:
-        json.dump({**report.to_dict(), "config": result.chosen, "master_port": result.master_port},
-                  sys.stdout, indent=2)
+        json.dump(
+            {**report.to_dict(), "config": result.chosen, "master_port": result.master_port},
+            sys.stdout,
+            indent=2,
+        )
         print()
     else:
         render(report, result.chosen)
@@ -96,4 +137,3 @@ def render(report: Any, chosen: str) -> None:
     n_warn = sum(1 for f in report.findings if f.severity.value == "warning")
     verdict = "[red]errors: a launch would be refused[/]" if n_err else "[green]ready to launch[/]"
     console.print(f"{n_err} error(s), {n_warn} warning(s): {verdict}")
-

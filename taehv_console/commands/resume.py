@@ -34,16 +34,32 @@ from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view,
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: the newest run")
-    parser.add_argument("--weights-only", action="store_true",
-                        help="load the checkpoint's weights with a fresh optimizer (e.g. at another world size)")
-    parser.add_argument("--from", dest="from_path", metavar="CHECKPOINT",
-                        help="a checkpoint directory instead of the newest complete one")
-    parser.add_argument("--env", dest="launch_env", action="append", default=[], metavar="KEY=VALUE",
-                        help="environment for every node's launcher (added to the run's; KEY= clears one)")
+    parser.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="load the checkpoint's weights with a fresh optimizer (e.g. at another world size)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_path",
+        metavar="CHECKPOINT",
+        help="a checkpoint directory instead of the newest complete one",
+    )
+    parser.add_argument(
+        "--env",
+        dest="launch_env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for every node's launcher (added to the run's; KEY= clears one)",
+    )
     parser.add_argument("--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint")
-    parser.add_argument("--detach", action="store_true",
-                        help="return once every node has started (attach later); failures are then noticed "
-                             "only when a console is attached")
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once every node has started (attach later); failures are then noticed "
+        "only when a console is attached",
+    )
     parser.epilog = EXIT_CODES_HELP
 
 
@@ -68,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
                 return fail(ExitCode.USAGE, str(err))
             try:
                 if ctrl.reconcile() == "live":
-                    return fail(ExitCode.BUSY, f"{target.run_id} is running: a resume would start it twice; "
-                                               f"attach to it instead (taehv-console attach {target.run_id})")
+                    return fail(
+                        ExitCode.BUSY,
+                        f"{target.run_id} is running: a resume would start it twice; "
+                        f"attach to it instead (taehv-console attach {target.run_id})",
+                    )
                 try:
                     point = ctrl.resume_point(weights_only=args.weights_only, from_path=args.from_path)
                 except (NothingToResumeError, WorldSizeChangedError) as err:
@@ -77,14 +96,19 @@ def run(args: argparse.Namespace) -> int:
                 if extra_env:
                     env = dict(ctrl.state.env)
                     env.update(extra_env)
-                    ctrl._save(dataclasses.replace(ctrl.state, env=tuple(sorted(
-                        (k, v) for k, v in env.items() if v != ""))))
+                    ctrl._save(
+                        dataclasses.replace(
+                            ctrl.state, env=tuple(sorted((k, v) for k, v in env.items() if v != ""))
+                        )
+                    )
                 if args.grace:
                     ctrl.grace_s = args.grace
                 for s in point.skipped:
                     view.note(f"not resuming from {s}")
-                view.note(f"resuming {target.run_id} from {point.path} (step {point.step})"
-                          + (", weights only" if args.weights_only else ""))
+                view.note(
+                    f"resuming {target.run_id} from {point.path} (step {point.step})"
+                    + (", weights only" if args.weights_only else "")
+                )
                 try:
                     ctrl.launch(resume=point.spec, weights_only=args.weights_only)
                 except RunLiveError as err:

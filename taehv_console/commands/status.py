@@ -40,9 +40,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: list every run")
-    parser.add_argument("--no-check", action="store_true", help="do not ask the nodes which processes are alive")
-    parser.add_argument("--verify", action="store_true",
-                        help="with RUN: check every checkpoint's files against its manifest hashes (reads them all)")
+    parser.add_argument(
+        "--no-check", action="store_true", help="do not ask the nodes which processes are alive"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="with RUN: check every checkpoint's files against its manifest hashes (reads them all)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,8 +76,10 @@ def run(args: argparse.Namespace) -> int:
 def _verify(run_path: Any, info: dict[str, Any]) -> int:
     """Full verification into info["verified"] (and a printed line each); returns how many failed."""
     found = verify_checkpoints(run_path)
-    info["verified"] = [{"name": st.path.name, "step": st.step, "state": st.state, "problems": list(st.problems)}
-                        for st in found]
+    info["verified"] = [
+        {"name": st.path.name, "step": st.step, "state": st.state, "problems": list(st.problems)}
+        for st in found
+    ]
     for st in found:
         text = "complete, hashes match" if st.ok else f"{st.state.upper()}: {'; '.join(st.problems)}"
         print(f"verify {st.path}: {text}", file=sys.stderr)
@@ -99,18 +106,35 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
         info["error"] = str(err)
         return info
     a = state.attempt
-    info.update(phase=state.phase.value, backend=state.backend.value, hosts=list(state.hosts),
-                attempts=len(state.attempts))
+    info.update(
+        phase=state.phase.value,
+        backend=state.backend.value,
+        hosts=list(state.hosts),
+        attempts=len(state.attempts),
+    )
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)
     live = a is not None and a.ended is None
     # The run's one view, read once: the same phase, progress, ETA, per-rank health, stalls and
     # forensics the following console shows. A live run's nodes are sampled once (process states).
-    view = snapshot_once(run.path, hosts=monitor_hosts(state.backend, state.hosts), pool=pool,
-                         agents=live and check and not brief)  # fmt: skip
+    view = snapshot_once(
+        run.path,
+        hosts=monitor_hosts(state.backend, state.hosts),
+        pool=pool,
+        agents=live and check and not brief,
+    )
     info["progress"] = progress_dict(view)
-    info["stalled"] = [{"rank": s.rank, "node": s.node, "pid": s.pid, "detail": s.detail, "waiting": list(s.waiting),
-                        "text": s.text} for s in stall_texts(view)]  # fmt: skip
+    info["stalled"] = [
+        {
+            "rank": s.rank,
+            "node": s.node,
+            "pid": s.pid,
+            "detail": s.detail,
+            "waiting": list(s.waiting),
+            "text": s.text,
+        }
+        for s in stall_texts(view)
+    ]
     if live and check:
         alive = {n: (str(p) if isinstance(p, Exception) else list(p)) for n, p in procs.items()}
         info["alive"] = alive
@@ -122,11 +146,21 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
     info["collective"] = plain["collective"]
     info["forensics"] = plain["forensics"]
     newest = ckpt.scan(run.checkpoints, deep=False).newest
-    info["checkpoint"] = {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} \
-        if newest else None
+    info["checkpoint"] = (
+        {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} if newest else None
+    )
     info["nodes"] = [asdict(n) for n in a.nodes] if a else []
-    info["attempt"] = {"number": a.number, "resume": a.resume, "weights_only": a.weights_only,
-                       "outcome": a.outcome, "slurm_job": a.slurm_job} if a else None
+    info["attempt"] = (
+        {
+            "number": a.number,
+            "resume": a.resume,
+            "weights_only": a.weights_only,
+            "outcome": a.outcome,
+            "slurm_job": a.slurm_job,
+        }
+        if a
+        else None
+    )
     info["failure"] = asdict(state.failure) if state.failure else None
     info["stop"] = asdict(state.stop) if state.stop else None
     info["final_weights"] = str(run.final_weights) if run.final_weights.is_file() else None
@@ -144,8 +178,13 @@ def _print_list(infos: list[dict[str, Any]]) -> None:
             phase += " (rank " + ", ".join(str(s["rank"]) for s in i["stalled"]) + " stalled)"
         if i.get("live") is False and phase in ("running", "stopping", "launching"):
             phase += " (nothing alive)"
-        table.add_row(i["run"], phase, f"{p.get('step', '-')}/{p.get('max_steps', '-')}",
-                      i.get("topology", ""), i.get("backend", "-"))
+        table.add_row(
+            i["run"],
+            phase,
+            f"{p.get('step', '-')}/{p.get('max_steps', '-')}",
+            i.get("topology", ""),
+            i.get("backend", "-"),
+        )
     Console().print(table)
 
 
@@ -155,16 +194,20 @@ def _print_one(i: dict[str, Any]) -> None:
     if i.get("error"):
         c.print(f"[red]{i['error']}[/]")
         return
-    c.print(f"  phase {i.get('phase')}, preset {i.get('preset')}, {i.get('topology')}, backend {i.get('backend', '-')}")
+    c.print(
+        f"  phase {i.get('phase')}, preset {i.get('preset')}, {i.get('topology')}, backend {i.get('backend', '-')}"
+    )
     if i.get("controlled_by"):
         h = i["controlled_by"]
         c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
     p = i.get("progress")
     if p:
         step = f"{p.get('step')}/{p.get('max_steps')}" if p.get("max_steps") else str(p.get("step", "-"))
-        c.print(f"  {p.get('phase')} step {step} loss {number_text(p.get('loss'), '.4g')} psnr "
-                f"{number_text(p.get('psnr'), '.2f')} clips/s {number_text(p.get('samples_per_s'), '.3g')} "
-                f"eta {duration_text(p.get('eta_s'))}")
+        c.print(
+            f"  {p.get('phase')} step {step} loss {number_text(p.get('loss'), '.4g')} psnr "
+            f"{number_text(p.get('psnr'), '.2f')} clips/s {number_text(p.get('samples_per_s'), '.3g')} "
+            f"eta {duration_text(p.get('eta_s'))}"
+        )
     for st in i.get("stalled", []):
         c.print(f"  [red]STALL[/]: {st['text']}", markup=True)
         f = next((f for f in reversed(i.get("forensics") or []) if f.get("rank") == st["rank"]), None)
@@ -178,12 +221,16 @@ def _print_one(i: dict[str, Any]) -> None:
         c.print(f"  newest checkpoint: step {i['checkpoint']['step']} ({i['checkpoint']['path']})")
     if i.get("failure"):
         f = i["failure"]
-        c.print(f"  [red]failed[/]: node {f.get('node')} ({f.get('host')}), rank {f.get('rank')}: {f.get('reason')}")
+        c.print(
+            f"  [red]failed[/]: node {f.get('node')} ({f.get('host')}), rank {f.get('rank')}: {f.get('reason')}"
+        )
         for line in f.get("log_lines", []):
             c.print(f"    | {line}")
     if i.get("stop"):
         s = i["stop"]
-        c.print(f"  stop ({s.get('reason')} by {s.get('by')}): checkpoint step {s.get('checkpoint_step')}, "
-                f"nothing left: {s.get('verified')}")
+        c.print(
+            f"  stop ({s.get('reason')} by {s.get('by')}): checkpoint step {s.get('checkpoint_step')}, "
+            f"nothing left: {s.get('verified')}"
+        )
     if i.get("final_weights"):
         c.print(f"  weights: {i['final_weights']}")

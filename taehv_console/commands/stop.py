@@ -24,8 +24,12 @@ from taehv_console.headless import make_view
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: the newest running run")
-    parser.add_argument("--grace", type=float, metavar="S",
-                        help="seconds to wait for the checkpoint before SIGKILL (default: 120)")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help="seconds to wait for the checkpoint before SIGKILL (default: 120)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,13 +49,23 @@ def run(args: argparse.Namespace) -> int:
         view.close()
     s = state.stop
     ok = state.phase.ended and (s is None or s.verified)
-    result = {"run": target.run_id, "phase": state.phase.value,
-              "checkpoint_step": s.checkpoint_step if s else None, "nothing_left": bool(s.verified) if s else None,
-              "killed": list(s.killed) if s else []}
+    result = {
+        "run": target.run_id,
+        "phase": state.phase.value,
+        "checkpoint_step": s.checkpoint_step if s else None,
+        "nothing_left": bool(s.verified) if s else None,
+        "killed": list(s.killed) if s else [],
+    }
     if args.json:
         print(json.dumps({"source": "console", "kind": "result", **result}))
     else:
-        where = f"checkpoint at step {s.checkpoint_step}" if s and s.checkpoint_step is not None else "no new checkpoint"
-        print(f"{target.run_id}: {state.phase.value}; {where}"
-              + ("; nothing of it left on any node" if s and s.verified else ""))
+        where = (
+            f"checkpoint at step {s.checkpoint_step}"
+            if s and s.checkpoint_step is not None
+            else "no new checkpoint"
+        )
+        print(
+            f"{target.run_id}: {state.phase.value}; {where}"
+            + ("; nothing of it left on any node" if s and s.verified else "")
+        )
     return 0 if ok else 1

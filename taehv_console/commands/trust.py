@@ -17,10 +17,16 @@ from taehv_console.core.flow.trust import TrustOutcome, offer_host_key, trust_of
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("host", nargs="*", help="host names or ssh-config aliases")
     parser.add_argument("--hosts", metavar="FILE", help="trust every host of a DeepSpeed hostfile")
-    parser.add_argument("--yes", action="store_true",
-                        help="add without asking (for scripts that checked the fingerprint already)")
-    parser.add_argument("--replace", action="store_true",
-                        help="replace a key that changed (after confirming the node was reinstalled)")
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="add without asking (for scripts that checked the fingerprint already)",
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace a key that changed (after confirming the node was reinstalled)",
+    )
     add_ssh_options(parser)
 
 
@@ -38,17 +44,23 @@ def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> 
         print(f"  already trusted in {where}")
         return 0
     if offer.changed:
-        print(f"  WARNING: {where} holds a different {offer.key_type} key for {offer.target.known_name}: "
-              f"{sha256_fingerprint(offer.known)}")
+        print(
+            f"  WARNING: {where} holds a different {offer.key_type} key for {offer.target.known_name}: "
+            f"{sha256_fingerprint(offer.known)}"
+        )
         if not replace:
-            print("  refused: a changed host key means a reinstalled node or someone in the middle. "
-                  "Check with the node's admin, then rerun with --replace.")
+            print(
+                "  refused: a changed host key means a reinstalled node or someone in the middle. "
+                "Check with the node's admin, then rerun with --replace."
+            )
             return 1
     elif offer.other_types:
         print(f"  {where} has other key types for it ({', '.join(offer.other_types)}); this one is new")
     else:
         print(f"  not in {where}")
-    print(f"  compare with the node's own: ssh-keygen -lf /etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub")
+    print(
+        f"  compare with the node's own: ssh-keygen -lf /etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub"
+    )
     if not yes and not _ask(f"Add this key for {offer.target.known_name} to {where}? [y/N]"):
         print("  not added")
         return 1

@@ -46,14 +46,20 @@ _WATCHDOG = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
     r"[^)]*?Timeout\(ms\)=(?P<timeout>\d+)\) ran for (?P<ran>\d+) milliseconds"
 )
-_PROGRESS = re.compile(r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)", re.IGNORECASE)
+_PROGRESS = re.compile(
+    r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)", re.IGNORECASE
+)
 _DUMP_FROM = re.compile(r"collective timeout from\s+rank (\d+)")
 _NCCL_WARN = re.compile(
     r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?NCCL WARN (?P<msg>.*)"
 )
-_CHILD_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)")
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-                  r"|Cuda failure 'out of memory'")  # fmt: skip
+_CHILD_FAILED = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)"
+)
+_OOM = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|Cuda failure 'out of memory'"
+)
 _ORDINAL = re.compile(r"invalid device ordinal", re.IGNORECASE)
 # gloo (and NCCL's socket transport) when a peer process died: the rank printing it is a victim,
 # the dead peer is the cause (the root-cause block names it).
@@ -87,13 +93,25 @@ def scan_line(line: str) -> LineMatch | None:
     if "Watchdog caught" in line:
         m = _WATCHDOG.search(line)
         if m:
-            return LineMatch("watchdog_timeout", "error", _rank(line), None, (
-                ("seq", int(m["seq"])), ("op", m["op"]), ("timeout_ms", int(m["timeout"])),
-                ("ran_ms", int(m["ran"]))))  # fmt: skip
+            return LineMatch(
+                "watchdog_timeout",
+                "error",
+                _rank(line),
+                None,
+                (
+                    ("seq", int(m["seq"])),
+                    ("op", m["op"]),
+                    ("timeout_ms", int(m["timeout"])),
+                    ("ran_ms", int(m["ran"])),
+                ),
+            )
     if "NCCL work:" in line:
         m = _PROGRESS.search(line)
         if m:
-            fields: tuple[tuple[str, Any], ...] = (("last_enqueued", int(m["enq"])), ("last_completed", int(m["done"])))
+            fields: tuple[tuple[str, Any], ...] = (
+                ("last_enqueued", int(m["enq"])),
+                ("last_completed", int(m["done"])),
+            )
             d = _DUMP_FROM.search(line)
             if d:
                 fields += (("timeout_from_rank", int(d.group(1))),)
@@ -105,14 +123,28 @@ def scan_line(line: str) -> LineMatch | None:
         m = _NCCL_WARN.search(line)
         if m:
             kind = "cuda_oom" if _OOM.search(m["msg"]) else "nccl_warn"
-            return LineMatch(kind, "error" if kind == "cuda_oom" else "warning", _rank(line), m["host"], (
-                ("pid", int(m["pid"])), ("device", int(m["dev"])), ("where", m["src"] or ""),
-                ("message", m["msg"].strip())))  # fmt: skip
+            return LineMatch(
+                kind,
+                "error" if kind == "cuda_oom" else "warning",
+                _rank(line),
+                m["host"],
+                (
+                    ("pid", int(m["pid"])),
+                    ("device", int(m["dev"])),
+                    ("where", m["src"] or ""),
+                    ("message", m["msg"].strip()),
+                ),
+            )
     if "exitcode" in line:
         m = _CHILD_FAILED.search(line)
         if m:
-            return LineMatch("child_failed", "error", None, None, (
-                ("exitcode", int(m["code"])), ("local_rank", int(m["lr"])), ("pid", int(m["pid"]))))  # fmt: skip
+            return LineMatch(
+                "child_failed",
+                "error",
+                None,
+                None,
+                (("exitcode", int(m["code"])), ("local_rank", int(m["lr"])), ("pid", int(m["pid"]))),
+            )
     if _OOM.search(line):
         return LineMatch("cuda_oom", "error", _rank(line))
     if "ordinal" in line and _ORDINAL.search(line):
@@ -201,8 +233,20 @@ class LogScanner:
                 continue
             hit = scan_line(text)
             if hit is not None:
-                self._add(LogSignal(hit.kind, hit.severity, source, n, text.strip()[:500], hit.rank, hit.host,
-                                    hit.fields, now), out)  # fmt: skip
+                self._add(
+                    LogSignal(
+                        hit.kind,
+                        hit.severity,
+                        source,
+                        n,
+                        text.strip()[:500],
+                        hit.rank,
+                        hit.host,
+                        hit.fields,
+                        now,
+                    ),
+                    out,
+                )
         self._lines[source] = n
         return out
 
@@ -223,21 +267,42 @@ class LogScanner:
             return  # a "Failures:" list that never reached its root cause says nothing on its own
         f, named = b.cause()
         exit_text = f.get("exitcode", "")
-        fields: list[tuple[str, Any]] = [("exitcode", _int(exit_text)), ("pid", _int(exit_text.partition("pid:")[2]))]
+        fields: list[tuple[str, Any]] = [
+            ("exitcode", _int(exit_text)),
+            ("pid", _int(exit_text.partition("pid:")[2])),
+        ]
         if f.get("local_rank") is not None or "local_rank" in f.get("rank", ""):
             fields.append(("local_rank", _int(f.get("rank", "").partition("local_rank:")[2])))
         if f.get("traceback"):
             fields.append(("traceback", f["traceback"]))
         if f.get("time"):
             fields.append(("time", f["time"]))
-        text = (f"root cause: rank {f.get('rank', '?')} on {f.get('host', '?')}, exitcode {exit_text or '?'}"
-                + (f" ({f['traceback']})" if "Signal" in f.get("traceback", "") else "")
-                + (f"; torchrun named rank {named.get('rank', '?')} (exitcode {named.get('exitcode', '?')}),"
-                   " seen in the same second" if named is not None else ""))  # fmt: skip
+        text = (
+            f"root cause: rank {f.get('rank', '?')} on {f.get('host', '?')}, exitcode {exit_text or '?'}"
+            + (f" ({f['traceback']})" if "Signal" in f.get("traceback", "") else "")
+            + (
+                f"; torchrun named rank {named.get('rank', '?')} (exitcode {named.get('exitcode', '?')}),"
+                " seen in the same second"
+                if named is not None
+                else ""
+            )
+        )
         if named is not None:
             fields.append(("torchrun_root_rank", _int(named.get("rank"))))
-        self._add(LogSignal("root_cause", "error", source, b.line, text, _int(f.get("rank")), f.get("host"),
-                            tuple(fields), now), out)  # fmt: skip
+        self._add(
+            LogSignal(
+                "root_cause",
+                "error",
+                source,
+                b.line,
+                text,
+                _int(f.get("rank")),
+                f.get("host"),
+                tuple(fields),
+                now,
+            ),
+            out,
+        )
 
     def _add(self, sig: LogSignal, out: list[LogSignal]) -> None:
         if sig.kind == "watchdog_timeout":

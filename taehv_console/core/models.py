@@ -34,8 +34,13 @@ class Finding:
     node: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "severity": self.severity.value, "node": self.node,
-                "message": self.message, "fix": self.fix}
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "node": self.node,
+            "message": self.message,
+            "fix": self.fix,
+        }
 
 
 @dataclass(frozen=True)
@@ -175,10 +180,10 @@ class TopologySource(str, enum.Enum):
     """Where the list of nodes came from, in the order detection tries them."""
 
     HOSTFILE = "hostfile"
-    LAUNCHER_ENV = "launcher-env"      # torchrun / accelerate per-process variables
+    LAUNCHER_ENV = "launcher-env"  # torchrun / accelerate per-process variables
     PAI_DLC = "pai-dlc"
     KUBEFLOW = "kubeflow"
-    NODE_ENV = "node-env"              # node-level WORLD_SIZE/RANK of an unidentified platform
+    NODE_ENV = "node-env"  # node-level WORLD_SIZE/RANK of an unidentified platform
     K8S_INDEXED_JOB = "k8s-indexed-job"
     SLURM = "slurm"
     LOCAL = "local"
@@ -261,9 +266,15 @@ class ProbeResult:
         return self.facts is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "ok": self.ok, "error": self.error, "fix": self.fix,
-                "seconds": round(self.seconds, 3), "clock_offset_s": self.clock_offset_s,
-                "facts": self.facts.to_dict() if self.facts else None}
+        return {
+            "host": self.host,
+            "ok": self.ok,
+            "error": self.error,
+            "fix": self.fix,
+            "seconds": round(self.seconds, 3),
+            "clock_offset_s": self.clock_offset_s,
+            "facts": self.facts.to_dict() if self.facts else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -298,7 +309,10 @@ class PreflightReport:
         return not self.errors
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "topology": self.topology.to_dict(),
-                "findings": [f.to_dict() for f in self.findings],
-                "nodes": [p.to_dict() for p in self.probes],
-                "bandwidth": self.bandwidth.to_dict() if self.bandwidth else None}
+        return {
+            "ok": self.ok,
+            "topology": self.topology.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "nodes": [p.to_dict() for p in self.probes],
+            "bandwidth": self.bandwidth.to_dict() if self.bandwidth else None,
+        }

@@ -56,9 +56,21 @@ class TaehvConsole(App):
     CSS_PATH = "app.tcss"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit_console", "Quit (run goes on)", id="quit",
-                tooltip="Leave the console; the run keeps training (attach again with a)"),
-        Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="Every key and its binding id"),
+        Binding(
+            "q",
+            "quit_console",
+            "Quit (run goes on)",
+            id="quit",
+            tooltip="Leave the console; the run keeps training (attach again with a)",
+        ),
+        Binding(
+            "question_mark",
+            "help",
+            "Help",
+            id="help",
+            key_display="?",
+            tooltip="Every key and its binding id",
+        ),
         Binding("t", "next_theme", "Theme", id="next-theme", tooltip="Next colour theme", show=False),
         Binding("a", "attach", "Attach", id="attach", tooltip="Attach to a run under --runs", show=False),
         Binding("ctrl+q", "quit_console", "Quit", show=False, priority=True, id="quit-now"),
@@ -69,8 +81,15 @@ class TaehvConsole(App):
     console_phase: var[str | None] = var(None)
     run_entries: var[tuple[Any, ...]] = var(())
 
-    def __init__(self, options: FlowOptions, config: ConsoleConfig, themes: ThemeSet, theme: str,
-                 startup: str = "auto", pool: Any = None) -> None:
+    def __init__(
+        self,
+        options: FlowOptions,
+        config: ConsoleConfig,
+        themes: ThemeSet,
+        theme: str,
+        startup: str = "auto",
+        pool: Any = None,
+    ) -> None:
         super().__init__()
         self.options = options
         self.console_config = config
@@ -139,8 +158,10 @@ class TaehvConsole(App):
     # ------------------------------------------------------------------ screens
     def start_wizard(self) -> None:
         if self.session is not None and self.session.following:
-            self.notify("a run is being followed here: stop it (x) or quit (q) before starting another",
-                        severity="warning")
+            self.notify(
+                "a run is being followed here: stop it (x) or quit (q) before starting another",
+                severity="warning",
+            )
             return
         self.wizard = WizardState()
         if self.current_mode == "wizard":
@@ -231,8 +252,10 @@ class TaehvConsole(App):
             if str(self.session.run.path) == str(path):
                 self.show_dashboard()
                 return
-            self.notify("this console follows another run: quit (q) and start a console for this one",
-                        severity="warning")
+            self.notify(
+                "this console follows another run: quit (q) and start a console for this one",
+                severity="warning",
+            )
             return
         self._attach(path)
 
@@ -271,8 +294,9 @@ class TaehvConsole(App):
         except ControlError as err:
             self.post_message(ControlFailed("resume", str(err)))
             return
-        lines = (f"resumed from {point.path} (step {point.step})",) + tuple(f"not resuming from {s}"
-                                                                            for s in point.skipped)
+        lines = (f"resumed from {point.path} (step {point.step})",) + tuple(
+            f"not resuming from {s}" for s in point.skipped
+        )
         self.post_message(RunAttached(session, "resumed", lines))
         self._follow(session)
 
@@ -288,11 +312,15 @@ class TaehvConsole(App):
                 self.console_phase = "stopping"
                 session.request_stop()
 
-        self.push_screen(ConfirmScreen(
-            f"Stop {session.run.run_id}?",
-            f"Every node gets SIGTERM: the ranks finish their step and write a checkpoint (up to {grace:g} s), "
-            "then whatever is left is killed and the nodes are checked. Resume later with r.",
-            yes="Stop the run"), answered)
+        self.push_screen(
+            ConfirmScreen(
+                f"Stop {session.run.run_id}?",
+                f"Every node gets SIGTERM: the ranks finish their step and write a checkpoint (up to {grace:g} s), "
+                "then whatever is left is killed and the nodes are checked. Resume later with r.",
+                yes="Stop the run",
+            ),
+            answered,
+        )
 
     # ------------------------------------------------------------------ thread side
     def _close_session_from_thread(self) -> None:
@@ -320,8 +348,12 @@ class TaehvConsole(App):
     def on_run_attached(self, message: RunAttached) -> None:
         self.session = message.session
         self.show_dashboard()
-        title = {"launched": "run launched", "attached": "attached", "resumed": "resumed",
-                 "ended": "attached to an ended run"}.get(message.how, message.how)
+        title = {
+            "launched": "run launched",
+            "attached": "attached",
+            "resumed": "resumed",
+            "ended": "attached to an ended run",
+        }.get(message.how, message.how)
         body = "\n".join((message.run_path, *message.lines))
         self.notify(body, title=f"{title}: {message.run_id}", timeout=6)
 
@@ -337,16 +369,26 @@ class TaehvConsole(App):
         outcome = message.outcome
         self.console_phase = outcome.phase.value
         if outcome.failure is not None:
-            self.push_screen(MessageScreen("The run failed", outcome.failure.summary()
-                                           + ("\n\n" + "\n".join(outcome.failure.log_lines[-12:])
-                                              if outcome.failure.log_lines else "")
-                                           + "\n\nResume from its newest checkpoint with r."))
+            self.push_screen(
+                MessageScreen(
+                    "The run failed",
+                    outcome.failure.summary()
+                    + (
+                        "\n\n" + "\n".join(outcome.failure.log_lines[-12:])
+                        if outcome.failure.log_lines
+                        else ""
+                    )
+                    + "\n\nResume from its newest checkpoint with r.",
+                )
+            )
         elif outcome.phase.value == "stopped":
             step = outcome.stop.checkpoint_step if outcome.stop is not None else None
             where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
             self.notify(f"stopped: {where}; resume with r", title="run stopped", timeout=8)
         elif outcome.phase.value == "done":
-            self.notify(f"done; weights in {outcome.final_weights or 'final/'}", title="run finished", timeout=10)
+            self.notify(
+                f"done; weights in {outcome.final_weights or 'final/'}", title="run finished", timeout=10
+            )
 
     def on_control_failed(self, message: ControlFailed) -> None:
         self.console_phase = self.session.phase.value if self.session is not None else None
@@ -356,8 +398,11 @@ class TaehvConsole(App):
         """Every worker's unexpected failure ends here, as a dialog naming what failed."""
         if event.state is WorkerState.ERROR:
             err = event.worker.error
-            self.push_screen(MessageScreen(f"{event.worker.name or 'a background task'} failed",
-                                           f"{type(err).__name__}: {err}"))
+            self.push_screen(
+                MessageScreen(
+                    f"{event.worker.name or 'a background task'} failed", f"{type(err).__name__}: {err}"
+                )
+            )
 
     async def on_unmount(self) -> None:
         session, self.session = self.session, None
@@ -369,12 +414,21 @@ class TaehvConsole(App):
 
 # ------------------------------------------------------------------------------------ building
 
+
 def all_bindings() -> list[tuple[str, Any]]:
     """(where, Binding) for every binding of the console, in help-screen order."""
     out = []
-    for where, cls in (("everywhere", TaehvConsole), ("dashboard", DashboardScreen), ("node grid", NodeGrid),
-                       ("node", NodeScreen), ("detect", DetectScreen), ("preflight", PreflightScreen),
-                       ("preset", PresetScreen), ("review", ReviewScreen), ("dialogs", ConfirmScreen)):
+    for where, cls in (
+        ("everywhere", TaehvConsole),
+        ("dashboard", DashboardScreen),
+        ("node grid", NodeGrid),
+        ("node", NodeScreen),
+        ("detect", DetectScreen),
+        ("preflight", PreflightScreen),
+        ("preset", PresetScreen),
+        ("review", ReviewScreen),
+        ("dialogs", ConfirmScreen),
+    ):
         for b in cls.BINDINGS:
             if isinstance(b, Binding) and b.id:
                 out.append((where, b))
@@ -388,13 +442,21 @@ def binding_ids() -> set[str]:
 def resolve_theme(requested: str | None, themes: ThemeSet) -> str:
     name = requested or DEFAULT_THEME
     if name not in themes.names and name not in BUILTIN_THEMES:
-        raise ConsoleConfigError(f"unknown theme {name!r}; themes: {', '.join(themes.names)} "
-                                 "(or a file in ~/.config/taehv-console/themes/)")
+        raise ConsoleConfigError(
+            f"unknown theme {name!r}; themes: {', '.join(themes.names)} "
+            "(or a file in ~/.config/taehv-console/themes/)"
+        )
     return name
 
 
-def make_app(options: FlowOptions | None = None, *, theme: str | None = None, startup: str = "auto",
-             config: ConsoleConfig | None = None, pool: Any = None) -> TaehvConsole:
+def make_app(
+    options: FlowOptions | None = None,
+    *,
+    theme: str | None = None,
+    startup: str = "auto",
+    config: ConsoleConfig | None = None,
+    pool: Any = None,
+) -> TaehvConsole:
     """The console for these flow options (`cli.console_options(argv)` makes them from a command
     line); `theme` as given on the command line wins over the settings file's.
     `startup`: auto (attach to a live run, else the wizard), wizard, or none (tests push screens)."""

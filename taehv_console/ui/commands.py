@@ -21,21 +21,35 @@ class ConsoleCommands(Provider):
         out: list[tuple[str, Callable[[], Any], str]] = []
         session = app.session
         if session is not None and session.following:
-            out.append(("Stop the run", app.confirm_stop, "SIGTERM every node, checkpoint, verify nothing is left"))
+            out.append(
+                ("Stop the run", app.confirm_stop, "SIGTERM every node, checkpoint, verify nothing is left")
+            )
         elif session is not None:
             out.append(("Resume the run", app.resume_run, "relaunch from the newest complete checkpoint"))
         out.append(("Start a new run", app.start_wizard, "the wizard: detect, preflight, preset, review"))
         for entry in app.run_entries:
             what = "running" if entry.live else entry.phase
-            out.append((f"Attach to run {entry.run_id}", partial(app.attach_run, entry.path),
-                        f"{what}; {entry.path}"))
+            out.append(
+                (
+                    f"Attach to run {entry.run_id}",
+                    partial(app.attach_run, entry.path),
+                    f"{what}; {entry.path}",
+                )
+            )
         for name in app.theme_names:
-            out.append((f"Switch theme: {name}", partial(app.set_console_theme, name), "colours from themes/*.toml"))
+            out.append(
+                (f"Switch theme: {name}", partial(app.set_console_theme, name), "colours from themes/*.toml")
+            )
         state = app.cluster_state
         if state is not None:
             for i, node in enumerate(state.nodes):
-                out.append((f"Open node {i}: {node.name}", partial(app.open_node, node.name),
-                            f"{node.state.value}; per-GPU table, ranks, log, charts"))
+                out.append(
+                    (
+                        f"Open node {i}: {node.name}",
+                        partial(app.open_node, node.name),
+                        f"{node.state.value}; per-GPU table, ranks, log, charts",
+                    )
+                )
         out.append(("Show keys (help)", app.action_help, "every key binding, with the id to rebind it"))
         return out
 

@@ -51,18 +51,22 @@ def load_console_config(path: Path | None = None, binding_ids: Iterable[str] = (
         raise ConsoleConfigError(f"{path}: cannot read it: {err}") from None
     unknown = set(data) - {"theme", "keys"}
     if unknown:
-        raise ConsoleConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                                 "the file takes `theme = NAME` and a [keys] table")
+        raise ConsoleConfigError(
+            f"{path}: unknown setting(s) {', '.join(sorted(unknown))}; "
+            "the file takes `theme = NAME` and a [keys] table"
+        )
     theme = data.get("theme")
     if theme is not None and (not isinstance(theme, str) or not theme):
-        raise ConsoleConfigError(f"{path}: theme must be a theme name such as \"dark\"")
+        raise ConsoleConfigError(f'{path}: theme must be a theme name such as "dark"')
     keys = data.get("keys", {})
     if not isinstance(keys, dict):
-        raise ConsoleConfigError(f"{path}: keys must be a table: [keys] then `binding-id = \"key\"` lines")
+        raise ConsoleConfigError(f'{path}: keys must be a table: [keys] then `binding-id = "key"` lines')
     known = set(binding_ids)
     for bid, value in keys.items():
         if known and bid not in known:
-            raise ConsoleConfigError(f"{path}: [keys] {bid}: no binding has this id; ids: {', '.join(sorted(known))}")
+            raise ConsoleConfigError(
+                f"{path}: [keys] {bid}: no binding has this id; ids: {', '.join(sorted(known))}"
+            )
         if not isinstance(value, str) or not value.strip():
-            raise ConsoleConfigError(f"{path}: [keys] {bid}: give the key as a string, e.g. {bid} = \"ctrl+x\"")
+            raise ConsoleConfigError(f'{path}: [keys] {bid}: give the key as a string, e.g. {bid} = "ctrl+x"')
     return ConsoleConfig(path=path, theme=theme, keys={k: v.replace(" ", "") for k, v in keys.items()})

@@ -44,13 +44,26 @@ HEALTH_BADGES = {
 }
 # rank and run states -> the theme's health colour variable
 HEALTH_VARIABLE = {
-    "ok": "ok", "healthy": "ok", "running": "ok", "done": "ok", "complete": "ok",
-    "starting": "unknown", "waiting": "unknown", "unknown": "unknown", "stopped": "unknown",
-    "created": "unknown", "launching": "unknown",
-    "degraded": "degraded", "straggler": "degraded", "stopping": "degraded", "in_progress": "degraded",
+    "ok": "ok",
+    "healthy": "ok",
+    "running": "ok",
+    "done": "ok",
+    "complete": "ok",
+    "starting": "unknown",
+    "waiting": "unknown",
+    "unknown": "unknown",
+    "stopped": "unknown",
+    "created": "unknown",
+    "launching": "unknown",
+    "degraded": "degraded",
+    "straggler": "degraded",
+    "stopping": "degraded",
+    "in_progress": "degraded",
     "warning": "degraded",
     "stalled": "stalled",
-    "failed": "failed", "error": "failed", "incomplete": "failed",
+    "failed": "failed",
+    "error": "failed",
+    "incomplete": "failed",
     "lost": "lost",
     "info": "unknown",
 }
@@ -100,7 +113,9 @@ def column_bar(values: Sequence[float | None], scale: float = 100.0) -> str:
 def progress_bar(value: float | None, total: float | None, width: int = 12) -> Content:
     """A filled bar on a dim track."""
     filled = hbar(value, total, width).rstrip()
-    return Content.assemble(Content.styled(filled, "$accent"), Content.styled("─" * (width - len(filled)), "dim"))
+    return Content.assemble(
+        Content.styled(filled, "$accent"), Content.styled("─" * (width - len(filled)), "dim")
+    )
 
 
 def hbar(value: float | None, total: float | None, width: int = 10) -> str:
@@ -139,9 +154,11 @@ def table_row(values: Sequence[object]) -> list[object]:
     return [table_cell(v) for v in values]
 
 
-SEVERITY_TITLES = (("error", "Errors: a launch is refused until they are fixed"),
-                   ("warning", "Warnings: the run may start, but read them"),
-                   ("info", "Information"))
+SEVERITY_TITLES = (
+    ("error", "Errors: a launch is refused until they are fixed"),
+    ("warning", "Warnings: the run may start, but read them"),
+    ("info", "Information"),
+)
 
 
 def findings_content(findings: Sequence[Finding]) -> Content:

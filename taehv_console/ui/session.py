@@ -42,8 +42,9 @@ class RunSession:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def launch(cls, options: FlowOptions, review: Review, pool: Any,
-               facts: dict[str, Any] | None = None) -> RunSession:
+    def launch(
+        cls, options: FlowOptions, review: Review, pool: Any, facts: dict[str, Any] | None = None
+    ) -> RunSession:
         """Create the reviewed run (the same id, path, hosts, master and environment the review
         showed) and start every node."""
         # the id the review showed is made from the review's time
@@ -106,6 +107,7 @@ class RunSession:
     def follow(self, on_update: Callable[[Any], None]) -> Any:
         """Follow the run until it ends (Outcome) or the console detaches (None). A stop asked
         with request_stop() is carried out by core's follow loop: SIGTERM, checkpoint, verify."""
+
         def update(snapshot: Any) -> None:
             on_update(snapshot)
             # a stop in progress is finished first: leaving it half done would leave the run stopping

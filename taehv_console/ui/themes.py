@@ -18,13 +18,30 @@ from textual.theme import Theme
 from taehv_console.core.toml_compat import tomllib
 
 DEFAULT_THEME = "dark"
-COLOR_FIELDS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success",
-                "warning", "error", "boost")
+COLOR_FIELDS = (
+    "primary",
+    "secondary",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "success",
+    "warning",
+    "error",
+    "boost",
+)
 HEALTH_STATES = ("ok", "degraded", "stalled", "failed", "lost", "unknown")
 # Used by themes that do not set them (Textual's own themes among them): CSS that names
 # $health-* must parse whatever theme is active.
-HEALTH_DEFAULTS = {"ok": "#4CAF50", "degraded": "#E0B000", "stalled": "#F08030", "failed": "#E04040",
-                   "lost": "#B070D0", "unknown": "#8A8A8A"}
+HEALTH_DEFAULTS = {
+    "ok": "#4CAF50",
+    "degraded": "#E0B000",
+    "stalled": "#F08030",
+    "failed": "#E04040",
+    "lost": "#B070D0",
+    "unknown": "#8A8A8A",
+}
 
 
 class ThemeFileError(ValueError):
@@ -63,8 +80,10 @@ def parse_theme(text: str, where: str) -> Theme:
         raise ThemeFileError(f"{where}: not valid TOML: {err}") from None
     unknown = set(data) - {"name", "dark", "luminosity_spread", "text_alpha", "colors", "health"}
     if unknown:
-        raise ThemeFileError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; expected name, dark, "
-                             "luminosity_spread, text_alpha, [colors], [health]")
+        raise ThemeFileError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; expected name, dark, "
+            "luminosity_spread, text_alpha, [colors], [health]"
+        )
     name = data.get("name") or Path(where).stem
     if not isinstance(name, str) or not name.strip():
         raise ThemeFileError(f"{where}: name must be a non-empty string")
@@ -75,12 +94,15 @@ def parse_theme(text: str, where: str) -> Theme:
             raise ThemeFileError(f"{where}: [{label}] must be a table")
         for key, value in table.items():
             if key not in allowed:
-                raise ThemeFileError(f"{where}: [{label}] {key}: unknown; expected one of {', '.join(allowed)}")
+                raise ThemeFileError(
+                    f"{where}: [{label}] {key}: unknown; expected one of {', '.join(allowed)}"
+                )
             try:
                 Color.parse(value)
             except (ColorParseError, TypeError):
-                raise ThemeFileError(f"{where}: [{label}] {key} = {value!r} is not a colour "
-                                     "(use #RRGGBB or a CSS colour name)") from None
+                raise ThemeFileError(
+                    f"{where}: [{label}] {key} = {value!r} is not a colour (use #RRGGBB or a CSS colour name)"
+                ) from None
     if "primary" not in colors:
         raise ThemeFileError(f"{where}: [colors] primary is required")
     dark = data.get("dark", True)

@@ -19,8 +19,9 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     assert exe.exists(), f"{exe} missing: install the test extras (pip install -e '.[test]')"
     # the tree under `root` first on the path: a copy is checked, not the installed package
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(exe), "--no-cache"], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(exe), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_import_contracts_hold():

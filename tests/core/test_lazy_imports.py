@@ -16,26 +16,43 @@ LAZY: dict[tuple[str, str], str] = {
     ("taehv_console/cli.py", "taehv_console"): "headless (the whole flow), only on the --no-tui path",
     ("taehv_console/core/cluster/bandwidth.py", "torch"): "torch only in the measuring processes",
     ("taehv_console/core/cluster/bandwidth.py", "torch.distributed"): "torch only in the measuring processes",
-    ("taehv_console/core/cluster/nodecheck.py", "trainer.teacher"): "the node helper's other checks need no diffusers",
+    (
+        "taehv_console/core/cluster/nodecheck.py",
+        "trainer.teacher",
+    ): "the node helper's other checks need no diffusers",
     ("taehv_console/core/cluster/nodecheck.py", "trainer.latent_cache"): "torch, only for the cache check",
-    ("taehv_console/core/cluster/nodecheck.py", "trainer.bench_data"): "torch and PyAV, only for the loader check",
-    ("taehv_console/core/cluster/nodecheck.py", "trainer.config"): "pydantic models, only for the loader check",
+    (
+        "taehv_console/core/cluster/nodecheck.py",
+        "trainer.bench_data",
+    ): "torch and PyAV, only for the loader check",
+    (
+        "taehv_console/core/cluster/nodecheck.py",
+        "trainer.config",
+    ): "pydantic models, only for the loader check",
     ("taehv_console/core/cluster/nodecheck.py", "trainer.data"): "torch and PyAV, only for the loader check",
     ("taehv_console/core/cluster/probe.py", "pynvml"): "a bare node may lack nvidia-ml-py: the probe says so",
     ("taehv_console/core/cluster/probe.py", "torch"): "the NCCL version, only where torch is installed",
-    ("taehv_console/core/cluster/ssh.py", "paramiko"): "~0.2 s, only where a connection or host key is handled",
+    (
+        "taehv_console/core/cluster/ssh.py",
+        "paramiko",
+    ): "~0.2 s, only where a connection or host key is handled",
     ("taehv_console/core/flow/config.py", "trainer.synthetic"): "PyAV and numpy, only when clips are made",
     ("taehv_console/core/watch/agent.py", "pynvml"): "a bare node may lack nvidia-ml-py: the agent says so",
-    ("taehv_console/core/watch/tbscalars.py", "tensorboard.backend.event_processing.event_file_loader"):
-        "TensorBoard's reader, only when a logdir is followed",
-    ("taehv_console/core/watch/tbscalars.py", "tensorboard.util"): "TensorBoard's reader, only when a logdir is followed",
+    (
+        "taehv_console/core/watch/tbscalars.py",
+        "tensorboard.backend.event_processing.event_file_loader",
+    ): "TensorBoard's reader, only when a logdir is followed",
+    (
+        "taehv_console/core/watch/tbscalars.py",
+        "tensorboard.util",
+    ): "TensorBoard's reader, only when a logdir is followed",
     ("taehv_console/ui/screens/preflight.py", "taehv_console.core.flow.config"): "the TUI's first frame",
     ("taehv_console/ui/screens/preflight.py", "taehv_console.core.flow.preflight"): "the TUI's first frame",
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.plan.planner"): "the TUI's first frame",
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.flow.config"): "the TUI's first frame",
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.flow.launch"): "the TUI's first frame",
     ("taehv_console/ui/screens/review.py", "taehv_console.core.plan.planner"): "the TUI's first frame",
-}  # fmt: skip
+}
 
 
 def function_level_imports(root: Path) -> set[tuple[str, str]]:
@@ -54,7 +71,9 @@ def function_level_imports(root: Path) -> set[tuple[str, str]]:
 def test_imports_inside_functions_are_only_the_listed_ones():
     found = function_level_imports(ROOT)
     unlisted = sorted(found - LAZY.keys())
-    assert not unlisted, f"imports inside functions: move them to the module's top, or list them with a reason: {unlisted}"
+    assert not unlisted, (
+        f"imports inside functions: move them to the module's top, or list them with a reason: {unlisted}"
+    )
     gone = sorted(LAZY.keys() - found)
     assert not gone, f"listed as lazy but no longer imported inside a function: {gone}"
 
@@ -62,8 +81,13 @@ def test_imports_inside_functions_are_only_the_listed_ones():
 def test_the_scan_sees_a_new_function_level_import(tmp_path):
     pkg = tmp_path / "taehv_console" / "core"
     pkg.mkdir(parents=True)
-    (pkg / "x.py").write_text("import os\n\n\ndef f():\n    import json\n    from .y import z\n    return json, z\n")
-    assert function_level_imports(tmp_path) == {("taehv_console/core/x.py", "json"), ("taehv_console/core/x.py", ".y")}
+    (pkg / "x.py").write_text(
+        "import os\n\n\ndef f():\n    import json\n    from .y import z\n    return json, z\n"
+    )
+    assert function_level_imports(tmp_path) == {
+        ("taehv_console/core/x.py", "json"),
+        ("taehv_console/core/x.py", ".y"),
+    }
 
 
 def test_the_cli_docstring_names_every_file_with_a_lazy_import():

@@ -25,8 +25,13 @@ def _imports_of(path: Path) -> list[tuple[int, str]]:
 def test_only_the_compat_module_imports_tomllib_or_tomli():
     files = sorted((ROOT / "taehv_console").rglob("*.py"))
     assert len(files) > 50
-    offenders = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in files if path != COMPAT
-                 for line, name in _imports_of(path) if name.split(".")[0] in ("tomllib", "tomli")]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in files
+        if path != COMPAT
+        for line, name in _imports_of(path)
+        if name.split(".")[0] in ("tomllib", "tomli")
+    ]
     assert offenders == []
     assert {name for _, name in _imports_of(COMPAT)} >= {"tomllib", "tomli"}
 

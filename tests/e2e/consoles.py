@@ -29,20 +29,32 @@ def cli_argv(*args: Any) -> list[str]:
     return [sys.executable, "-m", "taehv_console.cli", *map(str, args)]
 
 
-def run_cli(*args: Any, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_argv(*args), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
-                          check=False)
+def run_cli(
+    *args: Any, env: dict | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cli_argv(*args), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False
+    )
 
 
 class Console:
     """A `taehv-console ... --json` process in a session of its own (so a test can SIGKILL it like
     a closed terminal would end it), with its JSON lines collected by a reader thread."""
 
-    def __init__(self, *args: Any, env: dict | None = None, cwd: Path | None = None, argv: list[str] | None = None):
+    def __init__(
+        self, *args: Any, env: dict | None = None, cwd: Path | None = None, argv: list[str] | None = None
+    ):
         # argv: the whole command line, when the console runs under another command (salloc ...)
         self.argv = argv or cli_argv(*args)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=cwd, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
         self.lines: list[dict] = []
         self._q: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -76,7 +88,9 @@ class Console:
                 continue
             if predicate(obj):
                 return obj
-        raise AssertionError(f"no line for {what} within {timeout} s (exit {self.proc.poll()}):\n{self.tail()}")
+        raise AssertionError(
+            f"no line for {what} within {timeout} s (exit {self.proc.poll()}):\n{self.tail()}"
+        )
 
     def wait(self, timeout: float) -> int:
         try:
@@ -104,8 +118,12 @@ class Console:
 
 
 def is_step(obj: dict, at_least: int = 1) -> bool:
-    return obj.get("source") == "trainer" and obj.get("kind") == "step" and obj.get("rank") == 0 \
+    return (
+        obj.get("source") == "trainer"
+        and obj.get("kind") == "step"
+        and obj.get("rank") == 0
         and obj.get("step", 0) >= at_least
+    )
 
 
 def events(run: Path, rank: int, kind: str | None = None) -> list[dict]:

@@ -77,6 +77,7 @@ pytestmark = [pytest.mark.timeout(900)]
 
 # ------------------------------------------------------------------ shared: a real timeline
 
+
 def _set(run: Path, section: str, **values) -> None:
     cfg = tomllib.loads((run / "run.toml").read_text())
     cfg.setdefault(section, {}).update(values)
@@ -94,10 +95,16 @@ def timeline(tmp_path_factory) -> dict:
     clips = base / "clips"
     make_synthetic(clips, clips=6, frames=12, height=64, width=64, seed=3)
     (clips / "zz_corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypisom" + os.urandom(4000))
-    run = write_run(base / "run", base_config(
-        clips, topology={"gpus_per_node": 1}, optim={"max_steps": 6},
-        data={"val_fraction": 0.0},
-        schedule={"checkpoint_every": 2, "val_every": 100, "keep_checkpoints": 2}))  # fmt: skip
+    run = write_run(
+        base / "run",
+        base_config(
+            clips,
+            topology={"gpus_per_node": 1},
+            optim={"max_steps": 6},
+            data={"val_fraction": 0.0},
+            schedule={"checkpoint_every": 2, "val_every": 100, "keep_checkpoints": 2},
+        ),
+    )
     root = run / "checkpoints"
     out: dict = {"run": run, "root": root}
 
@@ -139,6 +146,7 @@ def timeline(tmp_path_factory) -> dict:
 
 # ------------------------------------------------------------------ 1. kill -9 of a rank
 
+
 def test_01_kill_9_of_a_rank_fails_the_run_naming_node_and_rank(launch_fake):
     ctrl = launch_fake(nodes=2, step_s=0.2)
     wait_for(lambda: step_of(ctrl) >= 2, 60, "two steps")
@@ -153,19 +161,27 @@ def test_01_kill_9_of_a_rank_fails_the_run_naming_node_and_rank(launch_fake):
 
 # ------------------------------------------------------------------ 2. a SIGSTOPped rank
 
+
 def test_02_a_sigstopped_rank_is_reported_stalled_and_recovers_on_sigcont(launch_fake):
     ctrl = launch_fake(nodes=1, per_node=2, step_s=0.2)
     wait_for(lambda: step_of(ctrl) >= 3, 60, "three steps")
     fast = PollerConfig(0.2, 10.0, 2.0)
-    config = MonitorConfig(events=fast, heartbeats=fast, logs=fast, agents=fast, publish_interval_s=0.2,
-                           # the fake ranks report no step times: the start-up limit is the one that applies
-                           health=HealthPolicy(stall_factor=2.0, stall_floor_s=1.0, startup_grace_s=3.0,
-                                               pause_grace_s=1.0))
+    config = MonitorConfig(
+        events=fast,
+        heartbeats=fast,
+        logs=fast,
+        agents=fast,
+        publish_interval_s=0.2,
+        # the fake ranks report no step times: the start-up limit is the one that applies
+        health=HealthPolicy(stall_factor=2.0, stall_floor_s=1.0, startup_grace_s=3.0, pause_grace_s=1.0),
+    )
     pid = rank_pid(ctrl.run, 1)
     with Monitor(ctrl.run.path, config=config) as mon:
         os.kill(pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: (r := mon.snapshot().rank(1)) and r.state is RankState.STALLED, 30, "rank 1 stalled")
+            wait_for(
+                lambda: (r := mon.snapshot().rank(1)) and r.state is RankState.STALLED, 30, "rank 1 stalled"
+            )
             assert mon.snapshot().rank(0).state is not RankState.STALLED
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -174,6 +190,7 @@ def test_02_a_sigstopped_rank_is_reported_stalled_and_recovers_on_sigcont(launch
 
 
 # ------------------------------------------------------------------ 3. the console killed
+
 
 def test_03_killing_the_console_leaves_training_running_and_attach_takes_it_over(tmp_path, pool):
     run = make_run(tmp_path / "runs", nodes=2, max_steps=30)
@@ -187,7 +204,10 @@ def test_03_killing_the_console_leaves_training_running_and_attach_takes_it_over
 
 # ------------------------------------------------------------------ 4. SSH dropped, SSH hung
 
-def test_04a_ssh_dropped_is_an_error_for_that_node_and_the_others_answer(sshd, sshd_hosts, frozen_node, tmp_path):
+
+def test_04a_ssh_dropped_is_an_error_for_that_node_and_the_others_answer(
+    sshd, sshd_hosts, frozen_node, tmp_path
+):
     hosts = ["hung1", sshd_hosts[0].alias]
     with SshPool(combined_settings(sshd, frozen_node, tmp_path)) as pool:
         assert all(r.ok for r in pool.run_all(hosts, ["true"], timeout=20).values())
@@ -202,12 +222,15 @@ def test_04a_ssh_dropped_is_an_error_for_that_node_and_the_others_answer(sshd, s
         assert res[sshd_hosts[0].alias].stdout == "up\n" and time.monotonic() - t0 < 10
 
 
-def test_04b_ssh_hung_is_unreachable_within_the_deadline_and_others_answer(sshd, sshd_hosts, frozen_node, tmp_path):
+def test_04b_ssh_hung_is_unreachable_within_the_deadline_and_others_answer(
+    sshd, sshd_hosts, frozen_node, tmp_path
+):
     seconds = hung_node_report(sshd, sshd_hosts, frozen_node, tmp_path)
     print(f"hung node reported unreachable after {seconds:.2f} s")
 
 
 # ------------------------------------------------------------------ 5. a stop beside a second run
+
 
 def test_05_a_stop_ends_only_its_run_and_a_second_run_on_the_node_goes_on(launch_fake):
     ours = launch_fake(nodes=1, per_node=2, step_s=0.2)
@@ -224,6 +247,7 @@ def test_05_a_stop_ends_only_its_run_and_a_second_run_on_the_node_goes_on(launch
 
 # ------------------------------------------------------------------ 6. kill -9 during a save
 
+
 @pytest.mark.slow
 def test_06_kill_9_during_a_save_never_publishes_the_half_written_checkpoint(timeline):
     assert "step-4.tmp" in timeline["after_kill"] and "step-4" not in timeline["after_kill"]
@@ -232,19 +256,29 @@ def test_06_kill_9_during_a_save_never_publishes_the_half_written_checkpoint(tim
     assert chosen.step == 2 and any(s.path.name == "step-4.tmp" for s in skipped)
     watch = {c.name: c for c in timeline["watch_after_kill"].items}
     assert watch["step-2"].state is CheckpointState.COMPLETE
-    assert watch["step-4.tmp"].state is CheckpointState.INCOMPLETE and "abandoned" in watch["step-4.tmp"].problems[0]
+    assert (
+        watch["step-4.tmp"].state is CheckpointState.INCOMPLETE
+        and "abandoned" in watch["step-4.tmp"].problems[0]
+    )
     assert timeline["start_2"]["step"] == 2  # the resume took the last complete one
 
 
 # ------------------------------------------------------------------ 7. ENOSPC during a save
 
+
 @pytest.mark.slow
 def test_07_disk_full_during_a_save_keeps_the_last_checkpoint(tmp_path, clip_dir):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    run = write_run(tmp_path / "run", base_config(
-        clip_dir, topology={"gpus_per_node": 1}, optim={"max_steps": 6},
-        schedule={"checkpoint_every": 2, "val_every": 100, "keep_checkpoints": 2}))  # fmt: skip
+    run = write_run(
+        tmp_path / "run",
+        base_config(
+            clip_dir,
+            topology={"gpus_per_node": 1},
+            optim={"max_steps": 6},
+            schedule={"checkpoint_every": 2, "val_every": 100, "keep_checkpoints": 2},
+        ),
+    )
     root = run / "checkpoints"
     root.mkdir()
     # one checkpoint of this model at world size 1 is ~216 MB: room for the first save, not a second
@@ -253,8 +287,9 @@ def test_07_disk_full_during_a_save_keeps_the_last_checkpoint(tmp_path, clip_dir
         launch = Launch(run, 1)
         rc = launch.wait(600)
         assert rc != 0, launch.tail()
-        failed = [e for e in events(run, 0, "error")] + [e for e in events(run, 0, "checkpoint")
-                                                          if e.get("status") == "failed"]
+        failed = [e for e in events(run, 0, "error")] + [
+            e for e in events(run, 0, "checkpoint") if e.get("status") == "failed"
+        ]
         assert failed and events(run, 0, "stop")[-1]["reason"] == "error", launch.tail()
         assert ckpt.read_latest(root) == ("step-2", None)
         assert ckpt.verify(root / "step-2", hashes=True).ok
@@ -262,9 +297,15 @@ def test_07_disk_full_during_a_save_keeps_the_last_checkpoint(tmp_path, clip_dir
         assert chosen.step == 2
         assert not (root / "step-4").exists()  # nothing half-written was published
         # what the console makes of the rank's own words: the node and the path, not a bare traceback
-        said = (failed[0] if failed[0].get("kind") == "error" else {**failed[0], "message": failed[0].get("message")})
+        said = (
+            failed[0]
+            if failed[0].get("kind") == "error"
+            else {**failed[0], "message": failed[0].get("message")}
+        )
         failure = choose_failure([], {0: said}, 1, time.time())
-        assert failure.reason.startswith("disk full on node 0 at ") and str(root) in failure.reason, failure.reason
+        assert failure.reason.startswith("disk full on node 0 at ") and str(root) in failure.reason, (
+            failure.reason
+        )
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
 
@@ -284,7 +325,8 @@ def _fill(fs: Path) -> Path:
 
 @pytest.mark.timeout(180)
 def test_07b_disk_full_under_the_console_stops_the_nodes_and_records_the_failure_once_space_allows(
-        tmp_path, pool):  # noqa: F811 - pool is the fixture imported above
+    tmp_path, pool
+):  # noqa: F811 - pool is the fixture imported above
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     runs = tmp_path / "runs"
@@ -301,7 +343,9 @@ def test_07b_disk_full_under_the_console_stops_the_nodes_and_records_the_failure
         filler = _fill(runs)
         os.kill(victim, signal.SIGKILL)
         notes: list[str] = []
-        outcome = ctrl.follow(on_update=lambda snap: notes.extend(snap.notes), interval=0.1)  # a crash here was the hole
+        outcome = ctrl.follow(
+            on_update=lambda snap: notes.extend(snap.notes), interval=0.1
+        )  # a crash here was the hole
         assert outcome.phase is Phase.FAILED
         assert all(p == () for p in ctrl.processes().values())  # the nodes were stopped all the same
         said = [n for n in notes if n.startswith("disk full on ")]
@@ -318,6 +362,7 @@ def test_07b_disk_full_under_the_console_stops_the_nodes_and_records_the_failure
 
 
 # ------------------------------------------------------------------ 8. damaged shards
+
 
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
@@ -350,20 +395,26 @@ def test_08b_a_same_size_corrupted_shard_is_refused_by_its_hash(timeline, tmp_pa
 
 # ------------------------------------------------------------------ 9. garbage in latest
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("garbage", [b"step-2; rm -rf /\n", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01"], ids=["text", "binary"])
+@pytest.mark.parametrize(
+    "garbage", [b"step-2; rm -rf /\n", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01"], ids=["text", "binary"]
+)
 def test_09_garbage_in_latest_is_reported_and_the_checkpoints_decide(timeline, tmp_path, garbage):
     root = tmp_path / "checkpoints"
     shutil.copytree(timeline["spare"] / "step-2", root / "step-2")
     (root / "latest").write_bytes(garbage)
     summary = CheckpointWatcher(root).summary(RunActivity(live=False))
-    assert [c.name for c in summary.items] == ["step-2"] and summary.items[0].state is CheckpointState.COMPLETE
+    assert [c.name for c in summary.items] == ["step-2"] and summary.items[
+        0
+    ].state is CheckpointState.COMPLETE
     assert any("latest" in p and "ignored" in p for p in summary.problems)
     chosen, skipped = ckpt.resolve_resume(root, "latest")
     assert chosen.step == 2 and "ignored" in skipped[-1].problems[0]
 
 
 # ------------------------------------------------------------------ 10. retention
+
 
 @pytest.mark.slow
 def test_10a_retention_after_a_crash_during_a_save(timeline):
@@ -386,6 +437,7 @@ def test_10b_retention_after_resume_from_an_older_checkpoint_keeps_the_lineage(t
 
 # ------------------------------------------------------------------ 11. malicious preset or hostfile
 
+
 def test_11a_a_malicious_preset_is_refused_naming_the_key_and_file(tmp_path):
     marker = tmp_path / "PWNED"
     path = write_preset(tmp_path, {f"NCCL_DEBUG$(touch {marker})": "WARN"})
@@ -407,6 +459,7 @@ def test_11b_a_malicious_hostfile_is_refused_naming_the_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------ 12. host keys
 
+
 def test_12a_an_unknown_host_key_is_refused_in_the_cli_and_nothing_runs(sshd, sshd_hosts, tmp_path, capsys):
     host = sshd_hosts[0].host
     empty = tmp_path / "known_hosts"
@@ -415,9 +468,20 @@ def test_12a_an_unknown_host_key_is_refused_in_the_cli_and_nothing_runs(sshd, ss
         connect(host, sshd.settings(known_hosts_path=str(empty)))
     assert "SHA256:" in str(err.value) and "taehv-console trust" in err.value.fix
     env = {**sshd.env(), "TAEHV_KNOWN_HOSTS": str(empty)}
-    done = subprocess.run([sys.executable, "-m", "taehv_console.cli", "detect", "--hosts",
-                           str(sshd.write_hostfile(tmp_path / "hosts", hosts=[host]))],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.cli",
+            "detect",
+            "--hosts",
+            str(sshd.write_hostfile(tmp_path / "hosts", hosts=[host])),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert done.returncode != 0 and "host key" in (done.stdout + done.stderr).lower()
     assert empty.read_text() == ""  # never trusted behind the user's back
 
@@ -433,7 +497,9 @@ def test_12b_a_changed_host_key_is_refused_in_the_cli(sshd, sshd_hosts, tmp_path
     assert forged.get_base64() in kh.read_text()
 
 
-def test_12c_an_unknown_host_key_in_the_tui_is_shown_and_trusted_only_on_confirmation(sshd, tmp_path, monkeypatch):
+def test_12c_an_unknown_host_key_in_the_tui_is_shown_and_trusted_only_on_confirmation(
+    sshd, tmp_path, monkeypatch
+):
     import asyncio
 
     from taehv_console.ui.screens.detect import DetectScreen
@@ -441,12 +507,21 @@ def test_12c_an_unknown_host_key_in_the_tui_is_shown_and_trusted_only_on_confirm
 
     known, unknown = sshd.addresses[0], sshd.addresses[1]
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(line + "\n" for line in Path(sshd.known_hosts).read_text().splitlines()
-                          if not line.startswith(f"[{unknown}]")))
+    kh.write_text(
+        "".join(
+            line + "\n"
+            for line in Path(sshd.known_hosts).read_text().splitlines()
+            if not line.startswith(f"[{unknown}]")
+        )
+    )
     for k, v in {**sshd.env(), "TAEHV_KNOWN_HOSTS": str(kh)}.items():
         monkeypatch.setenv(k, v)
-    app = sample_app("--hosts", str(sshd.write_hostfile(tmp_path / "hostfile", hosts=[known, unknown])),
-                     "--runs", str(tmp_path / "runs"))
+    app = sample_app(
+        "--hosts",
+        str(sshd.write_hostfile(tmp_path / "hostfile", hosts=[known, unknown])),
+        "--runs",
+        str(tmp_path / "runs"),
+    )
 
     async def until(pilot, predicate, timeout):
         deadline = time.monotonic() + timeout
@@ -474,6 +549,7 @@ def test_12c_an_unknown_host_key_in_the_tui_is_shown_and_trusted_only_on_confirm
 
 # ------------------------------------------------------------------ 13. a corrupt video
 
+
 @pytest.mark.slow
 def test_13_a_corrupt_video_is_skipped_reported_and_training_goes_on(timeline):
     skipped = [e for e in timeline["data_events"] if e["path"].endswith("zz_corrupt.mp4")]
@@ -482,6 +558,7 @@ def test_13_a_corrupt_video_is_skipped_reported_and_training_goes_on(timeline):
 
 
 # ------------------------------------------------------------------ 14. benign NCCL noise
+
 
 def test_14_benign_nccl_noise_raises_nothing():
     scanner = LogScanner()
@@ -492,10 +569,14 @@ def test_14_benign_nccl_noise_raises_nothing():
 
 # ------------------------------------------------------------------ 15. 2x8 treated as 1x16
 
+
 def test_15_two_nodes_of_eight_run_as_one_of_sixteen_is_an_error_before_launch():
     topo = hostfile_topology(("gpu01", 8), ("gpu02", 8))
     facts = {h: build_facts(h) for h in ("gpu01", "gpu02")}
-    [f] = [f for f in pf.check_processes_vs_gpus(topo, facts, gpu_config(nodes=1, ppn=16))
-           if f.id == "topology-mismatch"]
+    [f] = [
+        f
+        for f in pf.check_processes_vs_gpus(topo, facts, gpu_config(nodes=1, ppn=16))
+        if f.id == "topology-mismatch"
+    ]
     assert f.severity.name == "ERROR" and "invalid device ordinal" in f.message
     assert "--set topology.nodes=2 --set topology.gpus_per_node=8" in f.fix

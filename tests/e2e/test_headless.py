@@ -27,14 +27,33 @@ THREADS = ("--env", "OMP_NUM_THREADS=1")
 
 def _no_platform_env() -> dict:
     # the test process may itself run under a launcher; the console must see a plain machine
-    drop = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX",
-            "SLURM_JOB_NODELIST", "SLURM_NODELIST"}
+    drop = {
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "JOB_COMPLETION_INDEX",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    }
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def test_no_gpu_and_no_data_trains_cpu_smoke_on_generated_clips_to_the_end(tmp_path):
-    console = Console("--no-tui", "--runs", tmp_path / "runs", "--json", "--set", "optim.max_steps=2",
-                      "--set", "schedule.val_every=1000", *THREADS, env=_no_platform_env(), cwd=tmp_path)
+    console = Console(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--json",
+        "--set",
+        "optim.max_steps=2",
+        "--set",
+        "schedule.val_every=1000",
+        *THREADS,
+        env=_no_platform_env(),
+        cwd=tmp_path,
+    )
     rc = console.wait(400)
     assert rc == ExitCode.DONE, console.tail()
     result = console.result()
@@ -49,15 +68,26 @@ def test_no_gpu_and_no_data_trains_cpu_smoke_on_generated_clips_to_the_end(tmp_p
 
 
 def test_a_missing_data_directory_fails_preflight_and_starts_nothing(tmp_path):
-    r = run_cli("--no-tui", "--runs", tmp_path / "runs", "--data", tmp_path / "no-such-videos", "--json",
-                env=_no_platform_env(), cwd=tmp_path, timeout=120)
+    r = run_cli(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--data",
+        tmp_path / "no-such-videos",
+        "--json",
+        env=_no_platform_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == ExitCode.PREFLIGHT_FAILED, r.stdout[-2000:] + r.stderr[-2000:]
     import json
 
     lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     findings = next(o for o in lines if o.get("kind") == "preflight")["findings"]
     assert any(f["id"] == "data-missing" and f["severity"] == "error" for f in findings)
-    assert not (tmp_path / "runs").exists() or not any(p.name[:2] == "20" for p in (tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists() or not any(
+        p.name[:2] == "20" for p in (tmp_path / "runs").iterdir()
+    )
 
 
 def test_a_usage_error_exits_2(tmp_path):
@@ -67,11 +97,19 @@ def test_a_usage_error_exits_2(tmp_path):
 
 def test_exit_codes_are_the_documented_enum():
     assert [(c.name, c.value) for c in ExitCode] == [
-        ("DONE", 0), ("TRAINING_FAILED", 1), ("USAGE", 2), ("PREFLIGHT_FAILED", 3), ("STOPPED", 4), ("BUSY", 5),
-        ("INTERRUPTED", 130)]
+        ("DONE", 0),
+        ("TRAINING_FAILED", 1),
+        ("USAGE", 2),
+        ("PREFLIGHT_FAILED", 3),
+        ("STOPPED", 4),
+        ("BUSY", 5),
+        ("INTERRUPTED", 130),
+    ]
     r = run_cli("--help")
-    assert "0 done, 1 training_failed, 2 usage, 3 preflight_failed, 4 stopped, 5 busy, 130 interrupted" \
+    assert (
+        "0 done, 1 training_failed, 2 usage, 3 preflight_failed, 4 stopped, 5 busy, 130 interrupted"
         in " ".join(r.stdout.split())
+    )
 
 
 def test_sigterm_to_a_platform_pod_stops_the_whole_run_with_a_checkpoint(tmp_path):
@@ -82,17 +120,52 @@ def test_sigterm_to_a_platform_pod_stops_the_whole_run_with_a_checkpoint(tmp_pat
     make_synthetic(clips, clips=8, frames=12, height=64, width=64, seed=3)
     run = tmp_path / "runs" / "pod-run"
     # what an operator does before submitting the Job: render the run onto shared storage
-    r = run_cli("render", "--preset", "cpu-smoke", "--nodes", "2", "--gpus-per-node", "1", "--out", run,
-                "--set", f"data.source={clips}", "--set", "optim.max_steps=200", "--set", "schedule.val_every=1000",
-                "--set", "schedule.checkpoint_every=1000", cwd=tmp_path)
+    r = run_cli(
+        "render",
+        "--preset",
+        "cpu-smoke",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--out",
+        run,
+        "--set",
+        f"data.source={clips}",
+        "--set",
+        "optim.max_steps=200",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "schedule.checkpoint_every=1000",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     port = free_port()
     pods = []
     for rank in (0, 1):
-        env = {**_no_platform_env(), "WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}
-        pods.append(Console("--no-tui", "--preset", run / "run.toml", "--runs", tmp_path / "runs", "--json",
-                            *THREADS, "--env", "TAEHV_FAULTS=delay:0:*:1", env=env, cwd=tmp_path))
+        env = {
+            **_no_platform_env(),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        pods.append(
+            Console(
+                "--no-tui",
+                "--preset",
+                run / "run.toml",
+                "--runs",
+                tmp_path / "runs",
+                "--json",
+                *THREADS,
+                "--env",
+                "TAEHV_FAULTS=delay:0:*:1",
+                env=env,
+                cwd=tmp_path,
+            )
+        )
     pods[0].wait_for(lambda o: is_step(o, 2), 400, "step 2 on pod 0")
     pods[0].signal(signal.SIGTERM)  # what Kubernetes sends a pod that is deleted
     rcs = [p.wait(300) for p in pods]

@@ -42,9 +42,23 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
     from taehv_console.core.cluster.ssh import LocalRunner
 
     env = _no_platform_env()
-    console = Console("--no-tui", "--runs", tmp_path / "runs", "--json", "--set", "optim.max_steps=100000",
-                      "--set", "schedule.val_every=100000", "--set", "schedule.checkpoint_every=100000",
-                      "--grace", "60", *THREADS, env=env, cwd=tmp_path)
+    console = Console(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--json",
+        "--set",
+        "optim.max_steps=100000",
+        "--set",
+        "schedule.val_every=100000",
+        "--set",
+        "schedule.checkpoint_every=100000",
+        "--grace",
+        "60",
+        *THREADS,
+        env=env,
+        cwd=tmp_path,
+    )
     figures: dict[str, float] = {}
     try:
         phase = console.wait_for(lambda o: o.get("kind") == "phase", 300, "the run to start")
@@ -90,12 +104,15 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
             assert any("train" in fr for fr in f1["frames"]), f1["frames"]
             assert (run / f1["dump_path"]).is_file() or os.path.isfile(f1["dump_path"]), f1
             # and the headless stream printed the same report
-            rep = console.wait_for(lambda o: o.get("kind") == "forensics" and o.get("rank") == 1, 60,
-                                   "the forensics report")
+            rep = console.wait_for(
+                lambda o: o.get("kind") == "forensics" and o.get("rank") == 1, 60, "the forensics report"
+            )
             assert rep["frames"][:3] == f1["frames"][:3]
         finally:
             os.kill(pid1, signal.SIGCONT)
-        console.wait_for(lambda o: o.get("kind") == "recovered" and o.get("rank") == 1, 120, "rank 1 recovered")
+        console.wait_for(
+            lambda o: o.get("kind") == "recovered" and o.get("rank") == 1, 120, "rank 1 recovered"
+        )
         console.signal(signal.SIGTERM)
         rc = console.wait(240)
         assert rc == ExitCode.STOPPED, console.tail()
@@ -106,9 +123,14 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
             assert tree_on(runner, n["pgid"]) == []
         for r in (0, 1):
             pid = _heartbeat(run, r)["pid"]
-            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+            assert (
+                not os.path.exists(f"/proc/{pid}")
+                or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+            )
     finally:
         if console.proc.poll() is None:
             console.kill()
-    print(f"\nSIGSTOP -> named: headless {figures.get('headless_s', -1):.1f} s, status --json "
-          f"{figures.get('status_s', -1):.1f} s (bound {bound:.0f} s, step {interval:.2f} s)")
+    print(
+        f"\nSIGSTOP -> named: headless {figures.get('headless_s', -1):.1f} s, status --json "
+        f"{figures.get('status_s', -1):.1f} s (bound {bound:.0f} s, step {interval:.2f} s)"
+    )

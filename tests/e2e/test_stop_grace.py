@@ -29,19 +29,30 @@ def test_stop_waits_past_torchruns_default_for_a_slow_checkpoint(tmp_path):
 
     clips = tmp_path / "clips"
     make_synthetic(clips, clips=6, frames=12, height=64, width=64, seed=5)
-    cfg = load_preset("cpu-smoke", overrides=[
-        f'data.source="{clips}"', "topology.gpus_per_node=1", "optim.max_steps=1000",
-        "schedule.checkpoint_every=1000", "schedule.val_every=1000"]).config
-    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",), master_addr="127.0.0.1",
-                      master_port=free_port(),
-                      env={"OMP_NUM_THREADS": "1", "TAEHV_FAULTS": f"ckpt_sleep:0:*:{SLOW_SAVE_S}"})
+    cfg = load_preset(
+        "cpu-smoke",
+        overrides=[
+            f'data.source="{clips}"',
+            "topology.gpus_per_node=1",
+            "optim.max_steps=1000",
+            "schedule.checkpoint_every=1000",
+            "schedule.val_every=1000",
+        ],
+    ).config
+    spec = LaunchSpec(
+        backend=BackendKind.LOCAL,
+        hosts=("localhost",),
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        env={"OMP_NUM_THREADS": "1", "TAEHV_FAULTS": f"ckpt_sleep:0:*:{SLOW_SAVE_S}"},
+    )
     run = create_run(tmp_path / "runs", cfg, spec)
     with SshPool(SshSettings.from_env()) as pool, RunController.open(run, pool, purpose="test") as ctrl:
         ctrl.grace_s = 120
         ctrl.launch()
         deadline = time.time() + 240
         while ctrl._tail().progress.step < 1:
-            assert time.time() < deadline, (run.node_log(0).read_text()[-3000:])
+            assert time.time() < deadline, run.node_log(0).read_text()[-3000:]
             ctrl._tail().poll()
             time.sleep(0.2)
         t0 = time.time()

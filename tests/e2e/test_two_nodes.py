@@ -37,10 +37,24 @@ def _env(sshd) -> dict:
 
 def _launch_args(work: Path, sshd, max_steps: int, *extra: str) -> list[str]:
     hostfile = sshd.write_hostfile(work / "hostfile", slots=1, hosts=HOSTS)
-    return ["--no-tui", "--hosts", str(hostfile), "--runs", str(work / "runs"), "--master-port", str(free_port()),
-            "--json", "--set", f"optim.max_steps={max_steps}", "--set", "schedule.val_every=1000",
-            # one thread per rank: two "nodes" share this machine's cores
-            "--env", "OMP_NUM_THREADS=1", *extra]
+    return [
+        "--no-tui",
+        "--hosts",
+        str(hostfile),
+        "--runs",
+        str(work / "runs"),
+        "--master-port",
+        str(free_port()),
+        "--json",
+        "--set",
+        f"optim.max_steps={max_steps}",
+        "--set",
+        "schedule.val_every=1000",
+        # one thread per rank: two "nodes" share this machine's cores
+        "--env",
+        "OMP_NUM_THREADS=1",
+        *extra,
+    ]
 
 
 def _run_dir(console: Console, work: Path) -> Path:
@@ -57,7 +71,7 @@ def _nothing_left(pool: SshPool, run: Path, attempt: int = -1) -> dict[str, list
         runner = pool.runner(n["host"])
         left[n["host"]] = tree_on(runner, n["pgid"])
     for r in (0, 1):
-        beat = (run / "heartbeat" / f"rank-{r}.json")
+        beat = run / "heartbeat" / f"rank-{r}.json"
         if beat.exists():
             import json
 
@@ -70,14 +84,20 @@ def _nothing_left(pool: SshPool, run: Path, attempt: int = -1) -> dict[str, list
 
 # ------------------------------------------------------------------------------------ lifecycle
 
+
 @pytest.fixture(scope="module")
 def lifecycle(sshd, tmp_path_factory):
     work = tmp_path_factory.mktemp("lifecycle")
     env = _env(sshd)
     seen: dict = {}
     # rank 0 sleeps 1.5 s per step: slow enough that the story below happens mid-run
-    first = Console(*_launch_args(work, sshd, 20, "--set", "schedule.checkpoint_every=1000",
-                                  "--env", "TAEHV_FAULTS=delay:0:*:1.5"), env=env, cwd=work)
+    first = Console(
+        *_launch_args(
+            work, sshd, 20, "--set", "schedule.checkpoint_every=1000", "--env", "TAEHV_FAULTS=delay:0:*:1.5"
+        ),
+        env=env,
+        cwd=work,
+    )
     run = _run_dir(first, work)
     seen["run"] = run
     first.wait_for(lambda o: is_step(o, 2), 300, "step 2")
@@ -93,10 +113,13 @@ def lifecycle(sshd, tmp_path_factory):
     attach = Console("attach", run, "--json", env=env, cwd=work)
     after = seen["step_after_kill"]
     seen["attach_step"] = attach.wait_for(lambda o: is_step(o, after + 1), 120, "progress after attach")
-    seen["attach_note"] = attach.wait_for(lambda o: "attached to" in str(o.get("message", "")), 5, "attach note")
+    seen["attach_note"] = attach.wait_for(
+        lambda o: "attached to" in str(o.get("message", "")), 5, "attach note"
+    )
     seen["resume_while_attached"] = run_cli("resume", run, env=env, cwd=work)
-    seen["headless_while_attached"] = run_cli(*_launch_args(work, sshd, 20)[:5], "--run", run, "--json",
-                                              env=env, cwd=work)
+    seen["headless_while_attached"] = run_cli(
+        *_launch_args(work, sshd, 20)[:5], "--run", run, "--json", env=env, cwd=work
+    )
 
     with SshPool(sshd.settings()) as pool:
         node1 = pool.runner(HOSTS[1])
@@ -137,7 +160,10 @@ def test_a_launch_while_the_run_is_live_is_refused(lifecycle):
 
 def test_attach_reconnects_and_shows_progress(lifecycle):
     assert lifecycle["attach_step"]["step"] > lifecycle["step_after_kill"]
-    assert "127.0.0.2" in lifecycle["attach_note"]["message"] and "127.0.0.3" in lifecycle["attach_note"]["message"]
+    assert (
+        "127.0.0.2" in lifecycle["attach_note"]["message"]
+        and "127.0.0.3" in lifecycle["attach_note"]["message"]
+    )
 
 
 def test_a_second_launch_while_a_console_is_attached_is_refused(lifecycle):
@@ -190,17 +216,31 @@ def test_two_nodes_train_to_completion_with_final_weights(lifecycle):
 
 # -------------------------------------------------------------------------------------- failure
 
+
 @pytest.fixture(scope="module")
 def failure(sshd, tmp_path_factory):
     work = tmp_path_factory.mktemp("failure")
     env = _env(sshd)
     seen: dict = {}
-    console = Console(*_launch_args(work, sshd, 8, "--set", "schedule.checkpoint_every=2",
-                                    "--env", "TAEHV_FAULTS=delay:0:*:1"), env=env, cwd=work)
+    console = Console(
+        *_launch_args(
+            work, sshd, 8, "--set", "schedule.checkpoint_every=2", "--env", "TAEHV_FAULTS=delay:0:*:1"
+        ),
+        env=env,
+        cwd=work,
+    )
     run = _run_dir(console, work)
     seen["run"] = run
-    console.wait_for(lambda o: o.get("source") == "trainer" and o.get("kind") == "checkpoint"
-                     and o.get("status") == "complete" and o.get("rank") == 0, 300, "the first checkpoint")
+    console.wait_for(
+        lambda o: (
+            o.get("source") == "trainer"
+            and o.get("kind") == "checkpoint"
+            and o.get("status") == "complete"
+            and o.get("rank") == 0
+        ),
+        300,
+        "the first checkpoint",
+    )
     import json
 
     victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
@@ -247,4 +287,3 @@ def test_resume_after_a_failure_continues_from_the_last_complete_checkpoint_to_t
     assert resumed_steps == list(range(failure["newest_at_failure"] + 1, 9))
     assert (run / "final" / "taehv.safetensors").is_file()
     assert failure["state_at_end"]["phase"] == "done" and failure["state_at_end"]["failure"] is None
-

@@ -21,12 +21,26 @@ from pathlib import Path
 
 NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
 HOSTS_MARK = "# taehv-console tests: the loopback SLURM cluster's node names (tests/slurm/cluster.py)"
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sinfo")
+BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "salloc",
+    "squeue",
+    "scancel",
+    "scontrol",
+    "sinfo",
+)
 
 
 def missing_binaries() -> list[str]:
-    found = {b: shutil.which(b) or next((p for p in (f"/usr/sbin/{b}", f"/usr/bin/{b}") if os.access(p, os.X_OK)), None)
-             for b in BINARIES}
+    found = {
+        b: shutil.which(b)
+        or next((p for p in (f"/usr/sbin/{b}", f"/usr/bin/{b}") if os.access(p, os.X_OK)), None)
+        for b in BINARIES
+    }
     return [b for b, path in found.items() if path is None]
 
 
@@ -53,8 +67,9 @@ def ensure_node_names(hosts_file: Path = Path("/etc/hosts")) -> None:
         if have == addr:
             continue
         if have is not None:
-            raise RuntimeError(f"{name} resolves to {have}, but the test cluster's node {name} is {addr}: "
-                               f"fix {hosts_file}")
+            raise RuntimeError(
+                f"{name} resolves to {have}, but the test cluster's node {name} is {addr}: fix {hosts_file}"
+            )
         wanted.append(f"{addr} {name}")
     if wanted:
         lines = ([HOSTS_MARK] if HOSTS_MARK not in text else []) + wanted
@@ -84,8 +99,9 @@ class LoopbackSlurm:
         return {**env, **self.env()}
 
     def run(self, *argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run(list(argv), capture_output=True, text=True, env=self.client_env(), timeout=timeout,
-                             check=False)
+        res = subprocess.run(
+            list(argv), capture_output=True, text=True, env=self.client_env(), timeout=timeout, check=False
+        )
         if check and res.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-1000:]}")
         return res
@@ -101,7 +117,9 @@ class LoopbackSlurm:
             ports[name] = _free_port(addr)
         self._write_conf(ports)
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-c"])
-        self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, timeout, "slurmctld to answer")
+        self._wait(
+            lambda: self.run("scontrol", "ping", check=False).returncode == 0, timeout, "slurmctld to answer"
+        )
         for name in NODES:
             self._spawn(f"slurmd-{name}", [_binary("slurmd"), "-D", "-c", "-N", name])
         self._wait(self._all_idle, timeout, "both nodes idle in sinfo")
@@ -122,9 +140,20 @@ class LoopbackSlurm:
             f.write(os.urandom(1024))
         os.chown(key, munge.pw_uid, munge.pw_gid)
         d = self.munge_dir
-        self._spawn("munged", [_binary("munged"), "-F", f"--socket={self.socket}", f"--key-file={key}",
-                               f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
-                               f"--seed-file={private / 'munged.seed'}"], user=munge.pw_uid, group=munge.pw_gid)
+        self._spawn(
+            "munged",
+            [
+                _binary("munged"),
+                "-F",
+                f"--socket={self.socket}",
+                f"--key-file={key}",
+                f"--pid-file={d / 'munged.pid'}",
+                f"--log-file={d / 'munged.log'}",
+                f"--seed-file={private / 'munged.seed'}",
+            ],
+            user=munge.pw_uid,
+            group=munge.pw_gid,
+        )
         self._wait(self.socket.exists, 20, "munged's socket")
 
     def _write_conf(self, ports: dict[str, int]) -> None:
@@ -160,8 +189,11 @@ class LoopbackSlurm:
             f"SlurmdSpoolDir={d / 'spool-%n'}",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            *(f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={ports[name]} CPUs={self.cpus} "
-              "RealMemory=4000 State=UNKNOWN" for name, addr in NODES.items()),
+            *(
+                f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={ports[name]} CPUs={self.cpus} "
+                "RealMemory=4000 State=UNKNOWN"
+                for name, addr in NODES.items()
+            ),
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE",
         ]
         (d / "ctld-state").mkdir(exist_ok=True)
@@ -169,8 +201,15 @@ class LoopbackSlurm:
 
     def _spawn(self, name: str, argv: list[str], **kw) -> None:
         log = open(self.dir / f"{name}.out", "ab")
-        self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                             env=self.client_env(), start_new_session=True, **kw)
+        self._procs[name] = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=self.client_env(),
+            start_new_session=True,
+            **kw,
+        )
         log.close()
 
     def _wait(self, cond, timeout: float, what: str) -> None:
@@ -178,8 +217,9 @@ class LoopbackSlurm:
         while not cond():
             for name, p in self._procs.items():
                 if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {p.returncode} while waiting for {what}: "
-                                       f"{self.log_tail(name)}")
+                    raise RuntimeError(
+                        f"{name} exited with {p.returncode} while waiting for {what}: {self.log_tail(name)}"
+                    )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out after {timeout} s waiting for {what}:\n{self.diagnostics()}")
             time.sleep(0.2)
@@ -203,7 +243,9 @@ class LoopbackSlurm:
         return ""
 
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in ("slurmctld", "slurmd-n1", "slurmd-n2", "munged"))
+        return "\n".join(
+            f"--- {n}\n{self.log_tail(n)}" for n in ("slurmctld", "slurmd-n1", "slurmd-n2", "munged")
+        )
 
     # -- jobs
     def jobs(self) -> dict[str, str]:
@@ -242,7 +284,9 @@ class LoopbackSlurm:
         if "slurmctld" in self._procs:
             self.cancel_all()
             self.run("scontrol", "shutdown", check=False, timeout=30)
-        for name in sorted(self._procs, key=lambda n: n == "munged"):  # munge last: slurm needs it to shut down
+        for name in sorted(
+            self._procs, key=lambda n: n == "munged"
+        ):  # munge last: slurm needs it to shut down
             p = self._procs[name]
             try:
                 p.wait(timeout=0.1 if name == "munged" else 20)

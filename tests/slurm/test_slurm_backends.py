@@ -17,10 +17,25 @@ from taehv_console.core.run.state import Attempt
 
 
 def _cmd(run, resume: str | None = None) -> NodeCommand:
-    argv = ["accelerate", "launch", "--config_file", f"{run.path}/accelerate-node-0.yaml", "-m", "trainer.cli",
-            "--run", str(run.path)] + (["--resume", resume] if resume else [])
-    return NodeCommand(0, "n1", tuple(argv), {"DS_ACCELERATOR": "cpu"}, str(run.node_log(0)),
-                       str(run.node_status_path(0)), str(run.path))
+    argv = [
+        "accelerate",
+        "launch",
+        "--config_file",
+        f"{run.path}/accelerate-node-0.yaml",
+        "-m",
+        "trainer.cli",
+        "--run",
+        str(run.path),
+    ] + (["--resume", resume] if resume else [])
+    return NodeCommand(
+        0,
+        "n1",
+        tuple(argv),
+        {"DS_ACCELERATOR": "cpu"},
+        str(run.node_log(0)),
+        str(run.node_status_path(0)),
+        str(run.path),
+    )
 
 
 def _wait(cond, timeout: float, what: str):
@@ -46,8 +61,9 @@ def test_sbatch_submits_the_script_and_a_term_stop_reaches_the_jobs_steps(slurm_
     # itself is not signalled by scancel --signal: it sees its step fail and exits 9)
     (run.path / "sbatch.sh").write_text(
         "#!/bin/bash\n#SBATCH --nodes=2\n"
-        f"srun --nodes=2 --ntasks-per-node=1 bash -c 'echo \"$TAEHV_ATTEMPT $TAEHV_RESUME\" > {tmp_path}/env-$SLURM_NODEID;"
-        " trap \"exit 7\" TERM; sleep 300 & wait' || exit 9\n")
+        f'srun --nodes=2 --ntasks-per-node=1 bash -c \'echo "$TAEHV_ATTEMPT $TAEHV_RESUME" > {tmp_path}/env-$SLURM_NODEID;'
+        ' trap "exit 7" TERM; sleep 300 & wait\' || exit 9\n'
+    )
     started = backend.start(run, [_cmd(run, resume="latest")], 3)
     assert not started.errors and started.slurm_job
     job = started.slurm_job
@@ -75,7 +91,9 @@ def test_a_cancelled_job_reads_as_killed(slurm_cluster, backend, tmp_path):
 
 def test_sbatch_reports_a_rejected_submission(slurm_cluster, backend, tmp_path):
     run = create_run_dir(tmp_path / "runs", "cpu-smoke")
-    (run.path / "sbatch.sh").write_text("#!/bin/bash\n#SBATCH --partition=gpu-h100\ntrue\n")  # there is only `debug`
+    (run.path / "sbatch.sh").write_text(
+        "#!/bin/bash\n#SBATCH --partition=gpu-h100\ntrue\n"
+    )  # there is only `debug`
     started = backend.start(run, [_cmd(run)], 1)
     assert started.slurm_job is None
     assert "sbatch failed" in started.errors[-1] and "invalid partition" in started.errors[-1].lower()
@@ -91,8 +109,14 @@ def test_srun_starts_the_wrapper_on_every_node_with_its_own_machine_rank(slurm_c
     with SshPool(SshSettings.from_env()) as pool:
         argv = SrunBackend(pool, nodes=2).srun_argv(run, [cmd], 3)
     # what the console runs inside an allocation, here inside a real one
-    res = subprocess.run(["salloc", "--nodes=2", *argv], env=slurm_cluster.client_env(), capture_output=True,
-                         text=True, timeout=120, check=False)
+    res = subprocess.run(
+        ["salloc", "--nodes=2", *argv],
+        env=slurm_cluster.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     # `accelerate-node-0.yaml` in the command became each node's own: node 1 wrote node-1's file
     assert [(tmp_path / f"accelerate-node-{n}.yaml").read_text().strip() for n in (0, 1)] == ["n1", "n2"]

@@ -23,12 +23,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _args(work: Path, max_steps: int, *extra: str) -> list[str]:
-    return ["--no-tui", "--runs", str(work / "runs"), "--master-port", str(free_port()), "--json",
-            "--preset", "cpu-smoke", "--set", "topology.nodes=2", "--set", "topology.gpus_per_node=1",
-            "--set", f"optim.max_steps={max_steps}", "--set", "schedule.val_every=1000",
-            "--set", "schedule.checkpoint_every=1000",
-            # the two "nodes" share this machine's cores
-            "--env", "OMP_NUM_THREADS=1", *extra]
+    return [
+        "--no-tui",
+        "--runs",
+        str(work / "runs"),
+        "--master-port",
+        str(free_port()),
+        "--json",
+        "--preset",
+        "cpu-smoke",
+        "--set",
+        "topology.nodes=2",
+        "--set",
+        "topology.gpus_per_node=1",
+        "--set",
+        f"optim.max_steps={max_steps}",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "schedule.checkpoint_every=1000",
+        # the two "nodes" share this machine's cores
+        "--env",
+        "OMP_NUM_THREADS=1",
+        *extra,
+    ]
 
 
 def _run_dir(console: Console, work: Path) -> Path:
@@ -66,6 +84,7 @@ def _alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------------------------- sbatch story
 
+
 @pytest.fixture(scope="module")
 def sbatch_story(slurm_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("sbatch")
@@ -76,8 +95,13 @@ def sbatch_story(slurm_cluster, tmp_path_factory):
     pids = work / "neighbour"
     pids.mkdir()
     neighbour = slurm_cluster.run(
-        "sbatch", "--parsable", "--nodes=2", "--job-name=neighbour", f"--output={work}/neighbour.out",
-        "--wrap", f"srun --nodes=2 --ntasks-per-node=1 bash -c 'echo $$ > {pids}/$SLURM_NODEID; exec sleep 900'",
+        "sbatch",
+        "--parsable",
+        "--nodes=2",
+        "--job-name=neighbour",
+        f"--output={work}/neighbour.out",
+        "--wrap",
+        f"srun --nodes=2 --ntasks-per-node=1 bash -c 'echo $$ > {pids}/$SLURM_NODEID; exec sleep 900'",
     ).stdout.strip()
     seen["neighbour"] = neighbour
     slurm_cluster.wait_job_state(neighbour, {"RUNNING"}, 60)
@@ -87,7 +111,9 @@ def sbatch_story(slurm_cluster, tmp_path_factory):
     seen["neighbour_pids"] = [int(p.read_text()) for p in sorted(pids.iterdir())]
 
     # rank 0 sleeps 3 s a step: slow enough that the stop lands mid-run
-    first = Console(*_args(work, 3, "--backend", "sbatch", "--env", "TAEHV_FAULTS=delay:0:*:3"), env=env, cwd=work)
+    first = Console(
+        *_args(work, 3, "--backend", "sbatch", "--env", "TAEHV_FAULTS=delay:0:*:3"), env=env, cwd=work
+    )
     run = _run_dir(first, work)
     seen["run"] = run
     first.wait_for(lambda o: is_step(o, 1), 400, "step 1")
@@ -129,7 +155,9 @@ def test_sbatch_stop_ends_only_this_jobs_steps_with_a_verified_checkpoint(sbatch
     step = stops[0]["step"]
     assert stops[1]["step"] == step
     state = s["state_after_stop"]
-    assert state["phase"] == "stopped" and state["stop"]["checkpoint_step"] == step and state["stop"]["verified"]
+    assert (
+        state["phase"] == "stopped" and state["stop"]["checkpoint_step"] == step and state["stop"]["verified"]
+    )
     status = ckpt.verify(s["run"] / "checkpoints" / f"step-{step}")
     assert status.ok and status.step == step, status.problems
     # this job is over and its ranks are gone; the other job on the same nodes still runs
@@ -156,8 +184,11 @@ def test_sbatch_preflight_ran_on_each_node_and_left_its_report(sbatch_story):
 
 def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp_path):
     missing = tmp_path / "no-such-data"
-    console = Console(*_args(tmp_path, 3, "--backend", "sbatch", "--data", str(missing)),
-                      env=slurm_cluster.client_env(), cwd=tmp_path)
+    console = Console(
+        *_args(tmp_path, 3, "--backend", "sbatch", "--data", str(missing)),
+        env=slurm_cluster.client_env(),
+        cwd=tmp_path,
+    )
     run = _run_dir(console, tmp_path)
     rc = console.wait(240)
     result = console.result()
@@ -166,7 +197,9 @@ def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp
     failure = result["failure"]
     text = "\n".join([failure["reason"], *failure["log_lines"]])
     # the findings as the node printed them, one line each
-    assert any("data-missing" in line and f"{missing} does not exist" in line for line in failure["log_lines"]), text
+    assert any(
+        "data-missing" in line and f"{missing} does not exist" in line for line in failure["log_lines"]
+    ), text
     for node in (0, 1):
         report = json.loads((run / "preflight" / f"node-{node}.json").read_text())
         assert not report["ok"] and any(f["id"] == "data-missing" for f in report["findings"])
@@ -175,6 +208,7 @@ def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp
 
 
 # ------------------------------------------------------------------------------- in an allocation
+
 
 def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slurm_cluster, tmp_path):
     # salloc runs the console on this machine with the allocation's SLURM_* variables: it detects

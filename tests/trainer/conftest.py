@@ -20,8 +20,13 @@ def save_tiny_teacher(directory: Path, latent_channels: int = 16, seed: int = 0)
     from diffusers import AutoencoderKLHunyuanVideo
 
     torch.manual_seed(seed)
-    teacher = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-                                        mid_block_add_attention=False, latent_channels=latent_channels)  # fmt: skip
+    teacher = AutoencoderKLHunyuanVideo(
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        mid_block_add_attention=False,
+        latent_channels=latent_channels,
+    )
     teacher.save_pretrained(directory)
     return directory
 

@@ -22,11 +22,16 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 3, 3, padding=1))
     conf = {
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": 10_000, "allgather_bucket_size": 10_000,
-                              "stage3_param_persistence_threshold": 0},
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 10_000,
+            "allgather_bucket_size": 10_000,
+            "stage3_param_persistence_threshold": 0,
+        },
         "bf16": {"enabled": precision == "bf16"},
-    }  # fmt: skip
+    }
     if precision == "bf16":
         conf["data_types"] = {"grad_accum_dtype": "fp32"}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -42,7 +47,11 @@ def main() -> None:
         ema.update()
     masters = master_partitions(engine)
     # the optimizer's own fp32 copy, by the attribute each ZeRO stage keeps it under
-    own = engine.optimizer.single_partition_of_fp32_groups if stage < 3 else engine.optimizer.fp32_partitioned_groups_flat
+    own = (
+        engine.optimizer.single_partition_of_fp32_groups
+        if stage < 3
+        else engine.optimizer.fp32_partitioned_groups_flat
+    )
     full = full_fp32_weights(engine)
     ema_full = ema.full_weights()
     after = full_fp32_weights(engine)
@@ -55,9 +64,13 @@ def main() -> None:
         "ema_dtypes": sorted({str(t.dtype) for t in ema.state()}),
         "ema_moved": any(not torch.equal(a, b) for a, b in zip(start, ema.state())),
         "full_dtypes": sorted({str(t.dtype) for t in full.values()}),
-        "full_shapes_ok": all(tuple(full[n].shape) == tuple(s) for n, s in
-                              ((n, p.ds_shape if hasattr(p, "ds_shape") else p.shape)
-                               for n, p in engine.module.named_parameters())),
+        "full_shapes_ok": all(
+            tuple(full[n].shape) == tuple(s)
+            for n, s in (
+                (n, p.ds_shape if hasattr(p, "ds_shape") else p.shape)
+                for n, p in engine.module.named_parameters()
+            )
+        ),
         "restored_after_ema": all(torch.equal(full[k], after[k]) for k in full),
         "ema_differs": any(not torch.equal(full[k], ema_full[k]) for k in full),
     }

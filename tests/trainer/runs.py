@@ -28,12 +28,19 @@ def base_config(data_source: Path, **sections) -> dict:
     cfg = {
         "run": {"preset": "test", "seed": 42},
         "topology": {"nodes": 1, "gpus_per_node": 2, "device": "cpu"},
-        "data": {"source": str(data_source), "frames": 8, "height": 64, "width": 64, "num_workers": 0,
-                 "val_fraction": 0.25, "max_delta": 1},
+        "data": {
+            "source": str(data_source),
+            "frames": 8,
+            "height": 64,
+            "width": 64,
+            "num_workers": 0,
+            "val_fraction": 0.25,
+            "max_delta": 1,
+        },
         "optim": {"batch_per_gpu": 1, "grad_accum": 2, "lr": 2e-3, "warmup_steps": 2, "max_steps": 6},
         "deepspeed": {"zero_stage": 2},
         "schedule": {"log_every": 1, "val_every": 3, "checkpoint_every": 3, "keep_checkpoints": 2},
-    }  # fmt: skip
+    }
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     return cfg
@@ -52,16 +59,41 @@ class Launch:
         self.run_dir = run_dir
         self.log = run_dir / "launcher.log"
         cmd = [
-            str(BIN / "accelerate"), "launch", "--use_deepspeed", "--num_processes", str(nprocs),
-            "--num_machines", "1", "--machine_rank", "0", "--main_process_ip", "127.0.0.1",
-            "--main_process_port", str(free_port()), "--deepspeed_multinode_launcher", "standard",
-            "--mixed_precision", "no", "--dynamo_backend", "no",
-            "-m", "trainer.cli", "--run", str(run_dir), *args,
-        ]  # fmt: skip
+            str(BIN / "accelerate"),
+            "launch",
+            "--use_deepspeed",
+            "--num_processes",
+            str(nprocs),
+            "--num_machines",
+            "1",
+            "--machine_rank",
+            "0",
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(free_port()),
+            "--deepspeed_multinode_launcher",
+            "standard",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "trainer.cli",
+            "--run",
+            str(run_dir),
+            *args,
+        ]
         full_env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=full_env, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                start_new_session=True,
+            )
 
     def wait(self, timeout: float = 240) -> int:
         try:
@@ -96,7 +128,9 @@ def wait_for(predicate, timeout: float, what: str, launch: Launch | None = None)
         if value:
             return value
         if launch is not None and launch.proc.poll() is not None:
-            raise AssertionError(f"launcher exited ({launch.proc.returncode}) before {what}:\n{launch.tail()}")
+            raise AssertionError(
+                f"launcher exited ({launch.proc.returncode}) before {what}:\n{launch.tail()}"
+            )
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}" + (f":\n{launch.tail()}" if launch else ""))
 

@@ -126,7 +126,9 @@ def test_no_jitter_is_plain_scaling_and_batches_are_per_clip():
     x = torch.randint(0, 256, (2, 4, 3, 8, 8), dtype=torch.uint8)
     plain = to_model_input(x, torch.float32)
     assert torch.equal(plain, x.float() / 255)
-    assert torch.allclose(to_model_input(x, torch.float32, torch.tensor([NO_JITTER, NO_JITTER])), plain, atol=1e-6)
+    assert torch.allclose(
+        to_model_input(x, torch.float32, torch.tensor([NO_JITTER, NO_JITTER])), plain, atol=1e-6
+    )
     # each clip gets its own row: jittering clip 0 leaves clip 1 alone
     mixed = to_model_input(x, torch.float32, torch.tensor([[1.2, 0.8, 1.1], list(NO_JITTER)]))
     assert not torch.allclose(mixed[0], plain[0]) and torch.allclose(mixed[1], plain[1], atol=1e-6)

@@ -162,8 +162,11 @@ def test_manifests_from_before_hashes_still_verify(tmp_path):
 
 @pytest.mark.parametrize(
     "content, words",
-    [(b"\xff\xfe\x00\x81garbage\x00", "not text (12 bytes of binary data)"),
-     (b"../../etc/passwd\n", "not a checkpoint name"), (b"step-4 and more\n", "not a checkpoint name")],
+    [
+        (b"\xff\xfe\x00\x81garbage\x00", "not text (12 bytes of binary data)"),
+        (b"../../etc/passwd\n", "not a checkpoint name"),
+        (b"step-4 and more\n", "not a checkpoint name"),
+    ],
     ids=["binary", "path", "text"],
 )
 def test_garbage_in_latest_is_reported_and_resume_uses_the_checkpoints(tmp_path, content, words):

@@ -16,8 +16,12 @@ from trainer.train import lr_at
 
 
 def _train(run, *args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "trainer.cli", "--run", str(run), *args],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "--run", str(run), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_missing_data_is_an_error_before_any_process_group(tmp_path):
@@ -43,14 +47,22 @@ def test_bad_run_toml_names_the_file_and_key(tmp_path, clip_dir):
     run = write_run(tmp_path / "run", cfg)
     r = _train(run)
     assert r.returncode == 2
-    for needle in ("run.toml", "optim.batch_per_gpu", "data.frames", "multiple of 4", "deepspeed.bucket_size",
-                   "unknown key"):  # fmt: skip
+    for needle in (
+        "run.toml",
+        "optim.batch_per_gpu",
+        "data.frames",
+        "multiple of 4",
+        "deepspeed.bucket_size",
+        "unknown key",
+    ):
         assert needle in r.stderr, needle
 
 
 def test_config_errors_are_collected_not_first_only():
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"optim": {"lr": -1, "betas": [0.9, 1.5]}, "data": {"max_delta": 1, "min_delta": 3}}, "x.toml")
+        config_from_dict(
+            {"optim": {"lr": -1, "betas": [0.9, 1.5]}, "data": {"max_delta": 1, "min_delta": 3}}, "x.toml"
+        )
     text = str(err.value)
     assert "x.toml" in text and "optim.lr" in text and "optim.betas" in text and "max_delta" in text
 
@@ -73,27 +85,69 @@ def test_fault_spec_parsing():
 
 
 def test_make_synthetic_command(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "c"), "--clips", "2",
-                        "--frames", "8", "--size", "32x48"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "make-synthetic",
+            str(tmp_path / "c"),
+            "--clips",
+            "2",
+            "--frames",
+            "8",
+            "--size",
+            "32x48",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert len(list((tmp_path / "c").glob("*.mp4"))) == 2
-    bad = subprocess.run([sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "d"),
-                          "--size", "48"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "d"), "--size", "48"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "48" in bad.stderr
-    photos = subprocess.run([sys.executable, "-m", "trainer.cli", "make-synthetic", str(tmp_path / "p"), "--photos",
-                             "--clips", "2", "--frames", "4", "--size", "32x48"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    photos = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "make-synthetic",
+            str(tmp_path / "p"),
+            "--photos",
+            "--clips",
+            "2",
+            "--frames",
+            "4",
+            "--size",
+            "32x48",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert photos.returncode == 0, photos.stderr
     assert len(list((tmp_path / "p").glob("photo-*"))) == 2
 
 
 def _bench(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "trainer.cli", "bench-data", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "bench-data", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bench_data_measures_real_clips_and_sizes_the_loader(clip_dir):
-    r = _bench(clip_dir, "--frames", 8, "--size", "64x64", "--clips", 3, "--target-clips-per-s", 200, "--json")
+    r = _bench(
+        clip_dir, "--frames", 8, "--size", "64x64", "--clips", 3, "--target-clips-per-s", 200, "--json"
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["clips"] == 3 and (out["frames"], out["height"], out["width"]) == (8, 64, 64)

@@ -259,7 +259,10 @@ def test_sources_smaller_than_the_crop_are_skipped_never_upsampled(tmp_path, cli
     assert item["index"] == 1, "the next video stands in"
     (skip,) = item["skipped"]
     assert skip["path"] == str(small)
-    assert "24x64 are smaller than the 32x48 training crop" in skip["reason"] and "never upsampled" in skip["reason"]
+    assert (
+        "24x64 are smaller than the 32x48 training crop" in skip["reason"]
+        and "never upsampled" in skip["reason"]
+    )
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -584,7 +587,11 @@ def test_several_crops_per_clip_share_one_decode_and_differ_in_window_and_jitter
     one = VideoClipDataset(clips, cfg(), train=True)[(2, 77)]
     ds = VideoClipDataset(clips, cfg(crops_per_clip=4), train=True)
     item = ds[(2, 77)]
-    assert item["video"].shape == (4, T, 3, H, W) and item["jitter"].shape == (4, 3) and item["crop"].shape == (4, 5)
+    assert (
+        item["video"].shape == (4, T, 3, H, W)
+        and item["jitter"].shape == (4, 3)
+        and item["crop"].shape == (4, 5)
+    )
     assert torch.equal(item["video"][0], one["video"]) and torch.equal(item["jitter"][0], one["jitter"])
     windows = {tuple(c.tolist()) for c in item["crop"]}
     assert len(windows) == 4, "four different windows"
@@ -593,21 +600,30 @@ def test_several_crops_per_clip_share_one_decode_and_differ_in_window_and_jitter
     assert VideoClipDataset(clips, cfg(crops_per_clip=4), train=False)[(2, 0)]["video"].shape == (T, 3, H, W)
 
     batch = collate_clips([ds[(0, 1)], ds[(1, 2)]])
-    assert batch["video"].shape == (8, T, 3, H, W) and batch["jitter"].shape == (8, 3) and batch["index"] == [0, 1]
-    loader = make_train_loader(ds, rank=0, world=1, seed=3, batch_size=8, start_sample=5, num_workers=0,
-                               prefetch_factor=1)  # fmt: skip
+    assert (
+        batch["video"].shape == (8, T, 3, H, W)
+        and batch["jitter"].shape == (8, 3)
+        and batch["index"] == [0, 1]
+    )
+    loader = make_train_loader(
+        ds, rank=0, world=1, seed=3, batch_size=8, start_sample=5, num_workers=0, prefetch_factor=1
+    )
     first = next(iter(loader))
     expected = [ResumableSampler(len(clips), 0, 1, seed=3).item_at(p) for p in (5, 6)]
     assert first["video"].shape == (8, T, 3, H, W) and first["index"] == [i for i, _ in expected]
     with pytest.raises(ValueError, match="whole number of items of 4 crops"):
-        make_train_loader(ds, rank=0, world=1, seed=3, batch_size=6, start_sample=0, num_workers=0, prefetch_factor=1)
+        make_train_loader(
+            ds, rank=0, world=1, seed=3, batch_size=6, start_sample=0, num_workers=0, prefetch_factor=1
+        )
 
 
 def test_crops_per_clip_must_divide_the_batch_and_rules_out_a_latent_cache():
     from trainer.config import TrainConfig
 
     TrainConfig(data={"crops_per_clip": 4}, optim={"batch_per_gpu": 8})
-    with pytest.raises(ValueError, match=r"optim.batch_per_gpu \(6\) must be a multiple of data.crops_per_clip \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"optim.batch_per_gpu \(6\) must be a multiple of data.crops_per_clip \(4\)"
+    ):
         TrainConfig(data={"crops_per_clip": 4}, optim={"batch_per_gpu": 6})
     with pytest.raises(ValueError, match="does not work with loss.teacher_cache"):
         TrainConfig(data={"crops_per_clip": 2}, optim={"batch_per_gpu": 2}, loss={"teacher_cache": "/cache"})

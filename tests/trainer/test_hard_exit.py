@@ -34,7 +34,9 @@ def test_exit_now_runs_atexit_flushes_and_skips_finalisation(tmp_path):
         print("after exit_now")
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert proc.returncode == 3
     assert proc.stdout == "buffered on a pipe" and proc.stderr == "and on stderr"
     assert (tmp_path / "atexit").read_text() == "ran"
@@ -45,18 +47,22 @@ def test_exit_now_runs_atexit_flushes_and_skips_finalisation(tmp_path):
 def test_every_rank_and_the_console_script_leave_through_it(tmp_path):
     # accelerate launches `python -m trainer.cli` on every rank (core/plan/render.py) and a user runs
     # taehv-train: both go through entry, which ends in exit_now (main itself still returns)
-    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "taehv-train"]
+    (script,) = [
+        e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "taehv-train"
+    ]
     assert script.value == "trainer.cli:entry"
     # an object that only interpreter finalisation would collect, planted in every process
-    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(
-        f"""
+    (tmp_path / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
         import pathlib
         class Finalised:
             def __del__(self):
                 pathlib.Path({str(tmp_path / "finalised")!r}).write_text("ran")
         keep = Finalised()
         """
-    ))  # fmt: skip
+        )
+    )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     run = [sys.executable, "-m", "trainer.cli", "--run", str(tmp_path / "absent")]
     proc = subprocess.run(run, check=False, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)

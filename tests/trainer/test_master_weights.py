@@ -19,15 +19,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _probe(stage: int, precision: str) -> list[dict]:
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(PROBE), str(stage), precision]  # fmt: skip
+    cmd = [
+        str(BIN / "torchrun"),
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(PROBE),
+        str(stage),
+        precision,
+    ]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500, cwd=ROOT)
     # both ranks print to one pipe: a rank's line may land right after the other's text, before its
     # newline, so each report is decoded from its marker on rather than line by line
     decoder = json.JSONDecoder()
     lines = [decoder.raw_decode(chunk)[0] for chunk in r.stdout.split("PROBE ")[1:]]
-    assert r.returncode == 0 and len(lines) == 2, f"probe failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0 and len(lines) == 2, (
+        f"probe failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
     return sorted(lines, key=lambda d: d["rank"])
 
 

@@ -67,8 +67,10 @@ def _sequential_memblock_reference(model: TAEHV, x: torch.Tensor) -> torch.Tenso
             frames = out
         elif layer.__class__.__name__ == "TPool":
             s = layer.stride
-            frames = [layer(torch.stack(frames[i : i + s], 1).reshape(n * s, *frames[0].shape[1:]))
-                      for i in range(0, len(frames), s)]  # fmt: skip
+            frames = [
+                layer(torch.stack(frames[i : i + s], 1).reshape(n * s, *frames[0].shape[1:]))
+                for i in range(0, len(frames), s)
+            ]
         else:
             frames = [layer(f) for f in frames]
     return torch.stack(frames, 1)
@@ -105,8 +107,10 @@ def test_init_keeps_the_signal_and_starts_memblocks_as_identity():
     m = TAEHV().eval()
     blocks = [b for b in m.modules() if isinstance(b, MemBlock)]
     assert len(blocks) == 18
-    assert all(torch.count_nonzero(b.conv[-1].weight) == 0 and torch.count_nonzero(b.conv[-1].bias) == 0
-               for b in blocks)  # fmt: skip
+    assert all(
+        torch.count_nonzero(b.conv[-1].weight) == 0 and torch.count_nonzero(b.conv[-1].bias) == 0
+        for b in blocks
+    )
     x = torch.relu(torch.randn(2, 64, 8, 8))
     assert torch.equal(blocks[0](x, torch.rand_like(x)), x)  # identity until it learns
     # fan-in Kaiming (std sqrt(2 / fan_in)) on every other conv

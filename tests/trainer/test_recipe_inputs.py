@@ -73,7 +73,9 @@ def test_a_distilling_run_refuses_a_bad_teacher_before_any_process_group(tmp_pat
         save_tiny_teacher(teacher, latent_channels=8)
     elif problem == "corrupt":
         save_tiny_teacher(teacher)
-        (teacher / "config.json").write_text('{"_class_name": "AutoencoderKLHunyuanVideo", "latent_channels": ')
+        (teacher / "config.json").write_text(
+            '{"_class_name": "AutoencoderKLHunyuanVideo", "latent_channels": '
+        )
     rd = write_run(tmp_path / "run", _cfg(clip_dir, teacher=teacher))
     assert run(rd) == EXIT_CONFIG
     err = capsys.readouterr().err
@@ -111,8 +113,12 @@ def test_cache_build_is_resumable_and_its_latents_are_the_teachers(tmp_path, cli
     assert item["latents"].shape == (2, 16, 4, 4)
     canvas = to_canvas(read_frames(Path(ds.clips[0]["path"]), list(range(8))), 64, 64)
     lat = encode(load_teacher(teacher_dir), canvas[None].float() / 255)[0]
-    hits = [(t, l) for t in range(0, 33, 8) for l in range(0, 33, 8)
-            if torch.equal(canvas[:, :, t : t + 32, l : l + 32], item["video"])]
+    hits = [
+        (t, l)
+        for t in range(0, 33, 8)
+        for l in range(0, 33, 8)
+        if torch.equal(canvas[:, :, t : t + 32, l : l + 32], item["video"])
+    ]
     assert hits, "the crop is not on the 8-pixel latent grid"
     t, l = hits[0]
     expect = lat[:, :, t // 8 : t // 8 + 4, l // 8 : l // 8 + 4]
@@ -120,7 +126,9 @@ def test_cache_build_is_resumable_and_its_latents_are_the_teachers(tmp_path, cli
 
 
 @pytest.mark.parametrize("change", ["added", "removed", "changed"])
-def test_a_cache_out_of_step_with_the_data_is_refused_then_rebuilt(tmp_path, clips, teacher_dir, change, capsys):
+def test_a_cache_out_of_step_with_the_data_is_refused_then_rebuilt(
+    tmp_path, clips, teacher_dir, change, capsys
+):
     from trainer.latent_cache import CacheError, build_cache, open_cache
     from trainer.train import EXIT_CONFIG, run
 
@@ -222,7 +230,11 @@ def test_discriminator_learns_and_its_checkpoint_round_trips(tmp_path):
     fresh = Adversary(AdversarialSection(weight=0.1, width=8), 16, "cpu", seed=2)
     assert fresh.digest() != adv.digest()
     fresh.load(tmp_path)
-    assert fresh.digest() == adv.digest() == state_digest(load_file(str(tmp_path / "trainer/discriminator.safetensors")))
+    assert (
+        fresh.digest()
+        == adv.digest()
+        == state_digest(load_file(str(tmp_path / "trainer/discriminator.safetensors")))
+    )
     assert fresh.optimizer_steps() == 15
 
 

@@ -38,7 +38,14 @@ def _cpu_smoke_run(tmp_path, make) -> tuple[list[dict], float]:
     the validation events and the flat-grey PSNR of the same validation clips."""
     cfg = load_preset("cpu-smoke", user_dir=None).config
     d = cfg.data
-    make(tmp_path / "clips", clips=12, frames=d.frames * d.max_delta + 4, height=d.height, width=d.width, seed=0)
+    make(
+        tmp_path / "clips",
+        clips=12,
+        frames=d.frames * d.max_delta + 4,
+        height=d.height,
+        width=d.width,
+        seed=0,
+    )
     data = cfg.model_dump(mode="json")
     data["data"]["source"] = str(tmp_path / "clips")
     cfg = config_from_dict(data)
@@ -46,7 +53,10 @@ def _cpu_smoke_run(tmp_path, make) -> tuple[list[dict], float]:
     run_to_end(run, cfg.topology.world_size)
     vals = events(run, 0, "val")
     assert [v["step"] for v in vals] == [0, 10, 20, 30, 40]  # the untrained baseline first
-    assert not (run / "best" / "info.json").is_file() or json.loads((run / "best" / "info.json").read_text())["step"] > 0
+    assert (
+        not (run / "best" / "info.json").is_file()
+        or json.loads((run / "best" / "info.json").read_text())["step"] > 0
+    )
     return vals, _flat_grey_psnr(cfg)
 
 

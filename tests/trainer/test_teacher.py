@@ -25,18 +25,25 @@ def test_teacher_latents_align_with_taehv_latents(teacher_dir):
     x = torch.rand(1, 8, 3, 32, 32)
     with torch.no_grad():
         z = model.encode(x)
-        t = teacher.encode(x[:, : 8 - model.frames_to_trim].mul(2).sub(1).permute(0, 2, 1, 3, 4)).latent_dist.mode()
+        t = teacher.encode(
+            x[:, : 8 - model.frames_to_trim].mul(2).sub(1).permute(0, 2, 1, 3, 4)
+        ).latent_dist.mode()
         y = model.decode(t.permute(0, 2, 1, 3, 4))
     assert t.permute(0, 2, 1, 3, 4).shape == z.shape
     assert y.shape[1] == 8 - model.frames_to_trim  # decoding teacher latents gives the aligned frames
 
 
 def test_distillation_run_reports_its_losses(teacher_dir, tmp_path, clip_dir):
-    run = write_run(tmp_path / "run", base_config(
-        clip_dir, topology={"gpus_per_node": 1}, optim={"max_steps": 3},
-        loss={"teacher": str(teacher_dir), "decoder_on_teacher_latents": True},
-        schedule={"checkpoint_every": 100, "val_every": 100},
-    ))  # fmt: skip
+    run = write_run(
+        tmp_path / "run",
+        base_config(
+            clip_dir,
+            topology={"gpus_per_node": 1},
+            optim={"max_steps": 3},
+            loss={"teacher": str(teacher_dir), "decoder_on_teacher_latents": True},
+            schedule={"checkpoint_every": 100, "val_every": 100},
+        ),
+    )
     run_to_end(run, 1)
     steps = events(run, 0, "step")
     assert len(steps) == 3
@@ -49,8 +56,9 @@ def test_a_teacher_that_cannot_be_loaded_is_an_error_not_a_substitute(tmp_path, 
     bad = tmp_path / "not-a-teacher"
     bad.mkdir()
     (bad / "config.json").write_text("{}")
-    run = write_run(tmp_path / "run", base_config(clip_dir, topology={"gpus_per_node": 1},
-                                                   loss={"teacher": str(bad)}))  # fmt: skip
+    run = write_run(
+        tmp_path / "run", base_config(clip_dir, topology={"gpus_per_node": 1}, loss={"teacher": str(bad)})
+    )
     launch = Launch(run, 1)
     assert launch.wait() != 0
     log = launch.log.read_text()
@@ -72,10 +80,12 @@ def _run_to_end(run, nprocs: int, args: tuple[str, ...] = ()) -> Launch:
 
 def _distill_config(clip_dir, stage: int, **loss):
     return base_config(
-        clip_dir, deepspeed={"zero_stage": stage}, optim={"max_steps": 8, "lr": 3e-3, "warmup_steps": 1},
+        clip_dir,
+        deepspeed={"zero_stage": stage},
+        optim={"max_steps": 8, "lr": 3e-3, "warmup_steps": 1},
         loss={"decoder_on_teacher_latents": True, **loss},
         schedule={"checkpoint_every": 100, "val_every": 100, "log_every": 1},
-    )  # fmt: skip
+    )
 
 
 def _falls(values: list[float]) -> bool:
@@ -101,7 +111,9 @@ def test_cached_latents_train_without_the_teacher(teacher_dir, tmp_path, clip_di
     teacher = tmp_path / "teacher"
     shutil.copytree(teacher_dir, teacher)
     cache = tmp_path / "cache"
-    run = write_run(tmp_path / "run", _distill_config(clip_dir, 3, teacher=str(teacher), teacher_cache=str(cache)))
+    run = write_run(
+        tmp_path / "run", _distill_config(clip_dir, 3, teacher=str(teacher), teacher_cache=str(cache))
+    )
     launch = _run_to_end(run, 2, args=("cache-latents", "--run", str(run), "--size", "64x64"))
     assert "manifest written" in launch.log.read_text()
     manifest = json.loads((cache / "manifest.json").read_text())

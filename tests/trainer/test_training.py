@@ -61,12 +61,17 @@ def zero3_run(tmp_path_factory, clip_dir) -> Path:
         tmp_path_factory.mktemp("z3") / "run",
         base_config(
             clip_dir,
-            deepspeed={"zero_stage": 3, "stage3_prefetch_bucket_size": 123_456, "stage3_max_live_parameters": 7_654_321,
-                       "stage3_param_persistence_threshold": 4_321, "stage3_max_reuse_distance": 9_999_999,
-                       "reduce_bucket_size": 2_345_678},
+            deepspeed={
+                "zero_stage": 3,
+                "stage3_prefetch_bucket_size": 123_456,
+                "stage3_max_live_parameters": 7_654_321,
+                "stage3_param_persistence_threshold": 4_321,
+                "stage3_max_reuse_distance": 9_999_999,
+                "reduce_bucket_size": 2_345_678,
+            },
             optim={"ema_decay": 0.9},
         ),
-    )  # fmt: skip
+    )
     # rank 1's loss is NaN at step 2: every rank must skip that micro-batch together (no hang)
     run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
     return run
@@ -133,8 +138,13 @@ def test_every_deepspeed_setting_reaches_the_engine(zero2_run, zero3_run):
     for run in (zero2_run, zero3_run):
         asked = build_deepspeed_config(load_config(run / "run.toml"), "cpu")
         got = json.loads((run / "deepspeed.effective.json").read_text())
-        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-                    "gradient_clipping", "bf16"):  # fmt: skip
+        for key in (
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "train_batch_size",
+            "gradient_clipping",
+            "bf16",
+        ):
             assert got[key] == asked[key], key
         assert got["zero_optimization"] == asked["zero_optimization"]
     z3 = json.loads((zero3_run / "deepspeed.effective.json").read_text())["zero_optimization"]
@@ -164,7 +174,11 @@ def test_resume_continues_where_the_uninterrupted_run_would_be(zero2_run, tmp_pa
     assert sorted(b) == [4, 5, 6]
     for s in (4, 5, 6):
         assert b[s]["lr"] == a[s]["lr"]
-        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (s, a[s]["loss"], b[s]["loss"])
+        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (
+            s,
+            a[s]["loss"],
+            b[s]["loss"],
+        )
 
 
 # ---------------------------------------------------------------- ZeRO-3
@@ -218,8 +232,15 @@ def test_zero3_final_weights_are_full_and_reproduce_the_last_validation(zero3_ru
 
 def test_sigterm_mid_run_checkpoints_the_current_step_on_every_rank(tmp_path, clip_dir):
     # loader workers (every GPU preset has them) share the rank's process group and get the SIGTERM too
-    run = write_run(tmp_path / "run", base_config(clip_dir, optim={"max_steps": 500}, data={"num_workers": 1},
-                                                   schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
+    run = write_run(
+        tmp_path / "run",
+        base_config(
+            clip_dir,
+            optim={"max_steps": 500},
+            data={"num_workers": 1},
+            schedule={"checkpoint_every": 1000, "val_every": 1000},
+        ),
+    )
     launch = Launch(run, 2)
     wait_for(lambda: len(events(run, 0, "step")) >= 2, 180, "two steps", launch)
     os.killpg(launch.proc.pid, signal.SIGTERM)  # what `taehv-console stop` sends: the launcher's group
@@ -236,10 +257,21 @@ def test_sigterm_makes_the_trainer_process_exit_0(tmp_path, clip_dir):
     import subprocess
     import sys
 
-    run = write_run(tmp_path / "run", base_config(clip_dir, topology={"gpus_per_node": 1}, optim={"max_steps": 500},
-                                                   schedule={"checkpoint_every": 1000, "val_every": 1000}))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.cli", "--run", str(run)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "DS_ACCELERATOR": "cpu"})  # fmt: skip
+    run = write_run(
+        tmp_path / "run",
+        base_config(
+            clip_dir,
+            topology={"gpus_per_node": 1},
+            optim={"max_steps": 500},
+            schedule={"checkpoint_every": 1000, "val_every": 1000},
+        ),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli", "--run", str(run)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     try:
         wait_for(lambda: len(events(run, 0, "step")) >= 1, 180, "a step")
         proc.send_signal(signal.SIGTERM)
@@ -256,8 +288,12 @@ def test_kill_9_during_checkpoint_never_takes_the_tmp_dir(tmp_path, clip_dir):
     run = write_run(tmp_path / "run", cfg)
     # rank 1 lingers 60 s inside the step-4 save, after its files and before the barrier
     launch = Launch(run, 2, env={"TAEHV_FAULTS": "ckpt_sleep:1:4:60"})
-    wait_for(lambda: (run / "checkpoints" / "step-4.tmp" / "trainer" / "rank-1.pt").exists(), 180,
-             "rank 1 inside the step-4 save", launch)  # fmt: skip
+    wait_for(
+        lambda: (run / "checkpoints" / "step-4.tmp" / "trainer" / "rank-1.pt").exists(),
+        180,
+        "rank 1 inside the step-4 save",
+        launch,
+    )
     pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     rc = launch.wait(120)
@@ -275,8 +311,10 @@ def test_kill_9_during_checkpoint_never_takes_the_tmp_dir(tmp_path, clip_dir):
 
 
 def test_collective_timeout_is_the_process_group_timeout(tmp_path, clip_dir):
-    run = write_run(tmp_path / "run", base_config(clip_dir, distributed={"collective_timeout_s": 5},
-                                                   optim={"max_steps": 4}))  # fmt: skip
+    run = write_run(
+        tmp_path / "run",
+        base_config(clip_dir, distributed={"collective_timeout_s": 5}, optim={"max_steps": 4}),
+    )
     t0 = time.time()
     launch = Launch(run, 2, env={"TAEHV_FAULTS": "stall:1:2:90"})
     rc = launch.wait(200)
@@ -289,8 +327,13 @@ def test_collective_timeout_is_the_process_group_timeout(tmp_path, clip_dir):
 
 def test_world_size_change_on_resume_is_refused_with_the_supported_paths(zero2_run, tmp_path):
     run = tmp_path / "run"
-    write_run(run, {**load_config(zero2_run / "run.toml").model_dump(mode="json"),
-                    "topology": {"nodes": 1, "gpus_per_node": 1, "device": "cpu"}})  # fmt: skip
+    write_run(
+        run,
+        {
+            **load_config(zero2_run / "run.toml").model_dump(mode="json"),
+            "topology": {"nodes": 1, "gpus_per_node": 1, "device": "cpu"},
+        },
+    )
     shutil.copytree(zero2_run / "checkpoints" / "step-3", run / "checkpoints" / "step-3")
     launch = Launch(run, 1, args=("--resume", "latest"))
     assert launch.wait() != 0  # the rank exits 2; torchrun reports any failed rank as 1
@@ -312,7 +355,9 @@ def test_bf16_zero_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_d
     would make them NaN) and training goes on."""
     from safetensors.torch import load_file
 
-    run = write_run(tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": stage, "mixed_precision": "bf16"}))
+    run = write_run(
+        tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": stage, "mixed_precision": "bf16"})
+    )
     run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
     start = events(run, 0, "start")[0]
     assert start["precision"] == "bf16" and start["nonfinite_guard"] == "deepspeed-step", start
@@ -345,4 +390,8 @@ def test_crops_per_clip_trains_and_resumes_at_the_same_data(tmp_path, clip_dir):
     b = {e["step"]: e for e in events(resumed, 0, "step")}
     assert sorted(b) == [4, 5, 6]
     for s in (4, 5, 6):
-        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (s, a[s]["loss"], b[s]["loss"])
+        assert math.isclose(b[s]["loss"], a[s]["loss"], rel_tol=1e-3, abs_tol=1e-6), (
+            s,
+            a[s]["loss"],
+            b[s]["loss"],
+        )

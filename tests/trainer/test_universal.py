@@ -22,19 +22,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def config_at(clip_dir, world: int, stage: int, max_steps: int) -> dict:
     # effective batch 2 at any world size (1 x 2 x 1 or 1 x 1 x 2); a constant LR after warmup, so
     # a resumed run that stops earlier has the original's LR at every step
-    return base_config(clip_dir, topology={"gpus_per_node": world},
-                       optim={"max_steps": max_steps, "grad_accum": 2 // world, "warmup_steps": 2,
-                              "schedule": "constant"},
-                       deepspeed={"zero_stage": stage},
-                       schedule={"checkpoint_every": 4, "val_every": 100, "keep_checkpoints": 2})  # fmt: skip
+    return base_config(
+        clip_dir,
+        topology={"gpus_per_node": world},
+        optim={"max_steps": max_steps, "grad_accum": 2 // world, "warmup_steps": 2, "schedule": "constant"},
+        deepspeed={"zero_stage": stage},
+        schedule={"checkpoint_every": 4, "val_every": 100, "keep_checkpoints": 2},
+    )
 
 
 def convert(step_dir) -> None:
     argv = ckpt.universal_command(step_dir)
     argv[0] = sys.executable  # "python" in the offered command: the environment's interpreter
-    done = subprocess.run(argv + ["--num_extract_workers", "1", "--num_merge_workers", "1"],
-                          capture_output=True, text=True, timeout=600,
-                          env={"DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        argv + ["--num_extract_workers", "1", "--num_merge_workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert ckpt.universal_problem(step_dir) is None
 

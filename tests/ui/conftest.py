@@ -61,4 +61,6 @@ async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
         if predicate():
             return
         await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}")
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}"
+    )

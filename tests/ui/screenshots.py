@@ -18,7 +18,9 @@ from taehv_console.ui.config import ConsoleConfig
 async def _shot(path: Path, size: tuple[int, int], setup) -> None:
     from tests.ui.conftest import app_for
 
-    app = app_for(["--runs", "/shared/runs", "--hosts", "/shared/hostfile"], startup="none", config=ConsoleConfig())
+    app = app_for(
+        ["--runs", "/shared/runs", "--hosts", "/shared/hostfile"], startup="none", config=ConsoleConfig()
+    )
     async with app.run_test(size=size) as pilot:
         await setup(app, pilot)
         await app.workers.wait_for_complete()
@@ -51,12 +53,15 @@ def main(out: str = "docs") -> int:
         w.topology, w.probes = samples.topology(16), samples.probes(16)
         chosen = _config(16)
         report = samples.report(16)
-        ok = type(report)(report.topology, report.probes, tuple(x for x in report.findings
-                                                               if x.severity.value != "error"))
+        ok = type(report)(
+            report.topology, report.probes, tuple(x for x in report.findings if x.severity.value != "error")
+        )
         w.preflight = PreflightResult(chosen.config, chosen.chosen, ok, BackendKind.SSH, 29500)
         w.chosen = chosen
         if step >= 3:
-            w.review = make_review(app.options, w.topology, w.probes, w.preflight, chosen, app.pool, now=samples.T0)
+            w.review = make_review(
+                app.options, w.topology, w.probes, w.preflight, chosen, app.pool, now=samples.T0
+            )
 
     async def dashboard(app, pilot):
         app.cluster_state = samples.cluster_state(16, trouble=True)
@@ -76,8 +81,12 @@ def main(out: str = "docs") -> int:
         wizard(app, 3)
         await app.push_screen(ReviewScreen())
 
-    for name, size, setup in (("dashboard", (160, 50), dashboard), ("node", (140, 42), node),
-                              ("preset", (120, 36), preset), ("review", (120, 36), review)):
+    for name, size, setup in (
+        ("dashboard", (160, 50), dashboard),
+        ("node", (140, 42), node),
+        ("preset", (120, 36), preset),
+        ("review", (120, 36), review),
+    ):
         asyncio.run(_shot(folder / f"console-{name}.svg", size, setup))
     return 0
 

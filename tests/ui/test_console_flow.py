@@ -25,8 +25,10 @@ async def wait_for(pilot, predicate, timeout: float, what: str):
             return value
         await pilot.pause(0.2)
     app = pilot.app
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen {type(app.screen).__name__}, "
-                         f"console phase {app.console_phase}, notes {app.notes[-5:]}")
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what}; screen {type(app.screen).__name__}, "
+        f"console phase {app.console_phase}, notes {app.notes[-5:]}"
+    )
 
 
 def screen_is(app, name: str) -> bool:
@@ -63,19 +65,36 @@ async def _flow(tmp_path) -> None:
         if isinstance(message, (messages.RunAttached, messages.RunEnded, messages.ControlFailed)):
             seen.append(message)
 
-    app = sample_app("--runs", str(tmp_path / "runs"), "--grace", "90", "--env", "OMP_NUM_THREADS=1",
-                     "--set", "optim.max_steps=1000", "--set", "schedule.val_every=1000",
-                     "--set", "schedule.checkpoint_every=1000", startup="auto")
+    app = sample_app(
+        "--runs",
+        str(tmp_path / "runs"),
+        "--grace",
+        "90",
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--set",
+        "optim.max_steps=1000",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "schedule.checkpoint_every=1000",
+        startup="auto",
+    )
     run_path = None
     try:
         async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
             # no live run under --runs: the wizard opens and detects this machine
-            await wait_for(pilot, lambda: screen_is(app, "DetectScreen") and app.wizard.topology, 60, "detection")
+            await wait_for(
+                pilot, lambda: screen_is(app, "DetectScreen") and app.wizard.topology, 60, "detection"
+            )
             assert app.wizard.topology.source.value == "local"
             await pilot.press("n")
             await wait_for(pilot, lambda: app.wizard.preflight, 120, "preflight")
             assert app.wizard.preflight.report.ok, app.wizard.preflight.report.findings
-            assert "cpu-smoke" in app.wizard.preflight.chosen and "generated clips" in app.wizard.preflight.chosen
+            assert (
+                "cpu-smoke" in app.wizard.preflight.chosen
+                and "generated clips" in app.wizard.preflight.chosen
+            )
             await pilot.press("n")
             await wait_for(pilot, lambda: screen_is(app, "PresetScreen"), 30, "preset screen")
             await app.workers.wait_for_complete()
@@ -87,8 +106,12 @@ async def _flow(tmp_path) -> None:
             await pilot.press("s")
 
             await wait_for(pilot, lambda: screen_is(app, "DashboardScreen"), 60, "dashboard")
-            launched = await wait_for(pilot, lambda: next((m for m in seen if isinstance(m, messages.RunAttached)),
-                                                          None), 30, "launch")
+            launched = await wait_for(
+                pilot,
+                lambda: next((m for m in seen if isinstance(m, messages.RunAttached)), None),
+                30,
+                "launch",
+            )
             run_path = launched.run_path
             assert launched.how == "launched" and run_path == review.run_path  # the id the review showed
             await wait_for(pilot, lambda: step_of(app) >= 1, 240, "the first steps")
@@ -115,8 +138,12 @@ async def _flow(tmp_path) -> None:
             await pilot.press("x")
             await wait_for(pilot, lambda: screen_is(app, "ConfirmScreen"), 10, "confirmation")
             await pilot.press("y")
-            ended = await wait_for(pilot, lambda: next((m for m in seen if isinstance(m, messages.RunEnded)), None),
-                                   180, "the stop")
+            ended = await wait_for(
+                pilot,
+                lambda: next((m for m in seen if isinstance(m, messages.RunEnded)), None),
+                180,
+                "the stop",
+            )
             assert ended.outcome.phase.value == "stopped", ended.outcome
             stopped_at = ended.outcome.stop.checkpoint_step
             assert stopped_at is not None and stopped_at >= 1
@@ -127,7 +154,9 @@ async def _flow(tmp_path) -> None:
 
             # resume: steps continue past the checkpoint
             await pilot.press("r")
-            await wait_for(pilot, lambda: sum(isinstance(m, messages.RunAttached) for m in seen) >= 2, 60, "resume")
+            await wait_for(
+                pilot, lambda: sum(isinstance(m, messages.RunAttached) for m in seen) >= 2, 60, "resume"
+            )
             assert [m.how for m in seen if isinstance(m, messages.RunAttached)] == ["launched", "resumed"]
             await wait_for(pilot, lambda: step_of(app) > stopped_at, 240, "steps after the resume")
 
@@ -135,7 +164,9 @@ async def _flow(tmp_path) -> None:
             await pilot.press("x")
             await wait_for(pilot, lambda: screen_is(app, "ConfirmScreen"), 10, "confirmation")
             await pilot.press("y")
-            await wait_for(pilot, lambda: sum(isinstance(m, messages.RunEnded) for m in seen) >= 2, 180, "stop 2")
+            await wait_for(
+                pilot, lambda: sum(isinstance(m, messages.RunEnded) for m in seen) >= 2, 180, "stop 2"
+            )
             await pilot.press("q")
         assert not any(isinstance(m, messages.ControlFailed) for m in seen), seen
     finally:

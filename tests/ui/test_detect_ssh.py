@@ -39,13 +39,21 @@ def test_detect_over_ssh_offers_to_trust_an_unknown_host_key(sshd, tmp_path, mon
             assert "host key unknown" in str(table.get_row(unknown)[2])
             table.move_cursor(row=1)
             await pilot.press("T")
-            await wait_until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
+            await wait_until(
+                pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint"
+            )
             body = str(app.screen.body)
             assert "SHA256:" in body and unknown in body and str(known_hosts) in body
             await pilot.press("y")
             detect = app.screen_stack[-1]
-            await wait_until(pilot, lambda: getattr(detect, "_results", {}).get(unknown) is not None
-                        and detect._results[unknown].ok, 60, "the trusted node to answer")
+            await wait_until(
+                pilot,
+                lambda: (
+                    getattr(detect, "_results", {}).get(unknown) is not None and detect._results[unknown].ok
+                ),
+                60,
+                "the trusted node to answer",
+            )
             assert f"[{unknown}]:{sshd.port}" in known_hosts.read_text()
 
     asyncio.run(go())

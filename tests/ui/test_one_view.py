@@ -38,7 +38,9 @@ async def _agree():
 
     view = snapshot_once(RECORDED)
     h = headline(view)
-    assert view.run.phase == "done" and view.run.step == 3 and view.run.max_steps == 3  # the recording's facts
+    assert (
+        view.run.phase == "done" and view.run.step == 3 and view.run.max_steps == 3
+    )  # the recording's facts
 
     # --no-tui, plain: the progress line is the headline, word for word
     out = io.StringIO()
@@ -51,17 +53,22 @@ async def _agree():
     JsonView(out).update(_snap(view), view)
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
     phase = next(o for o in lines if o["kind"] == "phase")
-    assert phase["phase"] == view.run.phase and phase["progress"] == json.loads(json.dumps(progress_dict(view)))
+    assert phase["phase"] == view.run.phase and phase["progress"] == json.loads(
+        json.dumps(progress_dict(view))
+    )
     health = next(o for o in lines if o["kind"] == "health")
-    assert [(r["rank"], r["state"], r["step"]) for r in health["ranks"]] == \
-        [(r.rank, r.state.value, r.step) for r in view.ranks]
+    assert [(r["rank"], r["state"], r["step"]) for r in health["ranks"]] == [
+        (r.rank, r.state.value, r.step) for r in view.ranks
+    ]
 
     # status --json: the same progress and per-rank health
     info = json.loads(json.dumps(run_info(RunDir(RECORDED), pool=None, check=False), default=str))
-    assert {k: v for k, v in info["progress"].items() if k != "eta_s"} == \
-        {k: v for k, v in json.loads(json.dumps(progress_dict(view))).items() if k != "eta_s"}
-    assert [(r["rank"], r["state"], r["step"], r["node"]) for r in info["ranks"]] == \
-        [(r.rank, r.state.value, r.step, r.node) for r in view.ranks]
+    assert {k: v for k, v in info["progress"].items() if k != "eta_s"} == {
+        k: v for k, v in json.loads(json.dumps(progress_dict(view))).items() if k != "eta_s"
+    }
+    assert [(r["rank"], r["state"], r["step"], r["node"]) for r in info["ranks"]] == [
+        (r.rank, r.state.value, r.step, r.node) for r in view.ranks
+    ]
 
     # the TUI: its header shows each headline field as headless prints it, its node drill-down
     # each rank's state and step

@@ -25,13 +25,20 @@ async def _recipe_form(monkeypatch):
     app = sample_app()
     built: list[tuple[str, list[str]]] = []
     # the next step's preflight and review are other tests' business: keep what the form hands over
-    monkeypatch.setattr(PresetScreen, "_build", lambda self, preset, overrides: built.append((preset, overrides)))
+    monkeypatch.setattr(
+        PresetScreen, "_build", lambda self, preset, overrides: built.append((preset, overrides))
+    )
     async with app.run_test(size=(160, 50)) as pilot:
         w = app.wizard
         w.topology, w.probes = samples.topology(1), samples.probes(1)
         cfg = load_preset("8gpu-h100").config
-        w.preflight = PreflightResult(config=cfg, chosen="preset 8gpu-h100", report=samples.report(1),
-                                      backend=BackendKind.LOCAL, master_port=29500)
+        w.preflight = PreflightResult(
+            config=cfg,
+            chosen="preset 8gpu-h100",
+            report=samples.report(1),
+            backend=BackendKind.LOCAL,
+            master_port=29500,
+        )
         w.chosen = ChosenConfig(cfg, "preset 8gpu-h100")
         await app.push_screen(PresetScreen())
         await app.workers.wait_for_complete()
@@ -57,5 +64,7 @@ async def _recipe_form(monkeypatch):
     [(_preset, overrides)] = built
     chosen, err = check_overrides(base, overrides)
     assert not err
-    assert chosen.loss.teacher == "/models/hunyuan video/vae" and chosen.loss.teacher_cache == "/cache/latents"
+    assert (
+        chosen.loss.teacher == "/models/hunyuan video/vae" and chosen.loss.teacher_cache == "/cache/latents"
+    )
     assert chosen.adversarial.weight == 0.1 and chosen.loss.decoder_on_teacher_latents

@@ -26,6 +26,7 @@ def run(coro):
 
 # ------------------------------------------------------------------------------------ themes
 
+
 def test_shipped_themes_are_dark_light_high_contrast_each_with_every_health_colour():
     themes = load_themes((shipped_theme_dir(),))
     assert themes.names[:3] == ("dark", "light", "high-contrast")
@@ -34,12 +35,21 @@ def test_shipped_themes_are_dark_light_high_contrast_each_with_every_health_colo
     assert [t.dark for t in themes.themes[:3]] == [True, False, True]
 
 
-@pytest.mark.parametrize("text, message", [
-    ('name = "x"\n[colors]\nprimary = "not-a-colour"\n', "[colors] primary = 'not-a-colour' is not a colour"),
-    ('name = "x"\n[colors]\nprimary = "#fff"\n[health]\nok = "#00ff00"\nmeh = "#fff"\n', "[health] meh: unknown"),
-    ('name = "x"\ncolours = 1\n', "unknown key(s) colours"),
-    ('name = "x"\n[colors]\nsecondary = "#fff"\n', "[colors] primary is required"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            'name = "x"\n[colors]\nprimary = "not-a-colour"\n',
+            "[colors] primary = 'not-a-colour' is not a colour",
+        ),
+        (
+            'name = "x"\n[colors]\nprimary = "#fff"\n[health]\nok = "#00ff00"\nmeh = "#fff"\n',
+            "[health] meh: unknown",
+        ),
+        ('name = "x"\ncolours = 1\n', "unknown key(s) colours"),
+        ('name = "x"\n[colors]\nsecondary = "#fff"\n', "[colors] primary is required"),
+    ],
+)
 def test_a_broken_theme_file_names_the_file_and_the_field(text, message):
     with pytest.raises(ThemeFileError) as err:
         parse_theme(text, "/home/u/.config/taehv-console/themes/x.toml")
@@ -93,6 +103,7 @@ def test_no_color_is_respected_and_states_stay_readable_without_colour(no_color)
 
 # ---------------------------------------------------------------------------- settings file
 
+
 def test_settings_file_is_optional_and_read_when_present(tmp_path, monkeypatch):
     path = tmp_path / "console.toml"
     assert load_console_config(path) == ConsoleConfig()
@@ -103,13 +114,16 @@ def test_settings_file_is_optional_and_read_when_present(tmp_path, monkeypatch):
     assert cfg.keys == {"stop": "ctrl+x", "help": "f1,question_mark"}
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[keys]\nstpo = "x"\n', "[keys] stpo: no binding has this id; ids: "),
-    ('[keys]\nstop = ""\n', 'give the key as a string, e.g. stop = "ctrl+x"'),
-    ('colour = "red"\n', "unknown setting(s) colour"),
-    ('keys = "x"\n', "keys must be a table"),
-    ("theme = \n", "cannot read it"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[keys]\nstpo = "x"\n', "[keys] stpo: no binding has this id; ids: "),
+        ('[keys]\nstop = ""\n', 'give the key as a string, e.g. stop = "ctrl+x"'),
+        ('colour = "red"\n', "unknown setting(s) colour"),
+        ('keys = "x"\n', "keys must be a table"),
+        ("theme = \n", "cannot read it"),
+    ],
+)
 def test_a_broken_settings_file_says_where_and_what_to_write(tmp_path, text, message):
     path = tmp_path / "console.toml"
     path.write_text(text)
@@ -125,8 +139,9 @@ def test_every_binding_has_an_id_and_the_issue_keys_are_there():
     for where, b in all_bindings():
         assert b.id, (where, b)
     keys = {b.id: b.key for _, b in all_bindings()}
-    assert {keys[i] for i in ("start", "stop", "resume", "attach", "filter-nodes", "next-theme", "help", "quit")} == \
-        {"s", "x", "r", "a", "slash", "t", "question_mark", "q"}
+    assert {
+        keys[i] for i in ("start", "stop", "resume", "attach", "filter-nodes", "next-theme", "help", "quit")
+    } == {"s", "x", "r", "a", "slash", "t", "question_mark", "q"}
     assert keys["drill-down"] == "enter" and keys["back"] == "escape"
     assert {"drill-down", "back", "next-step", "rerun-preflight", "trust-host", "search-log"} <= ids
 
@@ -154,6 +169,7 @@ def test_a_binding_rebound_in_the_settings_file_answers_to_its_new_key():
 
 # --------------------------------------------------------------------------- palette, messages
 
+
 def test_the_command_palette_offers_theme_nodes_and_runs():
     from taehv_console.ui.commands import ConsoleCommands
     from taehv_console.ui.screens.dashboard import DashboardScreen
@@ -163,8 +179,9 @@ def test_the_command_palette_offers_theme_nodes_and_runs():
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
             app.cluster_state = samples.cluster_state(16, trouble=True)
-            app.run_entries = (RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived",
-                                             "running", True),)
+            app.run_entries = (
+                RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived", "running", True),
+            )
             await app.push_screen(DashboardScreen())
             await pilot.pause()
             names = [name for name, _cb, _help in ConsoleCommands(app.screen)._commands()]
@@ -228,8 +245,11 @@ def test_the_dashboard_goes_compact_when_full_cells_would_not_fit():
 
 # ----------------------------------------------------------------------------------- helpers
 
-@pytest.mark.parametrize("seconds, text", [(None, "-"), (3.4, "3s"), (245, "4m05s"), (7620, "2h07m"),
-                                           (3 * 86400 + 4 * 3600, "3d04h")])
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(None, "-"), (3.4, "3s"), (245, "4m05s"), (7620, "2h07m"), (3 * 86400 + 4 * 3600, "3d04h")],
+)
 def test_durations_are_short(seconds, text):
     assert f.duration(seconds) == text
 
@@ -237,7 +257,11 @@ def test_durations_are_short(seconds, text):
 def test_bars_and_rank_spans():
     assert f.column_bar([0, 50, 100, None]) == " ▄█·"
     assert f.hbar(5, 10, 4) == "██  "
-    assert f.rank_span(range(8, 16)) == "r8-15" and f.rank_span([3]) == "r3" and f.rank_span([0, 2, 5]) == "r0,2,5"
+    assert (
+        f.rank_span(range(8, 16)) == "r8-15"
+        and f.rank_span([3]) == "r3"
+        and f.rank_span([0, 2, 5]) == "r0,2,5"
+    )
 
 
 def test_table_cells_never_read_text_as_markup():
@@ -266,6 +290,13 @@ def test_the_tui_refuses_to_start_without_a_terminal(tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path)], capture_output=True,
-                       text=True, stdin=subprocess.DEVNULL, cwd=root, timeout=60, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=root,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 2 and "--no-tui" in r.stderr

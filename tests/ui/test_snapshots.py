@@ -41,11 +41,18 @@ def _wizard(app, n: int, step: int) -> None:
     w.topology, w.probes = samples.topology(n), samples.probes(n)
     if step >= 1:
         chosen = _config(n)
-        w.preflight = PreflightResult(config=chosen.config, chosen=chosen.chosen, report=samples.report(n),
-                                           backend=BackendKind.LOCAL if n == 1 else BackendKind.SSH, master_port=29500)
+        w.preflight = PreflightResult(
+            config=chosen.config,
+            chosen=chosen.chosen,
+            report=samples.report(n),
+            backend=BackendKind.LOCAL if n == 1 else BackendKind.SSH,
+            master_port=29500,
+        )
         w.chosen = chosen
     if step >= 3:
-        w.review = make_review(app.options, w.topology, w.probes, w.preflight, w.chosen, app.pool, now=samples.T0)
+        w.review = make_review(
+            app.options, w.topology, w.probes, w.preflight, w.chosen, app.pool, now=samples.T0
+        )
 
 
 async def _settle(pilot) -> None:
@@ -185,10 +192,15 @@ def test_stop_confirmation(snap_compare):
         app.cluster_state = samples.cluster_state(16, trouble=True)
         await app.push_screen(DashboardScreen())
         await _settle(pilot)
-        await app.push_screen(ConfirmScreen("Stop 20251231-121500-derived?",
-                                            "Every node gets SIGTERM: the ranks finish their step and write a "
-                                            "checkpoint (up to 120 s), then whatever is left is killed and the "
-                                            "nodes are checked. Resume later with r.", yes="Stop the run"))
+        await app.push_screen(
+            ConfirmScreen(
+                "Stop 20251231-121500-derived?",
+                "Every node gets SIGTERM: the ranks finish their step and write a "
+                "checkpoint (up to 120 s), then whatever is left is killed and the "
+                "nodes are checked. Resume later with r.",
+                yes="Stop the run",
+            )
+        )
         await _settle(pilot)
 
     assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
@@ -210,7 +222,8 @@ def test_run_picker(snap_compare, size, monkeypatch):
         app.run_entries = (
             RunEntry("20251231-121500-derived", "/shared/runs/20251231-121500-derived", "running", True),
             RunEntry("20251230-080000-8gpu-h100", "/shared/runs/20251230-080000-8gpu-h100", "stopped", False),
-            RunEntry("20251229-190000-cpu-smoke", "/shared/runs/20251229-190000-cpu-smoke", "done", False))
+            RunEntry("20251229-190000-cpu-smoke", "/shared/runs/20251229-190000-cpu-smoke", "done", False),
+        )
         await app.push_screen(RunPickerScreen())
         await _settle(pilot)
 
@@ -224,10 +237,14 @@ def test_failure_dialog(snap_compare, size):
     app = sample_app()
 
     async def run_before(pilot):
-        await app.push_screen(MessageScreen(
-            "The run failed",
-            "node 11 (gpu-node-12) rank 90 (local rank 2) exited 1: CUDA error: out of memory\n\n"
-            + "\n".join(samples.LOG_LINES[-2:]) + "\n\nResume from its newest checkpoint with r."))
+        await app.push_screen(
+            MessageScreen(
+                "The run failed",
+                "node 11 (gpu-node-12) rank 90 (local rank 2) exited 1: CUDA error: out of memory\n\n"
+                + "\n".join(samples.LOG_LINES[-2:])
+                + "\n\nResume from its newest checkpoint with r.",
+            )
+        )
         await _settle(pilot)
 
     assert snap_compare(app, run_before=run_before, terminal_size=size)

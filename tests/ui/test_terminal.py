@@ -34,14 +34,30 @@ class Tmux:
         self.width, self.height = width, height
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=check,
-                              timeout=20)
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=check, timeout=20
+        )
 
     def start(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
-        shell = "cd " + shlex.quote(str(cwd)) + " && exec " + shlex.join(
-            ["env", *(f"{k}={v}" for k, v in env.items()), *command])
-        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", self.session, "-x", str(self.width),
-                   "-y", str(self.height), shell)
+        shell = (
+            "cd "
+            + shlex.quote(str(cwd))
+            + " && exec "
+            + shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *command])
+        )
+        self._tmux(
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            self.session,
+            "-x",
+            str(self.width),
+            "-y",
+            str(self.height),
+            shell,
+        )
         self._tmux("set-option", "-t", self.session, "remain-on-exit", "on")
 
     def keys(self, *keys: str) -> None:
@@ -90,7 +106,9 @@ def live_fake_run(tmp_path):
     from tests.core.run.fake_launcher import fake_commands
 
     cfg = load_preset("cpu-smoke", overrides=["optim.max_steps=1000"]).config
-    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",), master_addr="127.0.0.1", master_port=29999)
+    spec = LaunchSpec(
+        backend=BackendKind.LOCAL, hosts=("localhost",), master_addr="127.0.0.1", master_port=29999
+    )
     run = create_run(tmp_path / "runs", cfg, spec)
     with SshPool(SshSettings.from_env()) as pool:
         ctrl = RunController.open(run, pool, purpose="test launch")
@@ -113,18 +131,28 @@ def _still_running(run) -> bool:
 
 
 def test_console_in_tmux_attaches_quits_without_stopping_and_stops_on_request(tmux, live_fake_run, tmp_path):
-    env = {"PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color",
-           "HOME": os.environ.get("HOME", str(tmp_path)), "PATH": os.environ.get("PATH", ""),
-           "DS_ACCELERATOR": "cpu"}
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "TERM": "xterm-256color",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PATH": os.environ.get("PATH", ""),
+        "DS_ACCELERATOR": "cpu",
+    }
     console = [sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path / "runs")]
     tmux.start(console, env, tmp_path)
 
     # start-up finds the live run and attaches: the dashboard's panes and a step count
-    text = tmux.wait(lambda s: all(p in s for p in ("nodes", "training", "events", "checkpoints")) and STEP.search(s),
-                     90, "the dashboard")
+    text = tmux.wait(
+        lambda s: all(p in s for p in ("nodes", "training", "events", "checkpoints")) and STEP.search(s),
+        90,
+        "the dashboard",
+    )
     assert live_fake_run.run_id in text
     first = int(STEP.search(text).group(1))
-    text = tmux.wait(lambda s: STEP.search(s) and int(STEP.search(s).group(1)) > first, 30, "the step to advance")
+    text = tmux.wait(
+        lambda s: STEP.search(s) and int(STEP.search(s).group(1)) > first, 30, "the step to advance"
+    )
     assert "Quit (run goes on)" in text  # the footer says q leaves the training running
 
     # a SIGSTOPped rank is named on the dashboard within max(3 heartbeat intervals, 30 s) (issue
@@ -169,7 +197,9 @@ def test_console_in_tmux_attaches_quits_without_stopping_and_stops_on_request(tm
     tmux.keys("y")
     # the stop's checkpoint event and the stopped state are read by different pollers: under load
     # either may reach the screen first
-    tmux.wait(lambda s: "run stopped" in s and "checkpoint at step" in s, 60, "the run to stop after its checkpoint")
+    tmux.wait(
+        lambda s: "run stopped" in s and "checkpoint at step" in s, 60, "the run to stop after its checkpoint"
+    )
     assert live_fake_run.read_state().phase.value == "stopped"
     assert not _still_running(live_fake_run)
     tmux.keys("q")

@@ -49,7 +49,9 @@ def test_the_tui_trusts_the_key_it_showed_not_one_served_after_the_confirmation(
                 detect = app.screen
                 assert not app.wizard.probes[0].ok and "taehv-console trust" in app.wizard.probes[0].fix
                 await pilot.press("T")
-                await wait_until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint")
+                await wait_until(
+                    pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", 30, "the fingerprint"
+                )
                 shown = str(app.screen.body)
                 assert "SHA256:" in shown and host in shown
 
@@ -58,12 +60,21 @@ def test_the_tui_trusts_the_key_it_showed_not_one_served_after_the_confirmation(
                 (tmp_path / "second").mkdir()
                 for name in ("client_ed25519", "client_ed25519.pub"):  # the same client may log in
                     shutil.copy(Path(first.dir) / name, tmp_path / "second" / name)
-                second = LoopbackSshd(tmp_path / "second", n_hosts=1, first=ADDRESS_OCTET).start(port=first.port)
+                second = LoopbackSshd(tmp_path / "second", n_hosts=1, first=ADDRESS_OCTET).start(
+                    port=first.port
+                )
                 assert _host_key(second) != _host_key(first)
 
                 await pilot.press("y")
-                await wait_until(pilot, lambda: detect._results.get(host) is not None
-                            and detect._results[host] is not app.wizard.probes[0], 60, "the probe after trusting")
+                await wait_until(
+                    pilot,
+                    lambda: (
+                        detect._results.get(host) is not None
+                        and detect._results[host] is not app.wizard.probes[0]
+                    ),
+                    60,
+                    "the probe after trusting",
+                )
                 after = detect._results[host]
                 # the shown key was trusted, so the server now answering is refused as a changed key
                 assert not after.ok and "HOST KEY CHANGED" in after.error and "--replace" in after.fix

@@ -19,7 +19,15 @@ from taehv_console.core.cluster.ssh import SshError, fan_out
 from taehv_console.core.models import BandwidthResult
 
 MODULE = "taehv_console.core.cluster.bandwidth"
-_RESULT_KEYS = ("backend", "nodes", "bytes", "iterations", "seconds_per_iteration", "algbw_gbps", "busbw_gbps")
+_RESULT_KEYS = (
+    "backend",
+    "nodes",
+    "bytes",
+    "iterations",
+    "seconds_per_iteration",
+    "algbw_gbps",
+    "busbw_gbps",
+)
 
 
 def bus_bandwidth(algbw: float, nodes: int) -> float:
@@ -27,20 +35,41 @@ def bus_bandwidth(algbw: float, nodes: int) -> float:
     return algbw * 2 * (nodes - 1) / nodes if nodes > 1 else 0.0
 
 
-def result_from_timing(backend: str, nodes: int, nbytes: int, iterations: int, seconds: float) -> BandwidthResult:
+def result_from_timing(
+    backend: str, nodes: int, nbytes: int, iterations: int, seconds: float
+) -> BandwidthResult:
     algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-    return BandwidthResult(backend=backend, nodes=nodes, bytes=nbytes, iterations=iterations,
-                           seconds_per_iteration=seconds, algbw_gbps=round(algbw, 4),
-                           busbw_gbps=round(bus_bandwidth(algbw, nodes), 4))
+    return BandwidthResult(
+        backend=backend,
+        nodes=nodes,
+        bytes=nbytes,
+        iterations=iterations,
+        seconds_per_iteration=seconds,
+        algbw_gbps=round(algbw, 4),
+        busbw_gbps=round(bus_bandwidth(algbw, nodes), 4),
+    )
 
 
-def worker(rank: int, world: int, master: str, port: int, nbytes: int, iterations: int, backend: str,
-           timeout_s: float) -> BandwidthResult | None:
+def worker(
+    rank: int,
+    world: int,
+    master: str,
+    port: int,
+    nbytes: int,
+    iterations: int,
+    backend: str,
+    timeout_s: float,
+) -> BandwidthResult | None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{master}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     try:
         device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
@@ -68,8 +97,15 @@ def worker(rank: int, world: int, master: str, port: int, nbytes: int, iteration
 
 
 def measure_bandwidth(
-    runners: Sequence, master_addr: str, port: int, *, megabytes: float = 64, iterations: int = 5,
-    backend: str = "gloo", env: Mapping[str, str] | None = None, timeout_s: float = 120,
+    runners: Sequence,
+    master_addr: str,
+    port: int,
+    *,
+    megabytes: float = 64,
+    iterations: int = 5,
+    backend: str = "gloo",
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 120,
 ) -> BandwidthResult:
     """Run one rank per runner (runner i is rank i) at once; return rank 0's figures."""
     world = len(runners)
@@ -77,11 +113,31 @@ def measure_bandwidth(
 
     def one(i: str):
         r = runners[int(i)]
-        args = ["--rank", i, "--world-size", str(world), "--master-addr", master_addr, "--master-port", str(port),
-                "--bytes", str(nbytes), "--iterations", str(iterations), "--backend", backend, "--timeout",
-                str(timeout_s)]
-        return r.call(MODULE, args, timeout=timeout_s + 30, env=dict(env or {}),
-                      require=_RESULT_KEYS if i == "0" else ("rank",))
+        args = [
+            "--rank",
+            i,
+            "--world-size",
+            str(world),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(port),
+            "--bytes",
+            str(nbytes),
+            "--iterations",
+            str(iterations),
+            "--backend",
+            backend,
+            "--timeout",
+            str(timeout_s),
+        ]
+        return r.call(
+            MODULE,
+            args,
+            timeout=timeout_s + 30,
+            env=dict(env or {}),
+            require=_RESULT_KEYS if i == "0" else ("rank",),
+        )
 
     results = fan_out([str(i) for i in range(world)], one, max_parallel=world)
     failures = []
@@ -92,8 +148,11 @@ def measure_bandwidth(
         elif not res.ok:
             failures.append(res.why)
     if failures:
-        raise SshError(runners[0].host, "all-reduce test failed: " + "; ".join(failures),
-                       "check that the master port is reachable and the NCCL/GLOO socket settings")
+        raise SshError(
+            runners[0].host,
+            "all-reduce test failed: " + "; ".join(failures),
+            "check that the master port is reachable and the NCCL/GLOO socket settings",
+        )
     return BandwidthResult(**{k: results["0"].data[k] for k in _RESULT_KEYS})
 
 
@@ -108,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--timeout", type=float, default=120)
     a = p.parse_args(argv)
-    result = worker(a.rank, a.world_size, a.master_addr, a.master_port, a.bytes, a.iterations, a.backend,
-                    a.timeout)
+    result = worker(
+        a.rank, a.world_size, a.master_addr, a.master_port, a.bytes, a.iterations, a.backend, a.timeout
+    )
     # every rank answers, so the console reads each the same way; rank 0 with the figures
     print(json.dumps(result.to_dict() if result is not None else {"rank": a.rank}))
     return 0

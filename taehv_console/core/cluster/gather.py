@@ -41,19 +41,30 @@ def result_from_reply(reply: NodeReply) -> ProbeResult:
     """The probe's reply as a ProbeResult: facts with the node's clock offset, or the error."""
     if not reply.ok:
         assert reply.error is not None
-        return ProbeResult(host=reply.host, error=str(reply.error), fix=reply.error.fix, seconds=reply.elapsed_s)
+        return ProbeResult(
+            host=reply.host, error=str(reply.error), fix=reply.error.fix, seconds=reply.elapsed_s
+        )
     try:
         facts = NodeFacts.from_dict(dict(reply.data))
     except (ValueError, TypeError, KeyError) as err:
-        return ProbeResult(host=reply.host, error=f"{reply.host}: {reply.helper}: its facts do not read: {err}",
-                           fix="check that the node runs the same taehv-console version", seconds=reply.elapsed_s)
+        return ProbeResult(
+            host=reply.host,
+            error=f"{reply.host}: {reply.helper}: its facts do not read: {err}",
+            fix="check that the node runs the same taehv-console version",
+            seconds=reply.elapsed_s,
+        )
     received = reply.started_at + reply.elapsed_s
-    return ProbeResult(host=reply.host, facts=facts, seconds=reply.elapsed_s,
-                       clock_offset_s=round(clock_offset(facts.clock, reply.started_at, received), 3))
+    return ProbeResult(
+        host=reply.host,
+        facts=facts,
+        seconds=reply.elapsed_s,
+        clock_offset_s=round(clock_offset(facts.clock, reply.started_at, received), 3),
+    )
 
 
-def probe_runner(runner: NodeRunner, paths: Mapping[str, str] | None = None,
-                 timeout: float | None = None) -> ProbeResult:
+def probe_runner(
+    runner: NodeRunner, paths: Mapping[str, str] | None = None, timeout: float | None = None
+) -> ProbeResult:
     return result_from_reply(runner.call(PROBE_MODULE, probe_args(paths), timeout=timeout))
 
 

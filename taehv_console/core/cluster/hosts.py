@@ -66,8 +66,10 @@ def read_hostfile(path: str | Path) -> tuple[NodeSpec, ...]:
         raise HostfileError(f"{path}: no such hostfile") from None
     except (OSError, UnicodeDecodeError) as err:
         raise HostfileError(f"{path}: cannot be read ({err})") from None
-    return tuple(NodeSpec(host=e.host, machine_rank=i, slots=e.slots)
-                 for i, e in enumerate(parse_hostfile(text, str(path))))
+    return tuple(
+        NodeSpec(host=e.host, machine_rank=i, slots=e.slots)
+        for i, e in enumerate(parse_hostfile(text, str(path)))
+    )
 
 
 def format_hostfile(nodes: tuple[NodeSpec, ...] | list[NodeSpec]) -> str:
@@ -112,7 +114,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
     m = re.search(r"\[([^\]]*)\]", item)
     if not m:
         return [item]
-    prefix, body, rest = item[: m.start()], m.group(1), item[m.end():]
+    prefix, body, rest = item[: m.start()], m.group(1), item[m.end() :]
     values: list[str] = []
     for rng in body.split(","):
         lo, sep, hi = rng.partition("-")

@@ -47,8 +47,9 @@ class NodeCallError(SshError):
     """A helper on a node gave no usable reply. The message starts `host: helper:`; `fix` says
     what to do where something can be done."""
 
-    def __init__(self, host: str, helper: str, failure: Failure, detail: str, *, fix: str = "",
-                 stderr_tail: str = ""):
+    def __init__(
+        self, host: str, helper: str, failure: Failure, detail: str, *, fix: str = "", stderr_tail: str = ""
+    ):
         super().__init__(host, f"{host}: {helper}: {detail}", fix)
         self.helper = helper
         self.failure = failure
@@ -109,16 +110,35 @@ def fix_for_exit(status: int, tail: str, python: str, host: str) -> str:
     return "run the helper by hand on the node to see the whole error"
 
 
-def parse_reply(host: str, helper: str, stdout: str, stderr: str = "", status: int = 0, *,
-                require: Iterable[str] = (), python: str = "python", elapsed_s: float = 0.0,
-                started_at: float = 0.0) -> NodeReply:
+def parse_reply(
+    host: str,
+    helper: str,
+    stdout: str,
+    stderr: str = "",
+    status: int = 0,
+    *,
+    require: Iterable[str] = (),
+    python: str = "python",
+    elapsed_s: float = 0.0,
+    started_at: float = 0.0,
+) -> NodeReply:
     """A helper's reply from what it printed and its exit status."""
     err_tail = _tail(stderr)
 
-    def fail(failure: Failure, detail: str, fix: str = "", data: Mapping[str, Any] | None = None) -> NodeReply:
+    def fail(
+        failure: Failure, detail: str, fix: str = "", data: Mapping[str, Any] | None = None
+    ) -> NodeReply:
         error = NodeCallError(host, helper, failure, detail, fix=fix, stderr_tail=err_tail)
-        return NodeReply(host=host, helper=helper, ok=False, data=data or {}, error=error, stderr_tail=err_tail,
-                         elapsed_s=elapsed_s, started_at=started_at)
+        return NodeReply(
+            host=host,
+            helper=helper,
+            ok=False,
+            data=data or {},
+            error=error,
+            stderr_tail=err_tail,
+            elapsed_s=elapsed_s,
+            started_at=started_at,
+        )
 
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
     line = next((ln.strip() for ln in reversed(lines) if ln.lstrip().startswith("{")), None)
@@ -140,37 +160,53 @@ def parse_reply(host: str, helper: str, stdout: str, stderr: str = "", status: i
             return fail(Failure.NOT_JSON, bad_json, "the helper was cut short: run it by hand on the node")
         first = lines[0][:120] if lines else ""
         detail = f"no JSON reply; its output began {first!r}" if first else "no JSON reply (no output)"
-        return fail(Failure.NOT_JSON, detail + (f"; stderr: {err_tail}" if err_tail else ""),
-                    "check the node's login scripts (they must not print to stdout), or run the helper by hand")
+        return fail(
+            Failure.NOT_JSON,
+            detail + (f"; stderr: {err_tail}" if err_tail else ""),
+            "check the node's login scripts (they must not print to stdout), or run the helper by hand",
+        )
     missing = [k for k in require if k not in data]
     if status != 0 or (missing and "error" in data):
         why = str(data.get("error") or f"exit {status}")
         return fail(Failure.REFUSED, why, data=data)
     if missing:
         return fail(Failure.MISSING_KEYS, f"its reply lacks {', '.join(missing)}: {line[:200]}", data=data)
-    return NodeReply(host=host, helper=helper, ok=True, data=data, stderr_tail=err_tail, elapsed_s=elapsed_s,
-                     started_at=started_at)
+    return NodeReply(
+        host=host,
+        helper=helper,
+        ok=True,
+        data=data,
+        stderr_tail=err_tail,
+        elapsed_s=elapsed_s,
+        started_at=started_at,
+    )
 
 
-def read_reply(stream: NodeStream, host: str, helper: str, timeout: float, *,
-               require: Iterable[str] = ()) -> NodeReply:
+def read_reply(
+    stream: NodeStream, host: str, helper: str, timeout: float, *, require: Iterable[str] = ()
+) -> NodeReply:
     """The next reply line of a streamed helper (one that keeps running after it answers)."""
     t0 = time.monotonic()
     line = stream.readline(timeout)
     elapsed = time.monotonic() - t0
     stderr = stream.stderr_tail.decode(errors="replace")
     if line is None:
-        failure, detail = ((Failure.EXIT, "ended without a reply") if stream.exited
-                           else (Failure.TIMEOUT, f"no reply within {timeout:g} s"))
+        failure, detail = (
+            (Failure.EXIT, "ended without a reply")
+            if stream.exited
+            else (Failure.TIMEOUT, f"no reply within {timeout:g} s")
+        )
         if stderr.strip():
             detail += f": {_tail(stderr)}"
         error = NodeCallError(host, helper, failure, detail, stderr_tail=_tail(stderr))
-        return NodeReply(host=host, helper=helper, ok=False, error=error, stderr_tail=_tail(stderr),
-                         elapsed_s=elapsed)
+        return NodeReply(
+            host=host, helper=helper, ok=False, error=error, stderr_tail=_tail(stderr), elapsed_s=elapsed
+        )
     return parse_reply(host, helper, line, stderr, require=require, elapsed_s=elapsed)
 
 
 # ------------------------------------------------------------------------------ streamed output
+
 
 class NodeStream:
     """A running command's output, read line by line as it comes, from a local pipe or an SSH
@@ -191,10 +227,10 @@ class NodeStream:
         raise NotImplementedError
 
     def _stderr(self, data: bytes) -> None:
-        self.stderr_tail = (self.stderr_tail + data)[-self.STDERR_TAIL:]
+        self.stderr_tail = (self.stderr_tail + data)[-self.STDERR_TAIL :]
 
     def _take(self, upto: int) -> str:
-        line, self._buf = self._buf[:upto], self._buf[upto + 1:]
+        line, self._buf = self._buf[:upto], self._buf[upto + 1 :]
         return line.decode(errors="replace")
 
     def readline(self, timeout: float) -> str | None:

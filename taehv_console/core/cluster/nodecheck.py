@@ -104,11 +104,17 @@ def connect(host: str, port: int, timeout: float) -> dict:
             s.settimeout(timeout)
             got = s.recv(len(BANNER))
     except OSError as err:
-        return {"ok": False, "error": err.strerror or str(err) or type(err).__name__,
-                "seconds": round(time.monotonic() - t0, 3)}
+        return {
+            "ok": False,
+            "error": err.strerror or str(err) or type(err).__name__,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
     if got != BANNER:
-        return {"ok": False, "error": f"something else answers on the port ({got[:32]!r})",
-                "seconds": round(time.monotonic() - t0, 3)}
+        return {
+            "ok": False,
+            "error": f"something else answers on the port ({got[:32]!r})",
+            "seconds": round(time.monotonic() - t0, 3),
+        }
     return {"ok": True, "seconds": round(time.monotonic() - t0, 3)}
 
 
@@ -127,7 +133,12 @@ def latent_cache(path: str) -> dict:
         manifest = read_manifest(Path(path))
     except CacheError as err:
         return {"ok": False, "path": path, "error": str(err)}
-    return {"ok": True, "path": path, "clips": len(manifest.get("clips", [])), "spec": manifest.get("spec", {})}
+    return {
+        "ok": True,
+        "path": path,
+        "clips": len(manifest.get("clips", [])),
+        "spec": manifest.get("spec", {}),
+    }
 
 
 def loader(data_config: str, clips: int) -> dict:

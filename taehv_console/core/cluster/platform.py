@@ -46,9 +46,13 @@ def detect_topology(
     if "SLURM_JOB_NODELIST" in env or "SLURM_NODELIST" in env:
         return _from_slurm(env)
     return Topology(
-        source=TopologySource.LOCAL, node_count=1,
-        nodes=(NodeSpec("localhost", 0, local_gpus or None),), this_node_rank=0,
-        master_addr="127.0.0.1", master_port=_port(env), processes_per_node=local_gpus or None,
+        source=TopologySource.LOCAL,
+        node_count=1,
+        nodes=(NodeSpec("localhost", 0, local_gpus or None),),
+        this_node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=_port(env),
+        processes_per_node=local_gpus or None,
         detail="no hostfile and no launcher or platform variables: this machine alone",
     )
 
@@ -90,8 +94,12 @@ def _from_hostfile(path: str | Path, env: Mapping[str, str]) -> Topology:
     except HostfileError as err:
         raise TopologyError(str(err)) from None
     return Topology(
-        source=TopologySource.HOSTFILE, node_count=len(nodes), nodes=nodes, this_node_rank=None,
-        master_addr=nodes[0].host, master_port=_port(env),
+        source=TopologySource.HOSTFILE,
+        node_count=len(nodes),
+        nodes=nodes,
+        this_node_rank=None,
+        master_addr=nodes[0].host,
+        master_port=_port(env),
         processes_per_node=nodes[0].slots if len({n.slots for n in nodes}) == 1 else None,
         detail=f"hostfile {path}: {len(nodes)} node(s); machine rank = line order",
     )
@@ -107,8 +115,11 @@ def _from_launcher_env(env: Mapping[str, str], local_gpus: int | None) -> Topolo
     local_world = _opt_int(env, "LOCAL_WORLD_SIZE")
     if local_world is None:
         local_world = local_gpus or None
-        notes.append("LOCAL_WORLD_SIZE is not set: processes per node taken from this node's GPUs"
-                     if local_world else "LOCAL_WORLD_SIZE is not set: processes per node unknown")
+        notes.append(
+            "LOCAL_WORLD_SIZE is not set: processes per node taken from this node's GPUs"
+            if local_world
+            else "LOCAL_WORLD_SIZE is not set: processes per node unknown"
+        )
     if local_world and local_rank >= local_world:
         raise TopologyError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world}")
     if local_world and world % local_world:
@@ -121,11 +132,16 @@ def _from_launcher_env(env: Mapping[str, str], local_gpus: int | None) -> Topolo
     if node_rank is None and local_world:
         node_rank = rank // local_world
     return Topology(
-        source=TopologySource.LAUNCHER_ENV, node_count=nodes, this_node_rank=node_rank,
+        source=TopologySource.LAUNCHER_ENV,
+        node_count=nodes,
+        this_node_rank=node_rank,
         master_addr=_host(env, "MASTER_ADDR") if "MASTER_ADDR" in env else "127.0.0.1",
-        master_port=_port(env), processes_per_node=local_world,
-        detail=(f"per-process launcher variables (torchrun/accelerate): process {rank} of {world}, "
-                f"local rank {local_rank}; the launcher has already started every process"),
+        master_port=_port(env),
+        processes_per_node=local_world,
+        detail=(
+            f"per-process launcher variables (torchrun/accelerate): process {rank} of {world}, "
+            f"local rank {local_rank}; the launcher has already started every process"
+        ),
         notes=tuple(notes),
     )
 
@@ -141,8 +157,14 @@ def _from_node_env(env: Mapping[str, str], local_gpus: int | None) -> Topology:
     if any(k.startswith("PET_") for k in env):
         source, name = TopologySource.KUBEFLOW, "Kubeflow PyTorchJob"
         ppn = _opt_int(env, "PET_NPROC_PER_NODE")
-        if "PET_NNODES" in env and re.fullmatch(r"\d+", env["PET_NNODES"]) and int(env["PET_NNODES"]) != world:
-            notes.append(f"PET_NNODES={env['PET_NNODES']} disagrees with WORLD_SIZE={world}; using WORLD_SIZE")
+        if (
+            "PET_NNODES" in env
+            and re.fullmatch(r"\d+", env["PET_NNODES"])
+            and int(env["PET_NNODES"]) != world
+        ):
+            notes.append(
+                f"PET_NNODES={env['PET_NNODES']} disagrees with WORLD_SIZE={world}; using WORLD_SIZE"
+            )
     elif "NPROC_PER_NODE" in env or re.match(r"dlc[0-9a-z]+-master-0", env.get("MASTER_ADDR", "")):
         source, name = TopologySource.PAI_DLC, "Aliyun PAI-DLC"
         ppn = _opt_int(env, "NPROC_PER_NODE")
@@ -155,12 +177,18 @@ def _from_node_env(env: Mapping[str, str], local_gpus: int | None) -> Topology:
         notes.append(f"processes per node taken from this node's {local_gpus} GPU(s)")
     if ppn and local_gpus and ppn != local_gpus:
         notes.append(f"the platform says {ppn} processes per node but this node sees {local_gpus} GPU(s)")
-    addr_var = "MASTER_ADDR" if "MASTER_ADDR" in env else "PET_MASTER_ADDR" if "PET_MASTER_ADDR" in env else ""
+    addr_var = (
+        "MASTER_ADDR" if "MASTER_ADDR" in env else "PET_MASTER_ADDR" if "PET_MASTER_ADDR" in env else ""
+    )
     if not addr_var:
         raise TopologyError(f"WORLD_SIZE and RANK are set ({name}) but MASTER_ADDR is not")
     return Topology(
-        source=source, node_count=world, this_node_rank=rank, master_addr=_host(env, addr_var),
-        master_port=_port(env, "MASTER_PORT", "PET_MASTER_PORT"), processes_per_node=ppn,
+        source=source,
+        node_count=world,
+        this_node_rank=rank,
+        master_addr=_host(env, addr_var),
+        master_port=_port(env, "MASTER_PORT", "PET_MASTER_PORT"),
+        processes_per_node=ppn,
         detail=f"{name}: node {rank} of {world}; the platform starts every node",
         notes=tuple(notes),
     )
@@ -183,14 +211,22 @@ def _from_indexed_job(env: Mapping[str, str], local_gpus: int | None) -> Topolog
         # Pods of an Indexed Job are named <job>-<index>; pod 0 is the master.
         m = re.fullmatch(r"(.+)-(\d+)", env.get("HOSTNAME", ""))
         if not m or int(m.group(2)) != index:
-            raise TopologyError("Kubernetes Indexed Job without MASTER_ADDR, and HOSTNAME is not "
-                                "<job>-<index>: set MASTER_ADDR to pod 0's address")
+            raise TopologyError(
+                "Kubernetes Indexed Job without MASTER_ADDR, and HOSTNAME is not "
+                "<job>-<index>: set MASTER_ADDR to pod 0's address"
+            )
         master = validate_host(f"{m.group(1)}-0")
-        notes.append(f"MASTER_ADDR not set: using {master}; it resolves only through a headless "
-                     f"Service (then set MASTER_ADDR={master}.<service>)")
+        notes.append(
+            f"MASTER_ADDR not set: using {master}; it resolves only through a headless "
+            f"Service (then set MASTER_ADDR={master}.<service>)"
+        )
     return Topology(
-        source=TopologySource.K8S_INDEXED_JOB, node_count=nodes, this_node_rank=index,
-        master_addr=master, master_port=_port(env), processes_per_node=_opt_int(env, "NPROC_PER_NODE") or local_gpus,
+        source=TopologySource.K8S_INDEXED_JOB,
+        node_count=nodes,
+        this_node_rank=index,
+        master_addr=master,
+        master_port=_port(env),
+        processes_per_node=_opt_int(env, "NPROC_PER_NODE") or local_gpus,
         detail=f"Kubernetes Indexed Job: pod {index} of {nodes}; Kubernetes starts every pod",
         notes=tuple(notes),
     )
@@ -212,9 +248,13 @@ def _from_slurm(env: Mapping[str, str]) -> Topology:
     node_id = _opt_int(env, "SLURM_NODEID", minimum=0)
     job = env.get("SLURM_JOB_ID", "?")
     return Topology(
-        source=TopologySource.SLURM, node_count=len(hosts),
+        source=TopologySource.SLURM,
+        node_count=len(hosts),
         nodes=tuple(NodeSpec(h, i, slots) for i, h in enumerate(hosts)),
-        this_node_rank=node_id, master_addr=hosts[0], master_port=_port(env), processes_per_node=slots,
+        this_node_rank=node_id,
+        master_addr=hosts[0],
+        master_port=_port(env),
+        processes_per_node=slots,
         detail=f"SLURM job {job}: {len(hosts)} node(s) from {var}",
         notes=tuple(notes),
     )

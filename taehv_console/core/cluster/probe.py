@@ -52,8 +52,11 @@ def read_nvml() -> NvmlReading:
             reading["cuda_driver_version"] = 0
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            dev: dict[str, Any] = {"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)),
-                                   "memory_total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)}
+            dev: dict[str, Any] = {
+                "index": i,
+                "name": _text(pynvml.nvmlDeviceGetName(h)),
+                "memory_total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            }
             try:
                 dev["uuid"] = _text(pynvml.nvmlDeviceGetUUID(h))
                 dev["pci_bus_id"] = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
@@ -83,9 +86,13 @@ def gpus_from_nvml(reading: NvmlReading) -> tuple[tuple[GpuInfo, ...], str, str,
     if not reading.get("ok"):
         return (), str(reading.get("reason") or "NVML unavailable"), "", ""
     gpus = tuple(
-        GpuInfo(index=int(d["index"]), name=str(d["name"]),
-                memory_total_mb=int(d["memory_total"]) // (1024 * 1024),
-                uuid=str(d.get("uuid", "")), pci_bus_id=str(d.get("pci_bus_id", "")))
+        GpuInfo(
+            index=int(d["index"]),
+            name=str(d["name"]),
+            memory_total_mb=int(d["memory_total"]) // (1024 * 1024),
+            uuid=str(d.get("uuid", "")),
+            pci_bus_id=str(d.get("pci_bus_id", "")),
+        )
         for d in reading.get("devices", ())
     )
     cuda = int(reading.get("cuda_driver_version") or 0)
@@ -188,8 +195,17 @@ def describe_path(label: str, path: str) -> PathInfo:
         except OSError:
             readable = False
     writable = os.access(p if exists else probe_at, os.W_OK)
-    return PathInfo(label=label, path=str(p), exists=exists, readable=readable, writable=writable,
-                    is_dir=p.is_dir(), free_gb=free, total_gb=total, fs_path=str(probe_at))
+    return PathInfo(
+        label=label,
+        path=str(p),
+        exists=exists,
+        readable=readable,
+        writable=writable,
+        is_dir=p.is_dir(),
+        free_gb=free,
+        total_gb=total,
+        fs_path=str(probe_at),
+    )
 
 
 def network_interfaces() -> tuple[NetInterface, ...]:
@@ -275,10 +291,17 @@ def parse_path_args(items: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m taehv_console.core.cluster.probe",
-                                     description="Print this node's facts as one JSON object.")
-    parser.add_argument("--path", action="append", default=[], metavar="LABEL=PATH",
-                        help="a path to check (existence, access, free space); repeatable")
+    parser = argparse.ArgumentParser(
+        prog="python -m taehv_console.core.cluster.probe",
+        description="Print this node's facts as one JSON object.",
+    )
+    parser.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="a path to check (existence, access, free space); repeatable",
+    )
     args = parser.parse_args(argv)
     facts = probe_node(parse_path_args(args.path))
     json.dump(facts.to_dict(), sys.stdout)

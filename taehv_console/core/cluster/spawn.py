@@ -33,8 +33,14 @@ def start_detached(
     full_env.update(env or {})
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=cwd, env=full_env, start_new_session=True, close_fds=True,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
         )
     # start_new_session makes the child a session and group leader: pgid == sid == pid. Asked
     # rather than assumed, so a surprise (a wrapper that forks) shows up in state.json.
@@ -50,7 +56,7 @@ ProcEntry = tuple[int, int, int, str, int]  # (ppid, pgid, sid, state, start_tic
 
 def _parse_stat(stat: str) -> ProcEntry | None:
     # comm (field 2) may hold spaces and parentheses: the fields restart after the last ')'
-    rest = stat[stat.rfind(")") + 2:].split()
+    rest = stat[stat.rfind(")") + 2 :].split()
     if len(rest) < 20:
         return None
     return int(rest[1]), int(rest[2]), int(rest[3]), rest[0], int(rest[19])
@@ -78,7 +84,9 @@ def read_proc(proc_root: str = "/proc") -> dict[int, ProcEntry]:
 
 def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
     """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
-    return sorted(pid for pid, (_pp, g, _sid, state, _st) in read_proc(proc_root).items() if g == pgid and state != "Z")
+    return sorted(
+        pid for pid, (_pp, g, _sid, state, _st) in read_proc(proc_root).items() if g == pgid and state != "Z"
+    )
 
 
 def signal_group(pgid: int, sig: int | str) -> dict:
@@ -90,11 +98,21 @@ def signal_group(pgid: int, sig: int | str) -> dict:
     if not group_pids(pgid):
         # Zombies still count for killpg (a container's init may never reap them), but nothing
         # is left that a signal could stop: report it as gone.
-        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": "no live process in the group"}
+        return {
+            "pgid": pgid,
+            "signal": signal.Signals(signum).name,
+            "sent": False,
+            "error": "no live process in the group",
+        }
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
-        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": "no such process group"}
+        return {
+            "pgid": pgid,
+            "signal": signal.Signals(signum).name,
+            "sent": False,
+            "error": "no such process group",
+        }
     except PermissionError as err:
         return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": str(err)}
     return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": True, "error": ""}

@@ -56,6 +56,7 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # ---------------------------------------------------------------------------------------- errors
 
+
 class HostKeyUnknownError(SshError):
     def __init__(self, host: str, known_name: str, key_type: str, fingerprint: str, known_hosts: str):
         super().__init__(
@@ -109,6 +110,7 @@ class CommandError(ValueError):
 
 
 # -------------------------------------------------------------------------------------- settings
+
 
 def _env_path(env: Mapping[str, str], name: str, default: str) -> str:
     return os.path.expanduser(env.get(name) or default)
@@ -183,11 +185,17 @@ def resolve_target(alias: str, settings: SshSettings) -> HostTarget:
         try:
             cfg = paramiko.SSHConfig.from_path(str(settings.config)).lookup(alias)
         except Exception as err:  # a syntax error in the user's file
-            raise SshConfigError(alias, f"{settings.config}: cannot be read ({err})",
-                                 "fix the file or point TAEHV_SSH_CONFIG at another") from None
+            raise SshConfigError(
+                alias,
+                f"{settings.config}: cannot be read ({err})",
+                "fix the file or point TAEHV_SSH_CONFIG at another",
+            ) from None
     if cfg.get("proxyjump"):
-        raise SshConfigError(alias, f"{alias}: ProxyJump in {settings.config} is not supported",
-                             f"write it as: ProxyCommand ssh -W %h:%p {cfg['proxyjump']}")
+        raise SshConfigError(
+            alias,
+            f"{alias}: ProxyJump in {settings.config} is not supported",
+            f"write it as: ProxyCommand ssh -W %h:%p {cfg['proxyjump']}",
+        )
     hostname = cfg.get("hostname", alias)
     try:
         validate_host(hostname)
@@ -201,9 +209,14 @@ def resolve_target(alias: str, settings: SshSettings) -> HostTarget:
     files = tuple(os.path.expanduser(f) for f in cfg.get("identityfile", ()))
     if settings.identity_file:
         files = (os.path.expanduser(settings.identity_file),) + files
-    return HostTarget(alias=alias, hostname=hostname, port=port, user=user,
-                      identity_files=tuple(f for f in files if os.path.exists(f)),
-                      proxy_command=cfg.get("proxycommand") or None)
+    return HostTarget(
+        alias=alias,
+        hostname=hostname,
+        port=port,
+        user=user,
+        identity_files=tuple(f for f in files if os.path.exists(f)),
+        proxy_command=cfg.get("proxycommand") or None,
+    )
 
 
 def _local_user() -> str:
@@ -211,6 +224,7 @@ def _local_user() -> str:
 
 
 # ------------------------------------------------------------------------------------ host keys
+
 
 def sha256_fingerprint(key: Any) -> str:
     """OpenSSH's form: SHA256:<base64 of the key blob's SHA-256, no padding>."""
@@ -226,13 +240,17 @@ def _open_socket(target: HostTarget, timeout: float) -> Any:
     try:
         return socket.create_connection((target.hostname, target.port), timeout=timeout)
     except TimeoutError:
-        raise SshTimeoutError(target.alias, f"{target.alias}: no TCP connection to {target.hostname}:"
-                              f"{target.port} within {timeout:g} s",
-                              "check the address, the port and firewalls") from None
+        raise SshTimeoutError(
+            target.alias,
+            f"{target.alias}: no TCP connection to {target.hostname}:{target.port} within {timeout:g} s",
+            "check the address, the port and firewalls",
+        ) from None
     except OSError as err:
-        raise SshConnectError(target.alias, f"{target.alias}: cannot connect to {target.hostname}:"
-                              f"{target.port}: {err.strerror or err}",
-                              "check that the node is up and sshd listens on that address") from None
+        raise SshConnectError(
+            target.alias,
+            f"{target.alias}: cannot connect to {target.hostname}:{target.port}: {err.strerror or err}",
+            "check that the node is up and sshd listens on that address",
+        ) from None
 
 
 def fetch_host_key(alias: str, settings: SshSettings) -> tuple[HostTarget, Any]:
@@ -299,6 +317,7 @@ def _line_names_host(line: str, known_name: str, paramiko: Any) -> bool:
 
 # ------------------------------------------------------------------------------------- commands
 
+
 def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """One shell-safe command line from argv (and `env KEY=VALUE` assignments in front).
 
@@ -339,16 +358,31 @@ class NodeRunner(Protocol):
     host: str
     python: str
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin_data: str | None = None,
-            env: Mapping[str, str] | None = None) -> CommandResult: ...
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin_data: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult: ...
     def open(self, argv: Sequence[str]) -> NodeStream: ...
-    def call(self, module: str, args: Sequence[str] = (), *, timeout: float | None = None,
-             stdin_data: str | None = None, env: Mapping[str, str] | None = None, require: Iterable[str] = (),
-             in_process: Callable[[list[str]], Mapping[str, Any]] | None = None) -> NodeReply: ...
+    def call(
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        timeout: float | None = None,
+        stdin_data: str | None = None,
+        env: Mapping[str, str] | None = None,
+        require: Iterable[str] = (),
+        in_process: Callable[[list[str]], Mapping[str, Any]] | None = None,
+    ) -> NodeReply: ...
 
 
-def reply_for_error(host: str, helper: str, err: BaseException, *, python: str = "python",
-                    elapsed_s: float = 0.0) -> NodeReply:
+def reply_for_error(
+    host: str, helper: str, err: BaseException, *, python: str = "python", elapsed_s: float = 0.0
+) -> NodeReply:
     """The reply of a helper call that never ran (the node unreachable, a timeout, no python)."""
     if isinstance(err, NodeCallError):
         return NodeReply(host=host, helper=helper, ok=False, error=err, elapsed_s=elapsed_s)
@@ -381,9 +415,17 @@ class _HelperCalls:
     def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def call(self, module: str, args: Sequence[str] = (), *, timeout: float | None = None,
-             stdin_data: str | None = None, env: Mapping[str, str] | None = None, require: Iterable[str] = (),
-             in_process: Callable[[list[str]], Mapping[str, Any]] | None = None) -> NodeReply:
+    def call(
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        timeout: float | None = None,
+        stdin_data: str | None = None,
+        env: Mapping[str, str] | None = None,
+        require: Iterable[str] = (),
+        in_process: Callable[[list[str]], Mapping[str, Any]] | None = None,
+    ) -> NodeReply:
         """Run `python -m module args...` on the node and read its JSON reply. Never raises for a
         node's problem: the reply carries it (`.value()` raises it). `in_process` does the same
         work without starting a Python, on this machine only (for polls every second)."""
@@ -394,18 +436,47 @@ class _HelperCalls:
             try:
                 data = dict(in_process(list(args)))
             except Exception as err:  # noqa: BLE001 - the same reply as a helper that crashed
-                return reply_for_error(self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0)
-            return parse_reply(self.host, helper, json.dumps(data), require=require, python=self.python,
-                               elapsed_s=time.monotonic() - t0, started_at=started)
+                return reply_for_error(
+                    self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0
+                )
+            return parse_reply(
+                self.host,
+                helper,
+                json.dumps(data),
+                require=require,
+                python=self.python,
+                elapsed_s=time.monotonic() - t0,
+                started_at=started,
+            )
         try:
-            res = self.run([self.python, "-m", module, *args], timeout=timeout, stdin_data=stdin_data, env=env)
+            res = self.run(
+                [self.python, "-m", module, *args], timeout=timeout, stdin_data=stdin_data, env=env
+            )
         except Exception as err:  # noqa: BLE001 - every failure to run becomes the reply's error
-            return reply_for_error(self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0)
-        return parse_reply(self.host, helper, res.stdout, res.stderr, res.exit_status, require=require,
-                           python=self.python, elapsed_s=res.seconds, started_at=res.started_at or started)
+            return reply_for_error(
+                self.host, helper, err, python=self.python, elapsed_s=time.monotonic() - t0
+            )
+        return parse_reply(
+            self.host,
+            helper,
+            res.stdout,
+            res.stderr,
+            res.exit_status,
+            require=require,
+            python=self.python,
+            elapsed_s=res.seconds,
+            started_at=res.started_at or started,
+        )
 
-    def start_detached(self, argv: Sequence[str], *, log_path: str, cwd: str | None = None,
-                       env: Mapping[str, str] | None = None, timeout: float | None = 30) -> DetachedProcess:
+    def start_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 30,
+    ) -> DetachedProcess:
         """Start argv on the node in a new session (setsid), stdin /dev/null, output appended to
         log_path; return its pid and pgid at once. The process outlives this connection."""
         args = ["start", "--log", log_path] + (["--cwd", cwd] if cwd else [])
@@ -415,8 +486,9 @@ class _HelperCalls:
             args += ["--env", f"{k}={v}"]
         reply = self.call(SPAWN, [*args, "--", *argv], timeout=timeout, require=("pid", "pgid", "log"))
         if reply.error is not None and reply.error.failure is Failure.REFUSED:
-            raise NodeCallError(self.host, reply.helper, Failure.REFUSED,
-                                f"cannot start {argv[0]}: {reply.error.detail}")
+            raise NodeCallError(
+                self.host, reply.helper, Failure.REFUSED, f"cannot start {argv[0]}: {reply.error.detail}"
+            )
         out = reply.value()
         return DetachedProcess(host=self.host, pid=int(out["pid"]), pgid=int(out["pgid"]), log=out["log"])
 
@@ -434,8 +506,13 @@ class _HelperCalls:
 class SshConnection(_HelperCalls):
     """One authenticated SSH connection to a node. Channels may be opened from several threads."""
 
-    def __init__(self, target: HostTarget, client: Any, settings: SshSettings,
-                 on_unreachable: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        target: HostTarget,
+        client: Any,
+        settings: SshSettings,
+        on_unreachable: Callable[[str, str], None] | None = None,
+    ):
         self.target = target
         self.host = target.alias
         self.python = settings.python
@@ -451,8 +528,11 @@ class SshConnection(_HelperCalls):
         this connection, which is as dead for them)."""
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
-            raise SshConnectError(self.host, f"{self.host}: the SSH connection was lost",
-                                  "check the node; the next attempt reconnects")
+            raise SshConnectError(
+                self.host,
+                f"{self.host}: the SSH connection was lost",
+                "check the node; the next attempt reconnects",
+            )
         wait = self._settings.answer_timeout_s
         if deadline is not None:
             wait = max(0.05, min(wait, deadline - time.monotonic()))
@@ -470,11 +550,19 @@ class SshConnection(_HelperCalls):
             # exec without a pty: a remote process is not tied to this channel's lifetime
             chan.exec_command(command)
         except Exception as err:
-            if not fired.is_set() and not isinstance(err, (TimeoutError, socket.timeout)) and "Timeout" not in str(err):
+            if (
+                not fired.is_set()
+                and not isinstance(err, (TimeoutError, socket.timeout))
+                and "Timeout" not in str(err)
+            ):
                 if not transport.is_active():  # the peer closed it (sshd gone, node rebooted)
-                    raise SshConnectError(self.host, f"{self.host}: the SSH connection was lost "
-                                          f"({type(err).__name__}: {err})".replace(": )", ")"),
-                                          "check the node; the next attempt reconnects") from None
+                    raise SshConnectError(
+                        self.host,
+                        f"{self.host}: the SSH connection was lost ({type(err).__name__}: {err})".replace(
+                            ": )", ")"
+                        ),
+                        "check the node; the next attempt reconnects",
+                    ) from None
                 raise
             give_up()
             self._unreachable(f"no answer to a request within {wait:g} s on a working connection")
@@ -487,12 +575,20 @@ class SshConnection(_HelperCalls):
     def _unreachable(self, why: str) -> None:
         if self._on_unreachable is not None:
             self._on_unreachable(self.host, why)
-        raise SshUnreachableError(self.host, f"{self.host}: unreachable: {why}; connection dropped",
-                                  "check the node (frozen, overloaded or cut off); the console keeps "
-                                  "trying to reach it")
+        raise SshUnreachableError(
+            self.host,
+            f"{self.host}: unreachable: {why}; connection dropped",
+            "check the node (frozen, overloaded or cut off); the console keeps trying to reach it",
+        )
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin_data: str | None = None,
-            env: Mapping[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin_data: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
         """Run argv on the node and wait for it; raise CommandTimeoutError past `timeout`."""
         command = build_command(argv, env)
         timeout = self._settings.command_timeout_s if timeout is None else timeout
@@ -515,15 +611,23 @@ class SshConnection(_HelperCalls):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommandTimeoutError(
-                        self.host, f"{self.host}: {argv[0]} did not finish within {timeout:g} s",
-                        "the node may be overloaded or the command stuck; raise the timeout or look at the node")
+                        self.host,
+                        f"{self.host}: {argv[0]} did not finish within {timeout:g} s",
+                        "the node may be overloaded or the command stuck; raise the timeout or look at the node",
+                    )
                 select.select([chan], [], [], min(left, 1.0))
             status = chan.recv_exit_status()
         finally:
             chan.close()
-        return CommandResult(host=self.host, argv=tuple(argv), exit_status=status,
-                             stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
-                             seconds=time.monotonic() - t0, started_at=started)
+        return CommandResult(
+            host=self.host,
+            argv=tuple(argv),
+            exit_status=status,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            seconds=time.monotonic() - t0,
+            started_at=started,
+        )
 
     def open(self, argv: Sequence[str]) -> NodeStream:
         return ChannelStream(self._channel(build_command(argv)))
@@ -543,8 +647,9 @@ def _refusing_policy(alias: str, known_hosts: str) -> Any:
     return RefuseUnknownHost()
 
 
-def connect(alias: str, settings: SshSettings,
-            on_unreachable: Callable[[str, str], None] | None = None) -> SshConnection:
+def connect(
+    alias: str, settings: SshSettings, on_unreachable: Callable[[str, str], None] | None = None
+) -> SshConnection:
     """Connect and authenticate to one node; host key checked before any authentication."""
     import paramiko
 
@@ -561,37 +666,58 @@ def connect(alias: str, settings: SshSettings,
     t = settings.connect_timeout_s
     try:
         client.connect(
-            target.hostname, port=target.port, username=target.user,
+            target.hostname,
+            port=target.port,
+            username=target.user,
             key_filename=list(target.identity_files) or None,
-            timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t,
-            allow_agent=settings.allow_agent, look_for_keys=not target.identity_files, sock=sock,
+            timeout=t,
+            banner_timeout=t,
+            auth_timeout=t,
+            channel_timeout=t,
+            allow_agent=settings.allow_agent,
+            look_for_keys=not target.identity_files,
+            sock=sock,
         )
     except SshError:
         client.close()
         raise
     except paramiko.BadHostKeyException as err:
         client.close()
-        raise HostKeyChangedError(alias, sha256_fingerprint(err.key), sha256_fingerprint(err.expected_key),
-                                  str(settings.known_hosts)) from None
+        raise HostKeyChangedError(
+            alias,
+            sha256_fingerprint(err.key),
+            sha256_fingerprint(err.expected_key),
+            str(settings.known_hosts),
+        ) from None
     except paramiko.AuthenticationException as err:
         client.close()
-        raise SshAuthError(alias, f"{alias}: authentication as {target.user} failed ({err})",
-                           "check User/IdentityFile in ~/.ssh/config, or the key in the node's "
-                           "authorized_keys") from None
+        raise SshAuthError(
+            alias,
+            f"{alias}: authentication as {target.user} failed ({err})",
+            "check User/IdentityFile in ~/.ssh/config, or the key in the node's authorized_keys",
+        ) from None
     except (TimeoutError, EOFError) as err:
         client.close()
-        raise SshTimeoutError(alias, f"{alias}: no SSH handshake within {t:g} s ({type(err).__name__})",
-                              "the port answers but sshd does not: check the node's sshd and load") from None
+        raise SshTimeoutError(
+            alias,
+            f"{alias}: no SSH handshake within {t:g} s ({type(err).__name__})",
+            "the port answers but sshd does not: check the node's sshd and load",
+        ) from None
     except (paramiko.SSHException, OSError) as err:
         client.close()
         text = str(err) or type(err).__name__
         # A port that accepts TCP but never speaks SSH surfaces as a banner error or, when the
         # transport thread died first, as paramiko's "No existing session": say what happened.
         if time.monotonic() - t0 >= 0.9 * t or "banner" in text.lower() or "timeout" in text.lower():
-            raise SshTimeoutError(alias, f"{alias}: no SSH handshake within {t:g} s: {target.hostname}:"
-                                  f"{target.port} accepts TCP but no SSH server answered ({text})",
-                                  "check sshd on the node (wedged, overloaded) or what else holds the port") from None
-        raise SshConnectError(alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right") from None
+            raise SshTimeoutError(
+                alias,
+                f"{alias}: no SSH handshake within {t:g} s: {target.hostname}:"
+                f"{target.port} accepts TCP but no SSH server answered ({text})",
+                "check sshd on the node (wedged, overloaded) or what else holds the port",
+            ) from None
+        raise SshConnectError(
+            alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right"
+        ) from None
     transport = client.get_transport()
     if transport is not None:
         transport.set_keepalive(settings.keepalive_s)
@@ -600,41 +726,73 @@ def connect(alias: str, settings: SshSettings,
 
 # ----------------------------------------------------------------------------------------- local
 
+
 class LocalRunner(_HelperCalls):
     """This machine, with the same interface as an SSH connection (no shell involved at all)."""
 
     runs_here = True
 
-    def __init__(self, host: str = "localhost", python: str = sys.executable,
-                 command_timeout_s: float = 120.0):
+    def __init__(
+        self, host: str = "localhost", python: str = sys.executable, command_timeout_s: float = 120.0
+    ):
         self.host = host
         self.python = python
         self._timeout = command_timeout_s
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin_data: str | None = None,
-            env: Mapping[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin_data: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
         build_command(argv, env)  # same validation as over SSH, so behaviour never differs
         timeout = self._timeout if timeout is None else timeout
         started, t0 = time.time(), time.monotonic()
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         try:
             out, err = proc.communicate(stdin_data or "", timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is exactly what we started
             proc.communicate()
-            raise CommandTimeoutError(self.host, f"{self.host}: {argv[0]} did not finish within {timeout:g} s") from None
-        return CommandResult(host=self.host, argv=tuple(argv), exit_status=proc.returncode, stdout=out,
-                             stderr=err, seconds=time.monotonic() - t0, started_at=started)
+            raise CommandTimeoutError(
+                self.host, f"{self.host}: {argv[0]} did not finish within {timeout:g} s"
+            ) from None
+        return CommandResult(
+            host=self.host,
+            argv=tuple(argv),
+            exit_status=proc.returncode,
+            stdout=out,
+            stderr=err,
+            seconds=time.monotonic() - t0,
+            started_at=started,
+        )
 
     def open(self, argv: Sequence[str]) -> NodeStream:
         build_command(argv)
-        return PipeStream(subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, bufsize=0, start_new_session=True))
+        return PipeStream(
+            subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+            )
+        )
 
 
 # ----------------------------------------------------------------------------------------- pool
+
 
 @dataclass
 class _Down:
@@ -644,8 +802,9 @@ class _Down:
     trying: bool = False
 
 
-def fan_out(items: Iterable[str], fn: Callable[[str], T], max_parallel: int,
-            deadline_s: float | None = None) -> dict[str, T | Exception]:
+def fan_out(
+    items: Iterable[str], fn: Callable[[str], T], max_parallel: int, deadline_s: float | None = None
+) -> dict[str, T | Exception]:
     """fn(item) for every item at once (bounded by max_parallel threads); exceptions are returned
     in place of results, so one bad node never hides the others. Keys keep the input order.
     With deadline_s, an item not done by then is returned as a TimeoutError and not waited for."""
@@ -653,7 +812,9 @@ def fan_out(items: Iterable[str], fn: Callable[[str], T], max_parallel: int,
     if not items:
         return {}
     out: dict[str, T | Exception] = {}
-    ex = ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(items))), thread_name_prefix="taehv-node")
+    ex = ThreadPoolExecutor(
+        max_workers=max(1, min(max_parallel, len(items))), thread_name_prefix="taehv-node"
+    )
     end = None if deadline_s is None else time.monotonic() + deadline_s
     try:
         futures = {item: ex.submit(fn, item) for item in items}
@@ -700,8 +861,11 @@ class SshPool:
         if down is not None:
             self._retry(host, down)
             raise SshUnreachableError(
-                host, f"{host}: unreachable: {down.why} ({time.monotonic() - down.since:.0f} s ago); "
-                "reconnecting in the background", "check the node (frozen, overloaded or cut off)")
+                host,
+                f"{host}: unreachable: {down.why} ({time.monotonic() - down.since:.0f} s ago); "
+                "reconnecting in the background",
+                "check the node (frozen, overloaded or cut off)",
+            )
         with lock:  # one handshake per host even when several threads ask at once
             conn = self._conns.get(host)
             transport = conn._client.get_transport() if conn else None
@@ -716,8 +880,14 @@ class SshPool:
 
     def _mark_down(self, host: str, why: str) -> None:
         with self._guard:
-            self._down.setdefault(host, _Down(why=why, since=time.monotonic(),
-                                              next_try=time.monotonic() + self.settings.retry_unreachable_s))
+            self._down.setdefault(
+                host,
+                _Down(
+                    why=why,
+                    since=time.monotonic(),
+                    next_try=time.monotonic() + self.settings.retry_unreachable_s,
+                ),
+            )
 
     def _retry(self, host: str, down: _Down) -> None:
         """One background reconnection at a time per node; the caller never waits for it."""
@@ -762,15 +932,24 @@ class SshPool:
             return reply_for_error(host, helper_name(module, args), err, python=self.settings.python)
         return runner.call(module, args, **kw)
 
-    def call_all(self, hosts: Iterable[str], module: str, args: Sequence[str] = (), **kw: Any) -> dict[str, NodeReply]:
+    def call_all(
+        self, hosts: Iterable[str], module: str, args: Sequence[str] = (), **kw: Any
+    ) -> dict[str, NodeReply]:
         """The same helper call on every host in parallel, one reply per host (in input order)."""
         hosts = list(hosts)
         got = fan_out(hosts, lambda h: self.call(h, module, args, **kw), self.settings.max_parallel)
-        return {h: r if isinstance(r, NodeReply) else reply_for_error(h, helper_name(module, args), r)
-                for h, r in got.items()}
+        return {
+            h: r if isinstance(r, NodeReply) else reply_for_error(h, helper_name(module, args), r)
+            for h, r in got.items()
+        }
 
-    def run_all(self, hosts: Iterable[str], argv: Sequence[str] | Callable[[str], Sequence[str]], *,
-                timeout: float | None = None) -> dict[str, CommandResult | Exception]:
+    def run_all(
+        self,
+        hosts: Iterable[str],
+        argv: Sequence[str] | Callable[[str], Sequence[str]],
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, CommandResult | Exception]:
         """The same argv (or argv per host) on every host in parallel."""
         make = argv if callable(argv) else (lambda _h: argv)
         return self.map(hosts, lambda r: r.run(make(r.host), timeout=timeout))

@@ -28,7 +28,9 @@ class ChosenConfig:
     reasons: tuple[tuple[str, str], ...] = ()  # (key, why) of a derived config
 
 
-def _auto(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult], overrides: list[str]) -> Any:
+def _auto(
+    options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult], overrides: list[str]
+) -> Any:
     facts = [p.facts for p in probes if p.facts is not None]
     gpus = [f.visible_gpu_count for f in facts]
     device = "cuda" if facts and all(gpus) else "cpu"
@@ -42,8 +44,14 @@ def _auto(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult
         g = facts[0].visible_gpus[0]
         # probes report GiB; presets speak GB
         memory_gb = round(min(x.memory_gb for f in facts for x in f.visible_gpus) * 1.073741824, 1)
-        return auto_select(topology.node_count, per_node, device="cuda", gpu_name=g.name, gpu_memory_gb=memory_gb,
-                           overrides=overrides)
+        return auto_select(
+            topology.node_count,
+            per_node,
+            device="cuda",
+            gpu_name=g.name,
+            gpu_memory_gb=memory_gb,
+            overrides=overrides,
+        )
     per_node = min(slots) if slots else (topology.processes_per_node or 2)
     return auto_select(topology.node_count, per_node, device="cpu", overrides=overrides)
 
@@ -62,8 +70,13 @@ def choose_config(options: FlowOptions, topology: Topology, probes: Sequence[Pro
     return ChosenConfig(resolved.config, f"auto: {resolved.summary}", reasons)
 
 
-def run_config(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult], existing: RunDir | None = None,
-               note: Note | None = None) -> ChosenConfig:
+def run_config(
+    options: FlowOptions,
+    topology: Topology,
+    probes: Sequence[ProbeResult],
+    existing: RunDir | None = None,
+    note: Note | None = None,
+) -> ChosenConfig:
     """What a launch runs: an existing run's run.toml, else choose_config; a CPU config without
     data trains on generated clips (made once under the runs directory)."""
     if existing is not None:
@@ -73,8 +86,11 @@ def run_config(options: FlowOptions, topology: Topology, probes: Sequence[ProbeR
     if not cfg.data.source and not options.data and cfg.topology.device == "cpu":
         clips = generated_clips(options.runs, cfg, note)
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": clips})})
-        return replace(chosen, config=cfg,
-                       chosen=chosen.chosen + f"; no GPU and no --data: training on generated clips in {clips}")
+        return replace(
+            chosen,
+            config=cfg,
+            chosen=chosen.chosen + f"; no GPU and no --data: training on generated clips in {clips}",
+        )
     return chosen
 
 
@@ -92,12 +108,15 @@ def generated_clips(runs_dir: str, cfg: TrainConfig, note: Note | None = None) -
         if note is not None:
             note(f"generating demo clips in {folder}")
         # enough frames for the largest frame step, and enough clips for a validation split
-        make_synthetic(folder, clips=12, frames=d.frames * d.max_delta + 4, height=d.height, width=d.width, seed=0)
+        make_synthetic(
+            folder, clips=12, frames=d.frames * d.max_delta + 4, height=d.height, width=d.width, seed=0
+        )
         done.write_text("")
     return str(folder)
 
 
 # ------------------------------------------------------------------------------ preset choices
+
 
 @dataclass(frozen=True)
 class PresetChoice:
@@ -121,18 +140,37 @@ def _failed_choice(name: str, title: str, error: str) -> PresetChoice:
     return PresetChoice(name, title, "", None, None, None, None, None, None, False, error=error)
 
 
-def _choice(name: str, title: str, cfg: TrainConfig, matches: bool, description: str = "",
-            reasons: tuple[tuple[str, str], ...] = ()) -> PresetChoice:
+def _choice(
+    name: str,
+    title: str,
+    cfg: TrainConfig,
+    matches: bool,
+    description: str = "",
+    reasons: tuple[tuple[str, str], ...] = (),
+) -> PresetChoice:
     t = cfg.topology
     mem = estimate_memory(cfg)
     unit = "GPUs" if t.device == "cuda" else "CPU procs"
-    return PresetChoice(name=name, title=title, topology=f"{t.nodes}×{t.gpus_per_node} {unit}",
-                        effective_batch=cfg.effective_batch, lr=cfg.optim.lr, zero_stage=cfg.deepspeed.zero_stage,
-                        memory_gb=round(mem.per_gpu_gb, 1), device_gb=mem.gpu_gb, fits=mem.fits, matches=matches,
-                        description=description, reasons=reasons, config=cfg)
+    return PresetChoice(
+        name=name,
+        title=title,
+        topology=f"{t.nodes}×{t.gpus_per_node} {unit}",
+        effective_batch=cfg.effective_batch,
+        lr=cfg.optim.lr,
+        zero_stage=cfg.deepspeed.zero_stage,
+        memory_gb=round(mem.per_gpu_gb, 1),
+        device_gb=mem.gpu_gb,
+        fits=mem.fits,
+        matches=matches,
+        description=description,
+        reasons=reasons,
+        config=cfg,
+    )
 
 
-def preset_choices(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult]) -> tuple[PresetChoice, ...]:
+def preset_choices(
+    options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult]
+) -> tuple[PresetChoice, ...]:
     """The config auto picks (or derives) for this cluster first, then every shipped and user
     preset, each with effective batch, LR, ZeRO stage and the memory estimate."""
     out: list[PresetChoice] = []
@@ -141,13 +179,19 @@ def preset_choices(options: FlowOptions, topology: Topology, probes: Sequence[Pr
         auto = choose_config(replace(options, preset="auto", overrides=()), topology, probes)
         t = auto.config.topology
         want = (t.nodes, t.gpus_per_node, t.device)
-        out.append(_choice("auto", "auto", auto.config, True, auto.chosen.removeprefix("auto: "), auto.reasons))
+        out.append(
+            _choice("auto", "auto", auto.config, True, auto.chosen.removeprefix("auto: "), auto.reasons)
+        )
     except ConfigError as err:
         out.append(_failed_choice("auto", "auto", str(err)))
     listing = list_presets()
     for p in listing.presets:
         t = p.config.topology
-        out.append(_choice(p.name, p.name, p.config, (t.nodes, t.gpus_per_node, t.device) == want, p.meta.description))
+        out.append(
+            _choice(
+                p.name, p.name, p.config, (t.nodes, t.gpus_per_node, t.device) == want, p.meta.description
+            )
+        )
     for err in listing.errors:
         out.append(_failed_choice("?", "user preset", err))
     return tuple(out)

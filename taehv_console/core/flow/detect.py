@@ -49,8 +49,9 @@ def detect(options: FlowOptions, pool: SshPool | None = None) -> Detection:
     return Detection(topology, (local,))
 
 
-def probe_each(hosts: tuple[str, ...], pool: SshPool, paths: dict[str, str],
-               on_result: Callable[[ProbeResult], None]) -> tuple[ProbeResult, ...]:
+def probe_each(
+    hosts: tuple[str, ...], pool: SshPool, paths: dict[str, str], on_result: Callable[[ProbeResult], None]
+) -> tuple[ProbeResult, ...]:
     """Probe every host at once (one host per call) and report each result as it arrives, so a
     node table fills in while slow nodes are still answering."""
     results: dict[str, ProbeResult] = {}

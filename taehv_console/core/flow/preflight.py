@@ -20,14 +20,19 @@ Note = Callable[[str], None]
 
 # LAUNCHER_ENV has no backend: the console runs once per node, not inside torchrun's processes
 _BACKEND_FOR_SOURCE = {
-    TopologySource.HOSTFILE: BackendKind.SSH, TopologySource.LOCAL: BackendKind.LOCAL,
-    TopologySource.SLURM: BackendKind.SLURM, TopologySource.PAI_DLC: BackendKind.PLATFORM,
-    TopologySource.KUBEFLOW: BackendKind.PLATFORM, TopologySource.NODE_ENV: BackendKind.PLATFORM,
+    TopologySource.HOSTFILE: BackendKind.SSH,
+    TopologySource.LOCAL: BackendKind.LOCAL,
+    TopologySource.SLURM: BackendKind.SLURM,
+    TopologySource.PAI_DLC: BackendKind.PLATFORM,
+    TopologySource.KUBEFLOW: BackendKind.PLATFORM,
+    TopologySource.NODE_ENV: BackendKind.PLATFORM,
     TopologySource.K8S_INDEXED_JOB: BackendKind.PLATFORM,
 }
 
-NOT_PER_PROCESS = ("taehv-console runs once per node, not once per process: start it outside torchrun/accelerate "
-                   "(the per-process variables are set)")
+NOT_PER_PROCESS = (
+    "taehv-console runs once per node, not once per process: start it outside torchrun/accelerate "
+    "(the per-process variables are set)"
+)
 
 
 def backend_for(options: FlowOptions, topology: Topology) -> BackendKind | None:
@@ -43,7 +48,9 @@ def free_port(topology: Topology, pool: SshPool, first: int | None = None) -> in
     host = topology.hosts[0] if topology.uses_ssh else "localhost"
     runner = pool.runner(host)
     for candidate in range(port, port + 50):
-        answer = runner.call(NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",))
+        answer = runner.call(
+            NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",)
+        )
         if not answer.ok:  # preflight reports an unreachable node properly
             return port
         if answer.get("free"):
@@ -80,9 +87,17 @@ class PreflightResult:
     notes: tuple[str, ...] = ()
 
 
-def preflight(options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult], chosen: ChosenConfig,
-              pool: SshPool, note: Note | None = None, *, bandwidth: bool = False,
-              bandwidth_megabytes: float = 64.0) -> PreflightResult:
+def preflight(
+    options: FlowOptions,
+    topology: Topology,
+    probes: Sequence[ProbeResult],
+    chosen: ChosenConfig,
+    pool: SshPool,
+    note: Note | None = None,
+    *,
+    bandwidth: bool = False,
+    bandwidth_megabytes: float = 64.0,
+) -> PreflightResult:
     """Core's checks of `chosen` on these nodes, with the port the launch will use; `bandwidth`
     also measures the all-reduce bandwidth between the nodes (a few seconds), which the review's
     communication figures then use instead of the assumed link."""
@@ -95,9 +110,20 @@ def preflight(options: FlowOptions, topology: Topology, probes: Sequence[ProbeRe
 
     cfg = chosen.config
     port = master_port(options, topology, pool)
-    checks = PreflightOptions(runs_dir=options.runs, data_source=cfg.data.source, master_port=port,
-                              bandwidth=bandwidth, bandwidth_megabytes=bandwidth_megabytes,
-                              assumed_gbps=assumed_gbps(cfg))
+    checks = PreflightOptions(
+        runs_dir=options.runs,
+        data_source=cfg.data.source,
+        master_port=port,
+        bandwidth=bandwidth,
+        bandwidth_megabytes=bandwidth_megabytes,
+        assumed_gbps=assumed_gbps(cfg),
+    )
     report = run_preflight(topology, cfg, pool, checks, progress=say, probes=probes)
-    return PreflightResult(config=cfg, chosen=chosen.chosen, report=report, backend=backend_for(options, topology),
-                           master_port=port, notes=tuple(notes))
+    return PreflightResult(
+        config=cfg,
+        chosen=chosen.chosen,
+        report=report,
+        backend=backend_for(options, topology),
+        master_port=port,
+        notes=tuple(notes),
+    )

@@ -48,8 +48,9 @@ def list_run_entries(runs_dir: str, pool: SshPool, limit: int = 30) -> tuple[Run
     return tuple(run_entry(run, pool) for run in list_runs(runs_dir)[:limit])
 
 
-def find_live_run(runs_dir: str, pool: SshPool, hosts: tuple[str, ...] | None = None,
-                  limit: int = 20) -> RunEntry | None:
+def find_live_run(
+    runs_dir: str, pool: SshPool, hosts: tuple[str, ...] | None = None, limit: int = 20
+) -> RunEntry | None:
     """The newest live run under runs_dir (on exactly these `hosts` when given): the run a console
     attaches to instead of starting another on busy machines."""
     for run in list_runs(runs_dir)[:limit]:

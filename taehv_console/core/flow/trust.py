@@ -40,8 +40,10 @@ class HostKeyOffer:
 
     @property
     def line(self) -> str:
-        return (f"{self.host} ({self.target.hostname} port {self.target.port}) presents {self.key_type} "
-                f"{self.fingerprint}")
+        return (
+            f"{self.host} ({self.target.hostname} port {self.target.port}) presents {self.key_type} "
+            f"{self.fingerprint}"
+        )
 
     @property
     def already_trusted(self) -> bool:
@@ -56,8 +58,13 @@ def offer_host_key(host: str, settings: SshSettings) -> HostKeyOffer:
     """Fetch the host's key once (SshError when it cannot be reached) with what is known of it."""
     target, key = fetch_host_key(host, settings)
     known = known_keys(settings, target.known_name)
-    return HostKeyOffer(host=host, target=target, key=key, known=known.get(key.get_name()),
-                        other_types=tuple(t for t in known if t != key.get_name()))
+    return HostKeyOffer(
+        host=host,
+        target=target,
+        key=key,
+        known=known.get(key.get_name()),
+        other_types=tuple(t for t in known if t != key.get_name()),
+    )
 
 
 class TrustOutcome(enum.Enum):

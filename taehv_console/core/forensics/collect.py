@@ -34,7 +34,7 @@ FORENSICS_DIR = "forensics"
 PYSPY_FIX = {
     pyspy.MISSING: "install py-spy beside the node's python (pip install py-spy)",
     pyspy.DENIED: "needs SYS_PTRACE: docker run --cap-add SYS_PTRACE, or Kubernetes "
-                  "securityContext.capabilities.add: [SYS_PTRACE]",
+    "securityContext.capabilities.add: [SYS_PTRACE]",
 }
 
 
@@ -47,9 +47,16 @@ class StallForensics:
     machine, SSH otherwise). Nodes are found through state.json's hosts (what the console launched
     on), falling back to the host a rank's heartbeat names."""
 
-    def __init__(self, run_dir: Path, pool: Any, *, analyser_python: str = sys.executable,
-                 pyspy_timeout: float = pyspy.DUMP_TIMEOUT_S, fr_wait: float = fr.DUMP_WAIT_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        run_dir: Path,
+        pool: Any,
+        *,
+        analyser_python: str = sys.executable,
+        pyspy_timeout: float = pyspy.DUMP_TIMEOUT_S,
+        fr_wait: float = fr.DUMP_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.run = RunDir(Path(run_dir))
         self.pool = pool
         self.analyser_python = analyser_python
@@ -109,8 +116,11 @@ class StallForensics:
             runner = self._runner(host)
         except (SshError, OSError, ValueError) as err:
             return None, f"node {ref.node} ({host}) unreachable for py-spy: {err}"
-        reply = node_command(runner, ["pyspy", "--pid", str(ref.pid), "--timeout", str(self.pyspy_timeout)],
-                             timeout=self.pyspy_timeout + 30)
+        reply = node_command(
+            runner,
+            ["pyspy", "--pid", str(ref.pid), "--timeout", str(self.pyspy_timeout)],
+            timeout=self.pyspy_timeout + 30,
+        )
         kind, error = reply.get("kind", pyspy.FAILED), reply.get("error", "")
         if kind == UNREACHABLE:
             return None, f"node {ref.node} ({host}) unreachable for py-spy: {error}"
@@ -136,14 +146,24 @@ class StallForensics:
             return None, f"py-spy output for rank {ref.rank} unreadable: {err}"
         main = parsed.main_thread()
         path = self.dir / f"pyspy-rank{ref.rank}-{role}-{_stamp(now)}.txt"
-        header = (f"# py-spy dump of rank {ref.rank} ({role}), pid {ref.pid} on node {ref.node} ({host}), "
-                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}, process state "
-                  f"{reply.get('state') or '?'}{', --nonblocking' if reply.get('nonblocking') else ''}\n")
+        header = (
+            f"# py-spy dump of rank {ref.rank} ({role}), pid {ref.pid} on node {ref.node} ({host}), "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}, process state "
+            f"{reply.get('state') or '?'}{', --nonblocking' if reply.get('nonblocking') else ''}\n"
+        )
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, header + text)
-        return StackDump(rank=ref.rank, role=role, frames=main.frames if main else (), path=str(path),
-                         host=host, pid=ref.pid, time=now, process_state=reply.get("state", ""),
-                         threads=len(parsed.threads)), ""
+        return StackDump(
+            rank=ref.rank,
+            role=role,
+            frames=main.frames if main else (),
+            path=str(path),
+            host=host,
+            pid=ref.pid,
+            time=now,
+            process_state=reply.get("state", ""),
+            threads=len(parsed.threads),
+        ), ""
 
     def stacks(self, stalled: RankRef, peer: RankRef | None) -> tuple[tuple[StackDump, ...], tuple[str, ...]]:
         """py-spy on the stalled rank and the peer, at once, each on its node."""
@@ -169,16 +189,20 @@ class StallForensics:
         state = self._state()
         env.update(dict(state.env) if state else {})
         paths = fr_launch.paths_for(self.run.path)
-        paths = fr_launch.FlightRecorderPaths(trace_stem=env.get(fr_launch.ENV_TEMP_FILE, paths.trace_stem),
-                                       pipe_stem=env.get(fr_launch.ENV_PIPE_FILE, paths.pipe_stem),
-                                       copies=paths.copies)
+        paths = fr_launch.FlightRecorderPaths(
+            trace_stem=env.get(fr_launch.ENV_TEMP_FILE, paths.trace_stem),
+            pipe_stem=env.get(fr_launch.ENV_PIPE_FILE, paths.pipe_stem),
+            copies=paths.copies,
+        )
         try:
             size = int(env.get(fr_launch.ENV_BUFFER, fr_launch.TRACE_BUFFER_SIZE))
         except ValueError:
             size = 0
         return paths, size
 
-    def flight_recorder(self, cfg: Any, stalled: RankRef, when: float) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    def flight_recorder(
+        self, cfg: Any, stalled: RankRef, when: float
+    ) -> tuple[tuple[str, ...], tuple[str, ...], str]:
         """Trigger every rank's dump on its node, copy them, analyse. (verdict, notes, folder)."""
         paths, size = self._fr_settings(cfg)
         if size <= 0:
@@ -192,8 +216,17 @@ class StallForensics:
             node = int(node_key)
             ref = ref_by_node.get(node) or self._ref_for_rank(by_node[node][0], node)
             host = self._host(ref)
-            args = ["fr-dump", "--pipe-stem", paths.pipe_stem, "--trace-stem", paths.trace_stem,
-                    "--dest", str(dest), "--timeout", str(self.fr_wait)]
+            args = [
+                "fr-dump",
+                "--pipe-stem",
+                paths.pipe_stem,
+                "--trace-stem",
+                paths.trace_stem,
+                "--dest",
+                str(dest),
+                "--timeout",
+                str(self.fr_wait),
+            ]
             for r in by_node[node]:
                 args += ["--rank", str(r)]
             try:
@@ -213,7 +246,9 @@ class StallForensics:
                 notes.append(f"Flight Recorder on node {node_key}: {type(reply).__name__}: {reply}")
                 continue
             if reply.get("kind") == UNREACHABLE:
-                notes.append(f"Flight Recorder: node {node_key} ({reply.get('host')}) unreachable: {reply.get('error')}")
+                notes.append(
+                    f"Flight Recorder: node {node_key} ({reply.get('host')}) unreachable: {reply.get('error')}"
+                )
                 continue
             copied += len(reply.get("copied", {}))
             no_dump += [int(r) for r in reply.get("missing", {})]
@@ -276,9 +311,14 @@ class StallForensics:
         return verdict, note, text
 
     # ------------------------------------------------------------------------------ collect
-    def collect(self, stalled: RankRef, peer: RankRef | None, *,
-                on_partial: Callable[[ForensicsReport], None] | None = None,
-                communicators_ready: bool | None = None) -> ForensicsReport:
+    def collect(
+        self,
+        stalled: RankRef,
+        peer: RankRef | None,
+        *,
+        on_partial: Callable[[ForensicsReport], None] | None = None,
+        communicators_ready: bool | None = None,
+    ) -> ForensicsReport:
         """Everything about one confirmed stall. Never raises for a node or tool problem: each
         becomes a note. The caller keeps the report (the run's pipeline writes it under
         RUN/forensics/, beside the dumps; ForensicsReport.from_json reads it back)."""
@@ -286,13 +326,21 @@ class StallForensics:
         dumps, notes = self.stacks(stalled, peer)
         cfg, cfg_note = self._config()
         all_notes = list(notes) + ([cfg_note] if cfg_note else [])
-        report = ForensicsReport(stalled_rank=stalled.rank, dumps=dumps, notes=tuple(all_notes),
-                                 flight_recorder=(), ras=None, time=started)
+        report = ForensicsReport(
+            stalled_rank=stalled.rank,
+            dumps=dumps,
+            notes=tuple(all_notes),
+            flight_recorder=(),
+            ras=None,
+            time=started,
+        )
         if cfg is None:
             return report
         if cfg.topology.device != "cuda":
-            all_notes += ["Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
-                          "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
+            all_notes += [
+                "Flight Recorder unavailable: it records NCCL collectives; this run uses gloo (CPU)",
+                "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL",
+            ]
             return replace(report, notes=tuple(all_notes))
         if on_partial is not None:
             on_partial(report)
@@ -300,5 +348,11 @@ class StallForensics:
         ready = self._communicators_ready(peer) if communicators_ready is None else communicators_ready
         ras_verdict, ras_note, ras_text = self.nccl_ras(peer or stalled, ready)
         all_notes += list(fr_notes) + ([ras_note] if ras_note else [])
-        return replace(report, notes=tuple(dict.fromkeys(all_notes)), flight_recorder=verdict, ras=ras_verdict,
-                       fr_dir=fr_dir, ras_text=ras_text)
+        return replace(
+            report,
+            notes=tuple(dict.fromkeys(all_notes)),
+            flight_recorder=verdict,
+            ras=ras_verdict,
+            fr_dir=fr_dir,
+            ras_text=ras_text,
+        )

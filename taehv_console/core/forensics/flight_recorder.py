@@ -28,6 +28,7 @@ ANALYSER = "torch.distributed.flight_recorder.fr_trace"
 
 # ------------------------------------------------------------------------------ on the node
 
+
 def _mtime_size(path: str) -> tuple[float, int] | None:
     try:
         st = os.stat(path)
@@ -55,8 +56,15 @@ def _poke(pipe: str) -> str:
     return ""
 
 
-def dump_through_pipes(pipe_stem: str, trace_stem: str, ranks: Iterable[int], dest: str,
-                       *, timeout: float = DUMP_WAIT_S, settle_s: float = 0.3) -> dict:
+def dump_through_pipes(
+    pipe_stem: str,
+    trace_stem: str,
+    ranks: Iterable[int],
+    dest: str,
+    *,
+    timeout: float = DUMP_WAIT_S,
+    settle_s: float = 0.3,
+) -> dict:
     """Ask each rank on this node for a dump, wait for its file to be rewritten, copy it into
     `dest` under the analyser's naming (<prefix><rank>). Reply: {"kind", "error", "copied":
     {rank: path}, "missing": {rank: why}}."""
@@ -94,14 +102,24 @@ def dump_through_pipes(pipe_stem: str, trace_stem: str, ranks: Iterable[int], de
         missing[r] = f"no dump within {timeout:g} s (a stopped or wedged rank cannot dump)"
     kind = "ok" if copied else "failed"
     error = "" if copied else "; ".join(f"rank {r}: {why}" for r, why in sorted(missing.items()))
-    return {"kind": kind, "error": error, "copied": {str(k): v for k, v in copied.items()},
-            "missing": {str(k): v for k, v in missing.items()}}
+    return {
+        "kind": kind,
+        "error": error,
+        "copied": {str(k): v for k, v in copied.items()},
+        "missing": {str(k): v for k, v in missing.items()},
+    }
 
 
 # -------------------------------------------------------------------------- on the console
 
-def run_analyser(trace_dir: str | Path, *, python: str = sys.executable, allow_incomplete: bool = False,
-                 timeout: float = ANALYSER_TIMEOUT_S) -> tuple[int, str]:
+
+def run_analyser(
+    trace_dir: str | Path,
+    *,
+    python: str = sys.executable,
+    allow_incomplete: bool = False,
+    timeout: float = ANALYSER_TIMEOUT_S,
+) -> tuple[int, str]:
     """PyTorch's analyser over a folder of dumps: (exit status, everything it printed)."""
     argv = [python, "-m", ANALYSER, "--prefix", TRACE_PREFIX, str(trace_dir)]
     if allow_incomplete:
@@ -169,8 +187,13 @@ def parse_analysis(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def analyse(trace_dir: str | Path, *, python: str = sys.executable, incomplete: bool = False,
-            timeout: float = ANALYSER_TIMEOUT_S) -> tuple[tuple[str, ...], str]:
+def analyse(
+    trace_dir: str | Path,
+    *,
+    python: str = sys.executable,
+    incomplete: bool = False,
+    timeout: float = ANALYSER_TIMEOUT_S,
+) -> tuple[tuple[str, ...], str]:
     """Run the analyser and parse it: (verdict lines, raw output). `incomplete`: some ranks wrote
     no dump (a stopped rank cannot), so analyse what there is (--allow-incomplete-ranks); a strict
     run that finds dumps missing is repeated that way too."""

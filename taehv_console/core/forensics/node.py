@@ -26,14 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pyspy", help="dump one process's Python stack with py-spy")
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--timeout", type=float, default=pyspy.DUMP_TIMEOUT_S)
-    p = sub.add_parser("fr-dump", help="trigger Flight Recorder dumps through ranks' pipes and copy them away")
+    p = sub.add_parser(
+        "fr-dump", help="trigger Flight Recorder dumps through ranks' pipes and copy them away"
+    )
     p.add_argument("--pipe-stem", required=True, help="TORCH_NCCL_DEBUG_INFO_PIPE_FILE of the run")
     p.add_argument("--trace-stem", required=True, help="TORCH_NCCL_DEBUG_INFO_TEMP_FILE of the run")
     p.add_argument("--rank", type=int, action="append", required=True)
     p.add_argument("--dest", required=True, help="directory the dumps are copied into")
     p.add_argument("--timeout", type=float, default=flight_recorder.DUMP_WAIT_S)
     p = sub.add_parser("ras", help="ask this node's NCCL RAS service for its verbose status")
-    p.add_argument("--pid", type=int, required=True, help="a rank process on this node (its NCCL version decides)")
+    p.add_argument(
+        "--pid", type=int, required=True, help="a rank process on this node (its NCCL version decides)"
+    )
     p.add_argument("--port", type=int, default=ras.RAS_PORT)
     p.add_argument("--timeout", type=float, default=ras.QUERY_TIMEOUT_S)
     return parser
@@ -44,8 +48,9 @@ def run_action(args: argparse.Namespace) -> dict:
     if args.action == "pyspy":
         return pyspy.dump_process(args.pid, python=sys.executable, timeout=args.timeout)
     if args.action == "fr-dump":
-        return flight_recorder.dump_through_pipes(args.pipe_stem, args.trace_stem, args.rank, args.dest,
-                                                  timeout=args.timeout)
+        return flight_recorder.dump_through_pipes(
+            args.pipe_stem, args.trace_stem, args.rank, args.dest, timeout=args.timeout
+        )
     return ras.query_for(args.pid, port=args.port, timeout=args.timeout)
 
 
@@ -53,8 +58,13 @@ def node_command(runner: NodeRunner, args: Sequence[str], *, timeout: float = 60
     """Run one forensics action on the runner's node and return its reply (in-process for this
     machine, without starting a Python per call). A node that cannot be reached, or whose helper
     fails, gives {"kind": "unreachable", "error": ...}: never raises."""
-    reply = runner.call(NODE_MODULE, args, timeout=timeout, require=("kind",),
-                        in_process=lambda a: run_action(build_parser().parse_args(a)))
+    reply = runner.call(
+        NODE_MODULE,
+        args,
+        timeout=timeout,
+        require=("kind",),
+        in_process=lambda a: run_action(build_parser().parse_args(a)),
+    )
     if reply.error is not None:
         return {"kind": UNREACHABLE, "error": reply.error.with_fix()}
     return dict(reply.data)

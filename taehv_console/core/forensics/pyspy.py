@@ -87,8 +87,11 @@ def parse_dump(text: str) -> PyspyDump:
         if m:
             close()
             tid = m["tid"]
-            current = {"tid": int(tid, 16) if tid.startswith("0x") else int(tid), "status": m["status"],
-                       "name": m["name"] or ""}
+            current = {
+                "tid": int(tid, 16) if tid.startswith("0x") else int(tid),
+                "status": m["status"],
+                "name": m["name"] or "",
+            }
             frames = []
             continue
         if current is None:
@@ -148,17 +151,27 @@ def ptrace_scope() -> str:
         return ""
 
 
-def dump_process(pid: int, *, pyspy: str | None = None, python: str | None = None,
-                 timeout: float = DUMP_TIMEOUT_S) -> dict:
+def dump_process(
+    pid: int, *, pyspy: str | None = None, python: str | None = None, timeout: float = DUMP_TIMEOUT_S
+) -> dict:
     """Dump one process's stack on this machine. Returns the node helper's reply:
     {"kind": ok|missing|denied|gone|failed, "text", "error", "pyspy", "state", "nonblocking"}."""
     exe = pyspy or find_pyspy(python)
     entry = read_proc_one(pid)
     state = entry[3] if entry else ""
-    reply = {"kind": FAILED, "text": "", "error": "", "pyspy": exe or "", "state": state, "nonblocking": False,
-             "ptrace_scope": ptrace_scope()}
+    reply = {
+        "kind": FAILED,
+        "text": "",
+        "error": "",
+        "pyspy": exe or "",
+        "state": state,
+        "nonblocking": False,
+        "ptrace_scope": ptrace_scope(),
+    }
     if exe is None:
-        reply.update(kind=MISSING, error=f"{PYSPY} is not installed (not beside {python or 'python'}, not on PATH)")
+        reply.update(
+            kind=MISSING, error=f"{PYSPY} is not installed (not beside {python or 'python'}, not on PATH)"
+        )
         return reply
     if entry is None:
         reply.update(kind=GONE, error=f"no process {pid}")
@@ -168,9 +181,13 @@ def dump_process(pid: int, *, pyspy: str | None = None, python: str | None = Non
     for _ in range(2):
         argv = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if nonblocking else [])
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
-            reply.update(kind=FAILED, error=f"{PYSPY} dump took longer than {timeout:g} s", nonblocking=nonblocking)
+            reply.update(
+                kind=FAILED, error=f"{PYSPY} dump took longer than {timeout:g} s", nonblocking=nonblocking
+            )
             return reply
         except OSError as err:
             reply.update(kind=MISSING, error=f"{exe}: {err}")
@@ -183,7 +200,10 @@ def dump_process(pid: int, *, pyspy: str | None = None, python: str | None = Non
         if _SUSPEND_FAILED in output and not nonblocking:
             nonblocking = True  # stopped between our look and py-spy's attach
             continue
-        reply.update(kind=classify_failure(output), error=error_summary(output) or f"exit {res.returncode}",
-                     text=res.stdout)
+        reply.update(
+            kind=classify_failure(output),
+            error=error_summary(output) or f"exit {res.returncode}",
+            text=res.stdout,
+        )
         return reply
     return reply

@@ -43,15 +43,27 @@ class VersionRule:
 # order; the first whose range holds the version decides.
 RAS_VERSION_POLICY: tuple[VersionRule, ...] = (
     VersionRule((0, 0, 0), (2, 24, 0), False, "NCCL before 2.24 has no RAS service"),
-    VersionRule((2, 24, 0), (2, 27, 3), False,
-                "a RAS report generated while a communicator initialises crashes the process "
-                "(NVIDIA/nccl#1669, #1718; fixed in 2.27.3)"),
-    VersionRule((2, 27, 3), (2, 29, 2), False,
-                "VERBOSE STATUS for a communicator with missing ranks corrupts memory, which is "
-                "exactly a stall (NVIDIA/nccl#1762; fixed in 2.29.2)"),
-    VersionRule((2, 29, 2), (99, 0, 0), True,
-                "no known crash after communicator init (NVIDIA/nccl#2346, 2.29.7: a report during "
-                "communicator churn can crash; queried only after the first step)"),
+    VersionRule(
+        (2, 24, 0),
+        (2, 27, 3),
+        False,
+        "a RAS report generated while a communicator initialises crashes the process "
+        "(NVIDIA/nccl#1669, #1718; fixed in 2.27.3)",
+    ),
+    VersionRule(
+        (2, 27, 3),
+        (2, 29, 2),
+        False,
+        "VERBOSE STATUS for a communicator with missing ranks corrupts memory, which is "
+        "exactly a stall (NVIDIA/nccl#1762; fixed in 2.29.2)",
+    ),
+    VersionRule(
+        (2, 29, 2),
+        (99, 0, 0),
+        True,
+        "no known crash after communicator init (NVIDIA/nccl#2346, 2.29.7: a report during "
+        "communicator churn can crash; queried only after the first step)",
+    ),
 )
 
 
@@ -78,6 +90,7 @@ def may_query(version: Version | None) -> tuple[bool, str]:
 
 
 # ------------------------------------------------------------------------------ on the node
+
 
 def loaded_nccl(pid: int, proc_root: str = "/proc") -> str:
     """Path of the libnccl a process has mapped, '' when it has none (gloo, CPU)."""
@@ -124,21 +137,29 @@ def _recv_line(sock: socket.socket, deadline: float) -> str:
     return buf.decode(errors="replace")
 
 
-def query(*, host: str = "localhost", port: int = RAS_PORT, timeout: float = QUERY_TIMEOUT_S,
-          verbose: bool = True) -> dict:
+def query(
+    *, host: str = "localhost", port: int = RAS_PORT, timeout: float = QUERY_TIMEOUT_S, verbose: bool = True
+) -> dict:
     """Ask the RAS service for its status. Reply {"kind": ok|unavailable|failed, "text", "error"}."""
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
     except OSError as err:
-        return {"kind": "unavailable", "text": "",
-                "error": f"nothing answers on {host}:{port} ({err.strerror or err}): RAS off or no NCCL job here"}
+        return {
+            "kind": "unavailable",
+            "text": "",
+            "error": f"nothing answers on {host}:{port} ({err.strerror or err}): RAS off or no NCCL job here",
+        }
     try:
         with sock:
             sock.sendall(f"CLIENT PROTOCOL {RAS_PROTOCOL}\n".encode())
             hello = _recv_line(sock, deadline)
             if not hello.upper().startswith("SERVER PROTOCOL "):
-                return {"kind": "failed", "text": hello, "error": f"unexpected RAS greeting {hello.strip()[:80]!r}"}
+                return {
+                    "kind": "failed",
+                    "text": hello,
+                    "error": f"unexpected RAS greeting {hello.strip()[:80]!r}",
+                }
             sock.sendall(f"TIMEOUT {RAS_TIMEOUT_S}\n".encode())
             ok = _recv_line(sock, deadline)
             if ok.strip().upper() != "OK":
@@ -148,8 +169,11 @@ def query(*, host: str = "localhost", port: int = RAS_PORT, timeout: float = QUE
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return {"kind": "failed", "text": b"".join(chunks).decode(errors="replace"),
-                            "error": f"RAS did not finish its report within {timeout:g} s"}
+                    return {
+                        "kind": "failed",
+                        "text": b"".join(chunks).decode(errors="replace"),
+                        "error": f"RAS did not finish its report within {timeout:g} s",
+                    }
                 sock.settimeout(left)
                 data = sock.recv(65536)
                 if not data:
@@ -164,8 +188,12 @@ def query_for(pid: int, *, port: int = RAS_PORT, timeout: float = QUERY_TIMEOUT_
     """On the node of rank process `pid`: find its NCCL, check the version policy, then query."""
     lib = loaded_nccl(pid)
     if not lib:
-        return {"kind": "unavailable", "text": "", "version": "",
-                "error": f"process {pid} has no NCCL loaded (gloo or CPU run): RAS does not apply"}
+        return {
+            "kind": "unavailable",
+            "text": "",
+            "version": "",
+            "error": f"process {pid} has no NCCL loaded (gloo or CPU run): RAS does not apply",
+        }
     version = nccl_version_of(lib)
     shown = ".".join(map(str, version)) if version else "?"
     allowed, reason = may_query(version)
@@ -230,8 +258,9 @@ def parse_status(text: str) -> RasVerdict:
         if head.strip() == "DEAD":
             dead.extend(f"process {p} on node {n} (GPU {g})" for p, n, g in _PROCESS.findall(body))
         elif head.strip() == "INCOMPLETE":  # job processes that sent nothing (stopped, wedged)
-            incomplete.extend(f"no answer from process {p} on node {n} (GPU {g})"
-                              for p, n, g in _PROCESS.findall(body))
+            incomplete.extend(
+                f"no answer from process {p} on node {n} (GPU {g})" for p, n, g in _PROCESS.findall(body)
+            )
         elif m and m.group(3) == "INCOMPLETE":
             ranks = _MISSING_RANKS.findall(body)
             if ranks:
@@ -243,8 +272,11 @@ def parse_status(text: str) -> RasVerdict:
                 lo = min(op for _, op in counts)
                 hi = max(op for _, op in counts)
                 who = ", ".join(map(str, ranks)) if ranks else "some ranks"
-                mismatch.append(f"communicator #{m.group(1)}: ranks {who} at op {lo} vs {hi}"
-                                if lo != hi else f"communicator #{m.group(1)}: ranks {who} differ")
+                mismatch.append(
+                    f"communicator #{m.group(1)}: ranks {who} at op {lo} vs {hi}"
+                    if lo != hi
+                    else f"communicator #{m.group(1)}: ranks {who} differ"
+                )
             else:
                 reason = next((ln.strip() for ln in block if ln.strip()), "ranks disagree")
                 mismatch.append(f"communicator #{m.group(1)}: {reason}")
@@ -270,5 +302,9 @@ def parse_status(text: str) -> RasVerdict:
         elif head:
             block.append(line)
     flush()
-    return RasVerdict(tuple(dict.fromkeys(dead)), tuple(dict.fromkeys(incomplete)),
-                      tuple(dict.fromkeys(mismatch)), tuple(statuses))
+    return RasVerdict(
+        tuple(dict.fromkeys(dead)),
+        tuple(dict.fromkeys(incomplete)),
+        tuple(dict.fromkeys(mismatch)),
+        tuple(statuses),
+    )

@@ -33,15 +33,30 @@ class StackDump:
 
     @classmethod
     def from_json(cls, d: dict) -> StackDump:
-        return cls(rank=int(d["rank"]), role=str(d["role"]), frames=tuple(d.get("frames", ())),
-                   path=str(d.get("path", "")), host=str(d.get("host", "")), pid=int(d.get("pid", 0)),
-                   time=float(d.get("time", 0.0)), process_state=str(d.get("process_state", "")),
-                   threads=int(d.get("threads", 0)))
+        return cls(
+            rank=int(d["rank"]),
+            role=str(d["role"]),
+            frames=tuple(d.get("frames", ())),
+            path=str(d.get("path", "")),
+            host=str(d.get("host", "")),
+            pid=int(d.get("pid", 0)),
+            time=float(d.get("time", 0.0)),
+            process_state=str(d.get("process_state", "")),
+            threads=int(d.get("threads", 0)),
+        )
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "role": self.role, "frames": list(self.frames), "path": self.path,
-                "host": self.host, "pid": self.pid, "time": self.time, "process_state": self.process_state,
-                "threads": self.threads}
+        return {
+            "rank": self.rank,
+            "role": self.role,
+            "frames": list(self.frames),
+            "path": self.path,
+            "host": self.host,
+            "pid": self.pid,
+            "time": self.time,
+            "process_state": self.process_state,
+            "threads": self.threads,
+        }
 
 
 @dataclass(frozen=True)
@@ -60,13 +75,25 @@ class ForensicsReport:
         return next((d for d in self.dumps if d.role == "stalled"), None)
 
     def to_json(self) -> dict:
-        return {"stalled_rank": self.stalled_rank, "time": self.time,
-                "dumps": [d.to_json() for d in self.dumps], "notes": list(self.notes),
-                "flight_recorder": list(self.flight_recorder), "fr_dir": self.fr_dir, "ras": self.ras}
+        return {
+            "stalled_rank": self.stalled_rank,
+            "time": self.time,
+            "dumps": [d.to_json() for d in self.dumps],
+            "notes": list(self.notes),
+            "flight_recorder": list(self.flight_recorder),
+            "fr_dir": self.fr_dir,
+            "ras": self.ras,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> ForensicsReport:
         """The inverse of to_json (what another process, e.g. `status`, reads back from the run)."""
-        return cls(stalled_rank=int(d["stalled_rank"]), dumps=tuple(StackDump.from_json(x) for x in d.get("dumps", ())),
-                   notes=tuple(d.get("notes", ())), flight_recorder=tuple(d.get("flight_recorder", ())),
-                   ras=d.get("ras"), time=float(d.get("time", 0.0)), fr_dir=str(d.get("fr_dir", "")))
+        return cls(
+            stalled_rank=int(d["stalled_rank"]),
+            dumps=tuple(StackDump.from_json(x) for x in d.get("dumps", ())),
+            notes=tuple(d.get("notes", ())),
+            flight_recorder=tuple(d.get("flight_recorder", ())),
+            ras=d.get("ras"),
+            time=float(d.get("time", 0.0)),
+            fr_dir=str(d.get("fr_dir", "")),
+        )

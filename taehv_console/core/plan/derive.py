@@ -41,6 +41,7 @@ NCCL_ENV = {
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ... written out when a collective times out
 }
 
+
 # GPU families: presets tuned for one model serve its close relatives
 class DeriveError(ConfigError):
     """No valid config exists for the request (e.g. one clip does not fit in GPU memory)."""
@@ -68,8 +69,6 @@ class ResolvedConfig:
             if r.key == key:
                 return r.reason
         return None
-
-
 
 
 def target_effective_batch(world: int) -> float:

@@ -47,9 +47,11 @@ def paths_for(run_dir: str | Path) -> FlightRecorderPaths:
     run = Path(run_dir)
     # the run id keeps two runs on one node apart in the shared /tmp
     run_id = _SAFE.sub("-", run.name) or "run"
-    return FlightRecorderPaths(trace_stem=str(run / FR_DIR / "live" / TRACE_PREFIX),
-                               pipe_stem=f"/tmp/taehv-fr-{run_id}-rank_",
-                               copies=str(run / FR_DIR))
+    return FlightRecorderPaths(
+        trace_stem=str(run / FR_DIR / "live" / TRACE_PREFIX),
+        pipe_stem=f"/tmp/taehv-fr-{run_id}-rank_",
+        copies=str(run / FR_DIR),
+    )
 
 
 def flight_recorder_env(run_dir: str | Path) -> dict[str, str]:

@@ -384,7 +384,9 @@ class TeacherCost:
     cache_build_gpu_hours: float  # one-off: encoding CACHE_BUILD_WINDOWS clip windows
 
 
-def teacher_cost(cfg: TrainConfig, compute_s: float, comm_s: float, clips_per_s_per_gpu: float) -> TeacherCost:
+def teacher_cost(
+    cfg: TrainConfig, compute_s: float, comm_s: float, clips_per_s_per_gpu: float
+) -> TeacherCost:
     """Step time and GPU-hours with the teacher online and with cached latents, from the student's
     compute time per step (student-only) and the communication per step (unchanged by the teacher)."""
     loss = cfg.loss
@@ -392,17 +394,24 @@ def teacher_cost(cfg: TrainConfig, compute_s: float, comm_s: float, clips_per_s_
     encode = TEACHER_ENCODE_TFLOP / STUDENT_STEP_TFLOP
     # the GPU presets train the decoder on the teacher's latents (the author's recipe); a what-if for a
     # config that does not distil assumes the same
-    decoder = DECODER_STEP_TFLOP / STUDENT_STEP_TFLOP if (loss.decoder_on_teacher_latents or mode == "off") else 0.0
+    decoder = (
+        DECODER_STEP_TFLOP / STUDENT_STEP_TFLOP if (loss.decoder_on_teacher_latents or mode == "off") else 0.0
+    )
     online = compute_s * (1 + decoder + encode) + comm_s
     cached = compute_s * (1 + decoder) + comm_s
     steps, world = cfg.optim.max_steps, cfg.topology.world_size
     return TeacherCost(
-        mode=mode, encode_ratio=encode, decoder_ratio=decoder,
-        online_step_s=online, cached_step_s=cached,
-        online_hours=online * steps / 3600, cached_hours=cached * steps / 3600,
-        online_gpu_hours=online * steps * world / 3600, cached_gpu_hours=cached * steps * world / 3600,
+        mode=mode,
+        encode_ratio=encode,
+        decoder_ratio=decoder,
+        online_step_s=online,
+        cached_step_s=cached,
+        online_hours=online * steps / 3600,
+        cached_hours=cached * steps / 3600,
+        online_gpu_hours=online * steps * world / 3600,
+        cached_gpu_hours=cached * steps * world / 3600,
         cache_build_gpu_hours=CACHE_BUILD_WINDOWS * encode / clips_per_s_per_gpu / 3600,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -519,7 +528,11 @@ def make_plan(
         assumptions.append(
             f"teacher VAE {teacher.mode}: its encode ({TEACHER_ENCODE_TFLOP:g} TFLOP per 12x480x720 clip) is "
             f"{teacher.encode_ratio:.1f}x the student's {STUDENT_STEP_TFLOP:g} TFLOP step, at the student's rate"
-            + (f"; the decoder's pass on teacher latents adds {teacher.decoder_ratio:.2f}x" if teacher.decoder_ratio else "")
+            + (
+                f"; the decoder's pass on teacher latents adds {teacher.decoder_ratio:.2f}x"
+                if teacher.decoder_ratio
+                else ""
+            )
             + ("; cached: paid once by cache-latents" if teacher.mode == "cached" else "")
         )
     hours = step_s * cfg.optim.max_steps / 3600
@@ -627,17 +640,29 @@ def teacher_to_dict(t: TeacherCost) -> dict:
         "encode_tflop_per_clip_at_12x480x720": TEACHER_ENCODE_TFLOP,
         "encode_ratio_to_student_step": t.encode_ratio,
         "decoder_ratio_to_student_step": t.decoder_ratio,
-        "online": {"step_s": t.online_step_s, "hours_to_max_steps": t.online_hours, "gpu_hours": t.online_gpu_hours},
-        "cached": {"step_s": t.cached_step_s, "hours_to_max_steps": t.cached_hours, "gpu_hours": t.cached_gpu_hours,
-                   "build_gpu_hours_per_windows": t.cache_build_gpu_hours, "build_windows": CACHE_BUILD_WINDOWS},
-    }  # fmt: skip
+        "online": {
+            "step_s": t.online_step_s,
+            "hours_to_max_steps": t.online_hours,
+            "gpu_hours": t.online_gpu_hours,
+        },
+        "cached": {
+            "step_s": t.cached_step_s,
+            "hours_to_max_steps": t.cached_hours,
+            "gpu_hours": t.cached_gpu_hours,
+            "build_gpu_hours_per_windows": t.cache_build_gpu_hours,
+            "build_windows": CACHE_BUILD_WINDOWS,
+        },
+    }
 
 
 def teacher_lines(t: TeacherCost, hours) -> list[str]:
     """The side-by-side text a plan prints (CLI and wizard): online teacher against cached latents.
     `hours` formats a number of hours."""
-    head = {"online": "distilling, teacher online", "cached": "distilling from cached latents",
-            "off": "not distilling; with --set loss.teacher=DIR it would cost"}[t.mode]  # fmt: skip
+    head = {
+        "online": "distilling, teacher online",
+        "cached": "distilling from cached latents",
+        "off": "not distilling; with --set loss.teacher=DIR it would cost",
+    }[t.mode]
     return [
         f"{head}:",
         f"  teacher online  {t.online_step_s:.3g} s/step, {hours(t.online_hours)}, {t.online_gpu_hours:,.0f} GPU-hours"

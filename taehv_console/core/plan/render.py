@@ -183,7 +183,9 @@ def export_lines(env: Mapping[str, str]) -> list[str]:
     lines = []
     for key, value in sorted(env.items()):
         if not ENV_NAME_RE.fullmatch(key):
-            raise ValueError(f"environment variable name {key!r} is not a POSIX name; refused in a launch script")
+            raise ValueError(
+                f"environment variable name {key!r} is not a POSIX name; refused in a launch script"
+            )
         lines.append(f"export {key}={shlex.quote(value)}")
     return lines
 
@@ -236,7 +238,9 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         f" {shlex.join(trainer_command(run_dir))}"
         ' ${RESUME[@]+"${RESUME[@]}"}'
     )
-    preflight = _srun_node_step(run_dir, t.nodes, preflight_dir + "/node-{node}.status.json", preflight_cmd, False)
+    preflight = _srun_node_step(
+        run_dir, t.nodes, preflight_dir + "/node-{node}.status.json", preflight_cmd, False
+    )
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",

@@ -42,11 +42,15 @@ def explain_collective_timeout(cfg: TrainConfig) -> str:
     published, derived = collective_timeout_s(nodes), derived_collective_timeout_s(nodes)
     text = f"{value} s ({value / 60:g} min) before a hung collective ends the run"
     if cfg.topology.device == "cuda" and value == derived:
-        return (f"{text}: {DERIVED_TIMEOUT_RULE}; the console names a stalled rank within ~30 s, "
-                f"so a hang need not hold {nodes} node(s) for the published {published} s")
+        return (
+            f"{text}: {DERIVED_TIMEOUT_RULE}; the console names a stalled rank within ~30 s, "
+            f"so a hang need not hold {nodes} node(s) for the published {published} s"
+        )
     if cfg.topology.device == "cuda" and value == published:
-        return (f"{text}: as published for {nodes} node(s) ({PUBLISHED_TIMEOUT_RULE}); a derived config "
-                f"would wait {derived} s, since the console names a stalled rank within ~30 s")
+        return (
+            f"{text}: as published for {nodes} node(s) ({PUBLISHED_TIMEOUT_RULE}); a derived config "
+            f"would wait {derived} s, since the console names a stalled rank within ~30 s"
+        )
     return f"{text}: as the preset or --set gives it; the console names a stalled rank within ~30 s"
 
 

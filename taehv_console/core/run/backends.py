@@ -56,8 +56,20 @@ class NodeCommand:
 
 
 def wrapper_argv(python: str, command: NodeCommand, attempt: int) -> list[str]:
-    return [python, "-m", NODE_MODULE, "launch", "--status", command.status, "--node", str(command.index),
-            "--attempt", str(attempt), "--", *command.argv]
+    return [
+        python,
+        "-m",
+        NODE_MODULE,
+        "launch",
+        "--status",
+        command.status,
+        "--node",
+        str(command.index),
+        "--attempt",
+        str(attempt),
+        "--",
+        *command.argv,
+    ]
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,9 @@ class LaunchBackend(ABC):
         """SIGTERM each launcher's process group; node -> error text for the ones that failed."""
 
     @abstractmethod
-    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+    def kill(
+        self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
+    ) -> dict[int, tuple[int, ...] | Exception]:
         """SIGKILL each launcher's whole tree; node -> pids still there afterwards."""
 
     def job_exit_code(self, attempt: Attempt) -> int | None:
@@ -138,9 +152,16 @@ class RunnerBackend(LaunchBackend):
         def one(key: str) -> NodeLauncher:
             c = by_index[int(key)]
             r = self._runner(c.host)
-            p = r.start_detached(wrapper_argv(r.python, c, attempt), log_path=c.log, cwd=c.cwd or None,
-                                 env={**fr_env, **c.env}, timeout=self.timeout + 30)
-            return NodeLauncher(index=c.index, host=c.host, pid=p.pid, pgid=p.pgid, log=p.log, started=time.time())
+            p = r.start_detached(
+                wrapper_argv(r.python, c, attempt),
+                log_path=c.log,
+                cwd=c.cwd or None,
+                env={**fr_env, **c.env},
+                timeout=self.timeout + 30,
+            )
+            return NodeLauncher(
+                index=c.index, host=c.host, pid=p.pid, pgid=p.pgid, log=p.log, started=time.time()
+            )
 
         by_index = {c.index: c for c in commands}
         fr_env = flight_recorder_env_for(run)  # the command's own env wins
@@ -156,14 +177,22 @@ class RunnerBackend(LaunchBackend):
     def _each(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None, fn) -> dict[int, Any]:
         chosen = [n for n in attempt.nodes if nodes is None or n.index in nodes]
         by_key = {str(n.index): n for n in chosen}
-        out = fan_out(list(by_key), lambda k: fn(by_key[k], _leader_start(run, by_key[k], attempt.number)),
-                      self.pool.settings.max_parallel)
+        out = fan_out(
+            list(by_key),
+            lambda k: fn(by_key[k], _leader_start(run, by_key[k], attempt.number)),
+            self.pool.settings.max_parallel,
+        )
         return {int(k): v for k, v in out.items()}
 
-    def _node_call(self, launcher: NodeLauncher, args: list[str], require: tuple[str, ...]) -> Mapping[str, Any]:
+    def _node_call(
+        self, launcher: NodeLauncher, args: list[str], require: tuple[str, ...]
+    ) -> Mapping[str, Any]:
         # this machine: the same functions in-process, without a Python start per poll
-        return self._runner(launcher.host).call(NODE_MODULE, args, timeout=self.timeout, require=require,
-                                                in_process=_local_node_call).value()
+        return (
+            self._runner(launcher.host)
+            .call(NODE_MODULE, args, timeout=self.timeout, require=require, in_process=_local_node_call)
+            .value()
+        )
 
     @staticmethod
     def _ident(launcher: NodeLauncher, start: int | None) -> list[str]:
@@ -179,11 +208,17 @@ class RunnerBackend(LaunchBackend):
         def one(n: NodeLauncher, start: int | None):
             return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"], ("signalled",))
 
-        return {k: _why(v) for k, v in self._each(run, attempt, nodes, one).items() if isinstance(v, Exception)}
+        return {
+            k: _why(v) for k, v in self._each(run, attempt, nodes, one).items() if isinstance(v, Exception)
+        }
 
-    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+    def kill(
+        self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
+    ) -> dict[int, tuple[int, ...] | Exception]:
         def one(n: NodeLauncher, start: int | None):
-            return tuple(self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"], ("left",))["left"])
+            return tuple(
+                self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"], ("left",))["left"]
+            )
 
         return self._each(run, attempt, nodes, one)
 
@@ -199,6 +234,7 @@ def _why(err: Exception) -> str:
 
 
 # ----------------------------------------------------------------------------------------- slurm
+
 
 class SrunBackend(LaunchBackend):
     """Inside a SLURM allocation: one `srun` (detached, on this machine) starts the node wrapper on
@@ -217,22 +253,50 @@ class SrunBackend(LaunchBackend):
         # every node's command differs only in its machine rank: written once with {node}, which
         # the wrapper fills from SLURM_NODEID
         c0 = commands[0]
-        template = [a.replace(f"accelerate-node-{c0.index}.yaml", "accelerate-node-{node}.yaml") for a in c0.argv]
+        template = [
+            a.replace(f"accelerate-node-{c0.index}.yaml", "accelerate-node-{node}.yaml") for a in c0.argv
+        ]
         status = str(run.logs / "node-{node}.status.json")
-        return [self.srun, "--kill-on-bad-exit=1", f"--nodes={self.nodes}", "--ntasks-per-node=1",
-                f"--output={run.logs}/node-%n.log", "--open-mode=append",
-                self.pool.settings.python, "-m", NODE_MODULE, "launch", "--status", status,
-                "--node-env", "SLURM_NODEID", "--attempt", str(attempt), "--", *template]
+        return [
+            self.srun,
+            "--kill-on-bad-exit=1",
+            f"--nodes={self.nodes}",
+            "--ntasks-per-node=1",
+            f"--output={run.logs}/node-%n.log",
+            "--open-mode=append",
+            self.pool.settings.python,
+            "-m",
+            NODE_MODULE,
+            "launch",
+            "--status",
+            status,
+            "--node-env",
+            "SLURM_NODEID",
+            "--attempt",
+            str(attempt),
+            "--",
+            *template,
+        ]
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
         argv = self.srun_argv(run, commands, attempt)
         try:
-            p = self.local.start_detached(argv, log_path=str(run.logs / "srun.log"), cwd=str(run.path),
-                                          env={**flight_recorder_env_for(run), **commands[0].env})
+            p = self.local.start_detached(
+                argv,
+                log_path=str(run.logs / "srun.log"),
+                cwd=str(run.path),
+                env={**flight_recorder_env_for(run), **commands[0].env},
+            )
         except (SshError, OSError) as err:
             return Started((), {-1: _why(err)})
-        return Started((NodeLauncher(index=-1, host="localhost", pid=p.pid, pgid=p.pgid, log=p.log,
-                                     started=time.time()),), {})
+        return Started(
+            (
+                NodeLauncher(
+                    index=-1, host="localhost", pid=p.pid, pgid=p.pgid, log=p.log, started=time.time()
+                ),
+            ),
+            {},
+        )
 
     def _driver(self, attempt: Attempt) -> NodeLauncher | None:
         return next((n for n in attempt.nodes if n.index == -1), None)
@@ -247,9 +311,15 @@ class SrunBackend(LaunchBackend):
             _local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "TERM"])
         return {}
 
-    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+    def kill(
+        self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
+    ) -> dict[int, tuple[int, ...] | Exception]:
         d = self._driver(attempt)
-        return {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])} if d else {}
+        return (
+            {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])}
+            if d
+            else {}
+        )
 
     def describe(self, attempt: Attempt) -> list[str]:
         d = self._driver(attempt)
@@ -262,12 +332,27 @@ class SbatchBackend(LaunchBackend):
     `scancel` after the grace period."""
 
     kind = "sbatch"
-    _ALIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"})
+    _ALIVE = frozenset(
+        {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
+    )
 
-    def __init__(self, runner: NodeRunner | None = None, sbatch: str = "sbatch", squeue: str = "squeue",
-                 scancel: str = "scancel", sacct: str = "sacct", scontrol: str = "scontrol"):
+    def __init__(
+        self,
+        runner: NodeRunner | None = None,
+        sbatch: str = "sbatch",
+        squeue: str = "squeue",
+        scancel: str = "scancel",
+        sacct: str = "sacct",
+        scontrol: str = "scontrol",
+    ):
         self.runner = runner or LocalRunner("localhost", sys.executable)
-        self.cmd = {"sbatch": sbatch, "squeue": squeue, "scancel": scancel, "sacct": sacct, "scontrol": scontrol}
+        self.cmd = {
+            "sbatch": sbatch,
+            "squeue": squeue,
+            "scancel": scancel,
+            "sacct": sacct,
+            "scontrol": scontrol,
+        }
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
         script = run.path / SBATCH
@@ -289,12 +374,19 @@ class SbatchBackend(LaunchBackend):
             return Started((), {-1: _why(err)})
         m = re.match(r"\s*(\d+)", res.stdout or "")
         if res.exit_status != 0 or not m:
-            return Started((), {-1: f"sbatch failed (exit {res.exit_status}): {(res.stderr or res.stdout).strip()[-300:]}"})
+            return Started(
+                (),
+                {-1: f"sbatch failed (exit {res.exit_status}): {(res.stderr or res.stdout).strip()[-300:]}"},
+            )
         return Started((), {}, slurm_job=m.group(1))
 
     def _state(self, job: str) -> str:
         res = self.runner.run([self.cmd["squeue"], "-h", "-j", job, "-o", "%T"], timeout=30)
-        return (res.stdout or "").strip().splitlines()[0].strip() if res.exit_status == 0 and res.stdout.strip() else ""
+        return (
+            (res.stdout or "").strip().splitlines()[0].strip()
+            if res.exit_status == 0 and res.stdout.strip()
+            else ""
+        )
 
     def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
         if not attempt.slurm_job:
@@ -313,7 +405,9 @@ class SbatchBackend(LaunchBackend):
                 return {-1: f"scancel failed: {(res.stderr or res.stdout).strip()[-200:]}"}
         return {}
 
-    def kill(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, tuple[int, ...] | Exception]:
+    def kill(
+        self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
+    ) -> dict[int, tuple[int, ...] | Exception]:
         if not attempt.slurm_job:
             return {}
         self.runner.run([self.cmd["scancel"], attempt.slurm_job], timeout=30)
@@ -325,11 +419,16 @@ class SbatchBackend(LaunchBackend):
         if not attempt.slurm_job:
             return None
         res = self.runner.run([self.cmd["scontrol"], "show", "job", "-o", attempt.slurm_job], timeout=30)
-        fields = dict(tok.partition("=")[::2] for tok in (res.stdout or "").split()) if res.exit_status == 0 else {}
+        fields = (
+            dict(tok.partition("=")[::2] for tok in (res.stdout or "").split())
+            if res.exit_status == 0
+            else {}
+        )
         if "JobState" in fields and "ExitCode" in fields:
             return self._exit_code(fields["JobState"], fields["ExitCode"])
-        res = self.runner.run([self.cmd["sacct"], "-j", attempt.slurm_job, "-X", "-n", "-P", "-o", "State,ExitCode"],
-                              timeout=30)
+        res = self.runner.run(
+            [self.cmd["sacct"], "-j", attempt.slurm_job, "-X", "-n", "-P", "-o", "State,ExitCode"], timeout=30
+        )
         line = (res.stdout or "").strip().splitlines()[:1]
         if res.exit_status != 0 or not line:
             return None
@@ -369,4 +468,3 @@ def hosts_are_local(hosts: Sequence[str]) -> bool:
 def node_paths(run: RunDir, index: int) -> tuple[str, str]:
     """(log, status) paths of node `index` as every node sees them (the run dir is shared)."""
     return str(run.node_log(index)), str(run.node_status_path(index))
-

@@ -96,6 +96,7 @@ def _me() -> str:
 
 # ------------------------------------------------------------------------------------- verdict
 
+
 def verdict(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int], stop_requested: bool) -> Phase:
     """How an attempt ended, from the `stop` events its watched ranks wrote (rank -> event) and
     whether this console asked it to stop. Every rank said `done`: DONE (even mid-stop: it finished
@@ -126,6 +127,7 @@ def stop_step(stops: Mapping[int, Mapping[str, Any]], watched: Iterable[int]) ->
 
 # ------------------------------------------------------------------------------------ creation
 
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Where and how the run's nodes start. `hosts` in machine-rank order (the ssh aliases for the
@@ -146,18 +148,34 @@ def create_run(runs_dir: str | Path, cfg: Any, spec: LaunchSpec, run: RunDir | N
     run.logs.mkdir(parents=True, exist_ok=True)
     nodes = cfg.topology.nodes
     hosts = spec.hosts if len(spec.hosts) == nodes else ()
-    write_launch_files(cfg, run.path, RenderOptions(run_dir=str(run.path), hosts=hosts,
-                                                    main_process_ip=spec.master_addr,
-                                                    main_process_port=spec.master_port))
+    write_launch_files(
+        cfg,
+        run.path,
+        RenderOptions(
+            run_dir=str(run.path),
+            hosts=hosts,
+            main_process_ip=spec.master_addr,
+            main_process_port=spec.master_port,
+        ),
+    )
     controlled = spec.controlled if spec.controlled is not None else tuple(range(nodes))
-    state = RunState(run_id=run.run_id, phase=Phase.CREATED, backend=spec.backend, hosts=tuple(spec.hosts),
-                     master_addr=spec.master_addr, master_port=spec.master_port, created=time.time(),
-                     env=tuple(sorted(spec.env.items())), controlled=controlled)
+    state = RunState(
+        run_id=run.run_id,
+        phase=Phase.CREATED,
+        backend=spec.backend,
+        hosts=tuple(spec.hosts),
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        created=time.time(),
+        env=tuple(sorted(spec.env.items())),
+        controlled=controlled,
+    )
     run.write_state(state)
     return run
 
 
 # ------------------------------------------------------------------------------------ snapshots
+
 
 @dataclass(frozen=True)
 class RunSnapshot:
@@ -193,11 +211,20 @@ class ResumePoint:
 
 # ----------------------------------------------------------------------------------- controller
 
+
 class RunController:
     """Controls one run from this console. Make it with `RunController.open` (takes the lock)."""
 
-    def __init__(self, run: RunDir, backend: LaunchBackend, lock: RunLock, state: RunState, cfg: Any,
-                 writes_state: bool = True, pool: Any = None):
+    def __init__(
+        self,
+        run: RunDir,
+        backend: LaunchBackend,
+        lock: RunLock,
+        state: RunState,
+        cfg: Any,
+        writes_state: bool = True,
+        pool: Any = None,
+    ):
         self.run = run
         self.pool = pool  # the nodes' runners, for whoever watches the run beside the controller
         self.backend = backend
@@ -220,8 +247,14 @@ class RunController:
 
     # -- opening
     @classmethod
-    def open(cls, run: RunDir, pool: Any, purpose: str = "control", lock_name: str | None = None,
-             state: RunState | None = None) -> RunController:
+    def open(
+        cls,
+        run: RunDir,
+        pool: Any,
+        purpose: str = "control",
+        lock_name: str | None = None,
+        state: RunState | None = None,
+    ) -> RunController:
         """Take the run's lock (RunBusyError if another console has it) and read its state."""
         lock = RunLock(run.path / lock_name if lock_name else run.lock_path, purpose).acquire()
         try:
@@ -265,8 +298,10 @@ class RunController:
             self.state = self.run.write_state(self.state)
         except OSError as err:
             if self._write_error is None:
-                self._note(f"{write_failure_text(err, self.run.state_path)}: the run's state is kept in memory "
-                           "and written when space allows")  # fmt: skip
+                self._note(
+                    f"{write_failure_text(err, self.run.state_path)}: the run's state is kept in memory "
+                    "and written when space allows"
+                )
             self._write_error = err
             return False
         if self._write_error is not None:
@@ -316,12 +351,23 @@ class RunController:
             if st is None or st.attempt != a.number or st.started < a.started - PEER_START_MARGIN_S:
                 continue
             host = self._host(i) or "localhost"
-            found.append(NodeLauncher(index=i, host=host, pid=st.pid, pgid=st.pgid, log=str(self.run.node_log(i)),
-                                      started=st.started))  # fmt: skip
+            found.append(
+                NodeLauncher(
+                    index=i,
+                    host=host,
+                    pid=st.pid,
+                    pgid=st.pgid,
+                    log=str(self.run.node_log(i)),
+                    started=st.started,
+                )
+            )
         if not found:
             return None
-        self._note("adopted node launcher(s) " + ", ".join(f"{n.index} (pgid {n.pgid})" for n in found)
-                   + " from their status files: the console that started them never recorded them")
+        self._note(
+            "adopted node launcher(s) "
+            + ", ".join(f"{n.index} (pgid {n.pgid})" for n in found)
+            + " from their status files: the console that started them never recorded them"
+        )
         return self._save(self.state.with_attempt(replace(a, nodes=tuple(found)))).attempt
 
     def live_nodes(self) -> dict[int, tuple[int, ...]]:
@@ -353,9 +399,17 @@ class RunController:
             argv = launch_command(cfg, i, RenderOptions(run_dir=str(self.run.path)))
             if resume:
                 argv += ["--resume", resume] + (["--weights-only"] if weights_only else [])
-            out.append(NodeCommand(index=i, host=hosts[i] if i < len(hosts) else "localhost", argv=tuple(argv),
-                                   env=env, log=str(self.run.node_log(i)), status=str(self.run.node_status_path(i)),
-                                   cwd=str(self.run.path)))
+            out.append(
+                NodeCommand(
+                    index=i,
+                    host=hosts[i] if i < len(hosts) else "localhost",
+                    argv=tuple(argv),
+                    env=env,
+                    log=str(self.run.node_log(i)),
+                    status=str(self.run.node_status_path(i)),
+                    cwd=str(self.run.path),
+                )
+            )
         return out
 
     def launch(self, resume: str | None = None, weights_only: bool = False) -> RunState:
@@ -365,17 +419,26 @@ class RunController:
         if a is not None and a.ended is None:
             live = self.live_nodes()
             if live:
-                raise RunLiveError(f"{self.run.run_id} is running (node(s) {', '.join(map(str, sorted(live)))} "
-                                   "alive): a second launch would start it twice; attach to it instead "
-                                   f"(taehv-console attach {self.run.run_id})")
+                raise RunLiveError(
+                    f"{self.run.run_id} is running (node(s) {', '.join(map(str, sorted(live)))} "
+                    "alive): a second launch would start it twice; attach to it instead "
+                    f"(taehv-console attach {self.run.run_id})"
+                )
             self.reconcile()  # the last attempt ended without a console: record how, before the next
             a = self.attempt
         number = (a.number if a else 0) + 1
         for i in self.state.controlled:
-            self.run.node_status_path(i).unlink(missing_ok=True)  # a stale status is never read as this attempt's
+            self.run.node_status_path(i).unlink(
+                missing_ok=True
+            )  # a stale status is never read as this attempt's
         self.run.stop_request_path.unlink(missing_ok=True)
-        attempt = Attempt(number=number, started=time.time(), resume=resume, weights_only=weights_only,
-                          event_offsets=tuple(sorted(file_sizes(self.run.events).items())))
+        attempt = Attempt(
+            number=number,
+            started=time.time(),
+            resume=resume,
+            weights_only=weights_only,
+            event_offsets=tuple(sorted(file_sizes(self.run.events).items())),
+        )
         self._save(replace(self.state.with_attempt(attempt), phase=Phase.LAUNCHING, failure=None, stop=None))
         self._events = None
         self._gone_since.clear()
@@ -386,12 +449,21 @@ class RunController:
         self._save(self.state.with_attempt(attempt))
         if started.errors:
             node, why = min(started.errors.items())
-            failure = Failure(reason=f"could not start the launcher: {why}", node=node if node >= 0 else None,
-                              host=self._host(node), detected=time.time())
+            failure = Failure(
+                reason=f"could not start the launcher: {why}",
+                node=node if node >= 0 else None,
+                host=self._host(node),
+                detected=time.time(),
+            )
             if started.launchers:
                 self.backend.kill(self.run, attempt)
-            self._save(replace(self.state.with_attempt(replace(attempt, ended=time.time(), outcome="failed")),
-                               phase=Phase.FAILED, failure=failure))
+            self._save(
+                replace(
+                    self.state.with_attempt(replace(attempt, ended=time.time(), outcome="failed")),
+                    phase=Phase.FAILED,
+                    failure=failure,
+                )
+            )
             raise LaunchError(failure.summary())
         return self._save(replace(self.state, phase=Phase.RUNNING))
 
@@ -407,8 +479,9 @@ class RunController:
         if from_path:
             st = ckpt.verify(Path(from_path))
             if not st.ok:
-                raise NothingToResumeError(f"{from_path}: not a complete checkpoint ({st.state}: "
-                                           f"{'; '.join(st.problems)})")
+                raise NothingToResumeError(
+                    f"{from_path}: not a complete checkpoint ({st.state}: {'; '.join(st.problems)})"
+                )
             skipped: tuple[str, ...] = ()
             spec = str(Path(from_path).absolute())
         else:
@@ -417,16 +490,23 @@ class RunController:
             st = scan.newest
             if st is None:
                 extra = f" (skipped: {'; '.join(skipped)})" if skipped else ""
-                raise NothingToResumeError(f"{self.run.run_id}: no complete checkpoint in {self.run.checkpoints}"
-                                           f"{extra}; start a new run instead")
+                raise NothingToResumeError(
+                    f"{self.run.run_id}: no complete checkpoint in {self.run.checkpoints}"
+                    f"{extra}; start a new run instead"
+                )
             spec = "latest"
         if st.step >= self.cfg.optim.max_steps and self.run.final_weights.is_file():
-            raise NothingToResumeError(f"{self.run.run_id} finished at step {st.step} of {self.cfg.optim.max_steps}; "
-                                       f"its weights are in {self.run.final_weights.parent}")
+            raise NothingToResumeError(
+                f"{self.run.run_id} finished at step {st.step} of {self.cfg.optim.max_steps}; "
+                f"its weights are in {self.run.final_weights.parent}"
+            )
         world = self.world_size
-        if (st.world_size is not None and st.world_size != world and not weights_only
-                and ckpt.universal_problem(st.path) is not None):  # a converted one loads at any world size
-
+        if (
+            st.world_size is not None
+            and st.world_size != world
+            and not weights_only
+            and ckpt.universal_problem(st.path) is not None
+        ):  # a converted one loads at any world size
             t = self.cfg.topology
             raise WorldSizeChangedError(
                 f"{self.run.run_id}: {st.path.name} was written by {st.world_size} processes, but run.toml now has "
@@ -435,19 +515,32 @@ class RunController:
                 f"  1. weights only, with a fresh optimizer:  taehv-console resume {self.run.run_id} --weights-only\n"
                 "  2. DeepSpeed's universal checkpoint (keeps the optimizer state): convert once, then resume:\n"
                 f"     {shlex.join(ckpt.universal_command(st.path))}\n"
-                f"     taehv-console resume {self.run.run_id}")
-        return ResumePoint(spec=spec, step=st.step, path=str(st.path), world_size=st.world_size, skipped=skipped)
+                f"     taehv-console resume {self.run.run_id}"
+            )
+        return ResumePoint(
+            spec=spec, step=st.step, path=str(st.path), world_size=st.world_size, skipped=skipped
+        )
 
     # -- follow
     def snapshot(self, events: Sequence[Mapping[str, Any]] = ()) -> RunSnapshot:
         notes, self._notes = tuple(self._notes), []
         a = self.attempt
-        return RunSnapshot(run_id=self.run.run_id, phase=self.state.phase, attempt=a.number if a else 0,
-                           progress=self._tail().progress.snapshot(), events=tuple(events), notes=notes,
-                           failure=self.state.failure)
+        return RunSnapshot(
+            run_id=self.run.run_id,
+            phase=self.state.phase,
+            attempt=a.number if a else 0,
+            progress=self._tail().progress.snapshot(),
+            events=tuple(events),
+            notes=notes,
+            failure=self.state.failure,
+        )
 
-    def follow(self, on_update: Callable[[RunSnapshot], None] | None = None,
-               should_stop: Callable[[], bool] | None = None, interval: float = 0.5) -> Outcome:
+    def follow(
+        self,
+        on_update: Callable[[RunSnapshot], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        interval: float = 0.5,
+    ) -> Outcome:
         """Watch the run until it ends; stop it when should_stop() turns true or another console
         asks (stop.request). Returns how it ended."""
         on_update = on_update or (lambda _s: None)
@@ -458,8 +551,12 @@ class RunController:
         if self.state.phase is Phase.STOPPING and self.state.stop is not None:
             # a console died in the middle of a stop: finish it, with what is left of its grace
             left = self.state.stop.requested + self.state.stop.grace_s - time.time()
-            self.stop(grace_s=max(5.0, left), reason=self.state.stop.reason, by=self.state.stop.by,
-                      on_update=on_update)
+            self.stop(
+                grace_s=max(5.0, left),
+                reason=self.state.stop.reason,
+                by=self.state.stop.by,
+                on_update=on_update,
+            )
             return self.outcome()
         last_push = 0.0
         while True:
@@ -471,8 +568,9 @@ class RunController:
                 by = request.get("by", "another console") if request else _me()
                 self._note(f"stop requested by {by}")
                 on_update(self.snapshot(events))
-                self.stop(grace_s=grace, reason="request" if request else "signal", by=by,
-                          on_update=on_update)
+                self.stop(
+                    grace_s=grace, reason="request" if request else "signal", by=by, on_update=on_update
+                )
                 self.run.stop_request_path.unlink(missing_ok=True)
                 return self.outcome()
             self.flush_state()
@@ -593,26 +691,43 @@ class RunController:
             return tuple(range(self.cfg.topology.nodes))
         return tuple(self.state.controlled)
 
-    def _diagnose(self, statuses: Mapping[int, Any], progress: Any, vanished: Sequence[tuple[int, str]],
-                  failing: Mapping[int, int], now: float) -> Failure:
+    def _diagnose(
+        self,
+        statuses: Mapping[int, Any],
+        progress: Any,
+        vanished: Sequence[tuple[int, str]],
+        failing: Mapping[int, int],
+        now: float,
+    ) -> Failure:
         a = self.attempt
         evidence = []
         for i in range(self.cfg.topology.nodes):
             st = statuses.get(i)
             text = attempt_log_text(self.run.node_log(i), i, a.number if a else 1)
-            evidence.append(NodeEvidence(node=i, host=self._host(i) or (st.hostname if st else "?"),
-                                         exit_code=st.exit_code if st else None, ended=st.ended if st else None,
-                                         root_cause=parse_root_cause(text), log_tail=tail_lines(text)))
+            evidence.append(
+                NodeEvidence(
+                    node=i,
+                    host=self._host(i) or (st.hostname if st else "?"),
+                    exit_code=st.exit_code if st else None,
+                    ended=st.ended if st else None,
+                    root_cause=parse_root_cause(text),
+                    log_tail=tail_lines(text),
+                )
+            )
         errors = dict(progress.errors)
         for r, e in progress.stops.items():
             if e.get("reason") == "error" and r not in errors:
                 errors[r] = {"message": "stopped with an error", "time": e.get("time", now)}
         failure = choose_failure(evidence, errors, self.cfg.topology.gpus_per_node, now, vanished)
         if failure is None and -1 in failing:
-            failure = Failure(reason=f"the SLURM job ended with exit code {failing[-1]}", exit_code=failing[-1],
-                              detected=now)
-        return failure or Failure(reason="the run failed, and no node left a reason the console could find",
-                                  detected=now)
+            failure = Failure(
+                reason=f"the SLURM job ended with exit code {failing[-1]}",
+                exit_code=failing[-1],
+                detected=now,
+            )
+        return failure or Failure(
+            reason="the run failed, and no node left a reason the console could find", detected=now
+        )
 
     def _fail(self, failure: Failure) -> None:
         """Record the failure, then stop every node still running: SIGTERM, a short grace, SIGKILL."""
@@ -661,8 +776,13 @@ class RunController:
         return next((n.pgid for n in a.nodes if n.index == node), None) if a else None
 
     # -- stop
-    def stop(self, grace_s: float | None = None, reason: str = "user", by: str | None = None,
-             on_update: Callable[[RunSnapshot], None] | None = None) -> StopRecord:
+    def stop(
+        self,
+        grace_s: float | None = None,
+        reason: str = "user",
+        by: str | None = None,
+        on_update: Callable[[RunSnapshot], None] | None = None,
+    ) -> StopRecord:
         """SIGTERM every node's launcher group, wait for the ranks' checkpoint and `stop` events
         (up to the grace period), SIGKILL what is left, then check that nothing of those process
         trees remains on any node."""
@@ -676,7 +796,9 @@ class RunController:
         errors = self.backend.terminate(self.run, a)
         for node, why in errors.items():
             self._note(f"node {node}: SIGTERM not delivered: {why}")
-        self._note(f"SIGTERM sent to {len(a.nodes) or 1} launcher group(s); up to {grace:g} s for the checkpoint")
+        self._note(
+            f"SIGTERM sent to {len(a.nodes) or 1} launcher group(s); up to {grace:g} s for the checkpoint"
+        )
         if on_update:
             on_update(self.snapshot())
         self._wait_gone(grace, on_update)
@@ -685,15 +807,28 @@ class RunController:
         stops = self._await_stops(STATUS_LAG_S)
         ranks = self._watched_ranks()
         step = self._verified_checkpoint(stop_step(stops, ranks))
-        record = replace(record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time())
+        record = replace(
+            record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time()
+        )
         phase = verdict(stops, ranks, stop_requested=True)
         if phase is Phase.FAILED:  # a rank failed on the way out: say which and why
-            self._save(replace(self.state, failure=self._diagnose(self._statuses(), self._tail().progress, (),
-                                                                  {}, time.time())))
-        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)),
-                           phase=phase, stop=record))
+            self._save(
+                replace(
+                    self.state,
+                    failure=self._diagnose(self._statuses(), self._tail().progress, (), {}, time.time()),
+                )
+            )
+        self._save(
+            replace(
+                self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)),
+                phase=phase,
+                stop=record,
+            )
+        )
         where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
-        self._note(f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}"))
+        self._note(
+            f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}")
+        )
         if on_update:
             on_update(self.snapshot())
         return record
@@ -708,9 +843,11 @@ class RunController:
         if st.ok:
             return claimed
         newest = ckpt.scan(self.run.checkpoints).newest
-        self._note(f"the ranks stopped at step {claimed}, but checkpoints/step-{claimed} does not verify "
-                   f"({'; '.join(st.problems[:2]) or st.state}); newest verified checkpoint: "
-                   + (f"step {newest.step}" if newest else "none"))  # fmt: skip
+        self._note(
+            f"the ranks stopped at step {claimed}, but checkpoints/step-{claimed} does not verify "
+            f"({'; '.join(st.problems[:2]) or st.state}); newest verified checkpoint: "
+            + (f"step {newest.step}" if newest else "none")
+        )
         return newest.step if newest else None
 
     def _await_stops(self, seconds: float) -> dict[int, Mapping[str, Any]]:
@@ -736,21 +873,35 @@ class RunController:
         phase = verdict(stops, ranks, stop_requested=False)
         if phase is Phase.STOPPED and self.state.stop is None:
             # stopped from outside the console (a signal to the launchers)
-            self.state = replace(self.state, stop=StopRecord(
-                requested=min(e.get("time", 0) for e in stops.values()), by="outside the console",
-                reason="signal", grace_s=0, checkpoint_step=self._verified_checkpoint(stop_step(stops, ranks)), verified=not left,
-                finished=time.time()))
+            self.state = replace(
+                self.state,
+                stop=StopRecord(
+                    requested=min(e.get("time", 0) for e in stops.values()),
+                    by="outside the console",
+                    reason="signal",
+                    grace_s=0,
+                    checkpoint_step=self._verified_checkpoint(stop_step(stops, ranks)),
+                    verified=not left,
+                    finished=time.time(),
+                ),
+            )
         elif phase is Phase.FAILED:
             failure = self._diagnose(self._statuses(), progress, (), {}, time.time())
             self._save(replace(self.state, failure=failure))
-        self._save(replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)), phase=phase))
+        self._save(
+            replace(self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)), phase=phase)
+        )
         self._note(f"run {phase.value}")
         return True
 
     def outcome(self) -> Outcome:
-        return Outcome(phase=self.state.phase, failure=self.state.failure, stop=self.state.stop,
-                       progress=self._tail().progress.snapshot(),
-                       final_weights=str(self.run.final_weights) if self.run.final_weights.is_file() else None)
+        return Outcome(
+            phase=self.state.phase,
+            failure=self.state.failure,
+            stop=self.state.stop,
+            progress=self._tail().progress.snapshot(),
+            final_weights=str(self.run.final_weights) if self.run.final_weights.is_file() else None,
+        )
 
     # -- attach
     def reconcile(self) -> str:
@@ -772,16 +923,24 @@ class RunController:
             self._conclude(progress)
         else:
             failing = {i: st.exit_code for i, st in statuses.items() if st.exited and st.exit_code != 0}
-            vanished = [(i, self._host(i) or "?") for i in watched if i not in statuses or not statuses[i].exited]
+            vanished = [
+                (i, self._host(i) or "?") for i in watched if i not in statuses or not statuses[i].exited
+            ]
             self._fail(self._diagnose(statuses, progress, vanished, failing, time.time()))
         return "ended"
 
 
 # ------------------------------------------------------------------------------------ requests
 
-def request_stop(run: RunDir, pool: Any, grace_s: float | None = None, wait_s: float | None = None,
-                 on_update: Callable[[RunSnapshot], None] | None = None,
-                 say: Callable[[str], None] | None = None) -> RunState:
+
+def request_stop(
+    run: RunDir,
+    pool: Any,
+    grace_s: float | None = None,
+    wait_s: float | None = None,
+    on_update: Callable[[RunSnapshot], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> RunState:
     """Stop a run from any console. If no console controls it, take the lock and stop it here;
     if one does, ask it (stop.request) and wait until the state says the run ended; should that
     console die meanwhile, take over."""
@@ -802,8 +961,10 @@ def request_stop(run: RunDir, pool: Any, grace_s: float | None = None, wait_s: f
             if state.phase.ended:
                 return state
             if time.time() > deadline:
-                raise ControlError(f"{run.run_id}: the controlling console did not stop the run in time "
-                                   f"(state: {state.phase.value})") from None
+                raise ControlError(
+                    f"{run.run_id}: the controlling console did not stop the run in time "
+                    f"(state: {state.phase.value})"
+                ) from None
             time.sleep(0.5)
             continue
         with ctrl:

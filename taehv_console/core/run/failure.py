@@ -54,7 +54,7 @@ def attempt_log_text(log: Path, node: int, attempt: int, limit: int = 256 << 10)
     marker = f"node {node} attempt {attempt} on "
     at = text.rfind(marker)
     if at >= 0:
-        text = text[text.rfind("\n", 0, at) + 1:]
+        text = text[text.rfind("\n", 0, at) + 1 :]
     return text
 
 
@@ -73,8 +73,13 @@ def parse_root_cause(text: str) -> RootCause | None:
         if block and _RULE.fullmatch(line):
             break
         block.append(line.rstrip())
-    return RootCause(rank=sig.rank, local_rank=sig.get("local_rank"), exit_code=sig.get("exitcode"), host=sig.host,
-                     lines=tuple(block[:20]))
+    return RootCause(
+        rank=sig.rank,
+        local_rank=sig.get("local_rank"),
+        exit_code=sig.get("exitcode"),
+        host=sig.host,
+        lines=tuple(block[:20]),
+    )
 
 
 def tail_lines(text: str, n: int = 15) -> tuple[str, ...]:
@@ -120,44 +125,76 @@ def choose_failure(
         rc = n.root_cause
         return Failure(
             reason=f"rank {rc.rank} was killed by signal {-rc.exit_code} ({_signal_name(-rc.exit_code)})",
-            node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank, exit_code=rc.exit_code,
-            log_lines=rc.lines, detected=now,
+            node=n.node,
+            host=n.host,
+            rank=rc.rank,
+            local_rank=rc.local_rank,
+            exit_code=rc.exit_code,
+            log_lines=rc.lines,
+            detected=now,
         )
     # 2. a rank's own error (not a peer's disappearance)
     own = {r: e for r, e in rank_errors.items() if not is_peer_symptom(str(e.get("message", "")))}
     if own:
         rank, event = min(own.items(), key=lambda kv: kv[1].get("time", now))
         ev = by_node.get(node_of(rank))
-        return _rank_error(rank, event, node_of(rank), ev, gpus_per_node, now, tail=10,
-                           exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None)
+        return _rank_error(
+            rank,
+            event,
+            node_of(rank),
+            ev,
+            gpus_per_node,
+            now,
+            tail=10,
+            exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
+        )
     # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
     with_block = [n for n in failing if n.root_cause is not None]
     if with_block:
         n = min(with_block, key=lambda e: e.ended or now)
         rc = n.root_cause
-        return Failure(reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
-                              f"exited with {n.exit_code}",
-                       node=n.node, host=n.host, rank=rc.rank, local_rank=rc.local_rank,
-                       exit_code=n.exit_code, log_lines=rc.lines, detected=now)
+        return Failure(
+            reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
+            f"exited with {n.exit_code}",
+            node=n.node,
+            host=n.host,
+            rank=rc.rank,
+            local_rank=rc.local_rank,
+            exit_code=n.exit_code,
+            log_lines=rc.lines,
+            detected=now,
+        )
     # 4. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
     #    are what its disappearance did to them
     if vanished:
         node, host = vanished[0]
         ev = by_node.get(node)
-        return Failure(reason=f"the launcher on node {node} ({host}) is gone without an exit status "
-                              "(killed, or the node was lost)",
-                       node=node, host=host, log_lines=ev.log_tail if ev else (), detected=now)
+        return Failure(
+            reason=f"the launcher on node {node} ({host}) is gone without an exit status "
+            "(killed, or the node was lost)",
+            node=node,
+            host=host,
+            log_lines=ev.log_tail if ev else (),
+            detected=now,
+        )
     # 5. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
         ev = by_node.get(node_of(rank))
-        return _rank_error(rank, event, node_of(rank), ev, gpus_per_node, now, tail=6,
-                           exit_code=ev.exit_code if ev else None)
+        return _rank_error(
+            rank, event, node_of(rank), ev, gpus_per_node, now, tail=6, exit_code=ev.exit_code if ev else None
+        )
     # 6. a launcher exited non-zero and said nothing more
     if failing:
         n = min(failing, key=lambda e: e.ended or now)
-        return Failure(reason=f"the launcher on node {n.node} exited with {n.exit_code}", node=n.node, host=n.host,
-                       exit_code=n.exit_code, log_lines=n.log_tail, detected=now)
+        return Failure(
+            reason=f"the launcher on node {n.node} exited with {n.exit_code}",
+            node=n.node,
+            host=n.host,
+            exit_code=n.exit_code,
+            log_lines=n.log_tail,
+            detected=now,
+        )
     return None
 
 
@@ -171,7 +208,7 @@ def disk_full_path(*texts: str) -> str | None:
     text = "\n".join(t for t in texts if t)
     if not _DISK_FULL.search(text):
         return None
-    m = _QUOTED_PATH.search(text[_DISK_FULL.search(text).start():]) or _QUOTED_PATH.search(text)
+    m = _QUOTED_PATH.search(text[_DISK_FULL.search(text).start() :]) or _QUOTED_PATH.search(text)
     return m.group(1) if m else ""
 
 
@@ -190,8 +227,17 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _rank_error(rank: int, event: Mapping, node: int | None, ev, gpus_per_node: int, now: float, *,
-                tail: int, exit_code: int | None) -> Failure:
+def _rank_error(
+    rank: int,
+    event: Mapping,
+    node: int | None,
+    ev,
+    gpus_per_node: int,
+    now: float,
+    *,
+    tail: int,
+    exit_code: int | None,
+) -> Failure:
     """A failure told by a rank's own `error` event: its message and the last `tail` traceback lines."""
     message = event.get("message", "")
     lines = [f"rank {rank}: {message}"]
@@ -202,6 +248,13 @@ def _rank_error(rank: int, event: Mapping, node: int | None, ev, gpus_per_node: 
         host = ev.host if ev and ev.host else None
         where = f"node {node}" + (f" ({host})" if host else "")
         reason = f"disk full on {where} at {full or 'an unnamed path'}: rank {rank} failed: {message}"
-    return Failure(reason=reason[:500], node=node, host=ev.host if ev else None,
-                   rank=rank, local_rank=rank % max(1, gpus_per_node), exit_code=exit_code,
-                   log_lines=tuple(lines), detected=now)
+    return Failure(
+        reason=reason[:500],
+        node=node,
+        host=ev.host if ev else None,
+        rank=rank,
+        local_rank=rank % max(1, gpus_per_node),
+        exit_code=exit_code,
+        log_lines=tuple(lines),
+        detected=now,
+    )

@@ -63,7 +63,12 @@ class RunLock:
             raise
         # Who holds it, for the next console's message. Written after locking, so a reader that
         # fails to lock reads the current holder (or an empty file in the instant between).
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "purpose": self.purpose}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.time(),
+            "purpose": self.purpose,
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

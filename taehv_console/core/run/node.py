@@ -35,6 +35,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 # ------------------------------------------------------------------------------------- /proc
 
+
 def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     entry = read_proc_one(pid, proc_root)
     return entry[4] if entry else None
@@ -47,8 +48,9 @@ def boot_id() -> str:
         return ""
 
 
-def run_tree(pgid: int, leader_start: int | None = None,
-             table: dict[int, tuple[int, int, int, str, int]] | None = None) -> dict[int, int]:
+def run_tree(
+    pgid: int, leader_start: int | None = None, table: dict[int, tuple[int, int, int, str, int]] | None = None
+) -> dict[int, int]:
     """Live processes of a launcher's tree: pid -> pgid. Empty when nothing is left, or when the
     group's leader pid now belongs to another process (its start time differs from the recorded
     one): a pgid can be reused once all of its processes are gone.
@@ -123,6 +125,7 @@ def kill_tree(pgid: int, leader_start: int | None = None, rounds: int = 10, paus
 
 # ------------------------------------------------------------------------------------ wrapper
 
+
 def _become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
@@ -158,13 +161,25 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # log lines in the order they happen
     me = os.getpid()
     status = {
-        "node": node, "attempt": attempt, "pid": me, "pgid": os.getpgid(0), "hostname": socket.gethostname(),
-        "start_ticks": start_ticks(me), "boot_id": boot_id(), "started": time.time(), "argv": argv,
-        "exit_code": None, "ended": None, "subreaper": subreaper,
+        "node": node,
+        "attempt": attempt,
+        "pid": me,
+        "pgid": os.getpgid(0),
+        "hostname": socket.gethostname(),
+        "start_ticks": start_ticks(me),
+        "boot_id": boot_id(),
+        "started": time.time(),
+        "argv": argv,
+        "exit_code": None,
+        "ended": None,
+        "subreaper": subreaper,
     }
     _write_json(status_path, status)
-    print(f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node} attempt {attempt} on "
-          f"{status['hostname']} (pid {me}): {' '.join(argv)}", flush=True)
+    print(
+        f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node} attempt {attempt} on "
+        f"{status['hostname']} (pid {me}): {' '.join(argv)}",
+        flush=True,
+    )
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     except OSError as err:
@@ -183,8 +198,11 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
             code = os.waitstatus_to_exitcode(raw)
             child.returncode = code  # reaped here; keep Popen from waiting again
             _write_json(status_path, {**status, "exit_code": code, "ended": time.time()})
-            print(f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node}: launcher exited "
-                  f"with {code}", flush=True)
+            print(
+                f"[taehv-console] {time.strftime('%Y-%m-%d %H:%M:%S')} node {node}: launcher exited "
+                f"with {code}",
+                flush=True,
+            )
         # any other pid: an orphan re-parented to us (we are its subreaper), reaped so no zombie stays
     if code is None:  # pragma: no cover - waitpid always reports our own child first
         code = 1
@@ -193,9 +211,15 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------------------- main
 
+
 def _tree_json(args: argparse.Namespace) -> dict:
     tree = run_tree(args.pgid, args.start_ticks)
-    return {"pgid": args.pgid, "pids": sorted(tree), "groups": sorted(set(tree.values())), "boot_id": boot_id()}
+    return {
+        "pgid": args.pgid,
+        "pids": sorted(tree),
+        "groups": sorted(set(tree.values())),
+        "boot_id": boot_id(),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,11 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("launch", help="run a node's launcher, recording its identity and exit status")
     p.add_argument("--status", required=True, type=Path, help="the status file to write")
     p.add_argument("--node", type=int, help="machine rank of this node")
-    p.add_argument("--node-env", metavar="VAR", help="read the machine rank from this variable (SLURM_NODEID)")
+    p.add_argument(
+        "--node-env", metavar="VAR", help="read the machine rank from this variable (SLURM_NODEID)"
+    )
     p.add_argument("--attempt", type=int, default=1)
     p.add_argument("command", nargs=argparse.REMAINDER)
-    for name, text in (("pids", "list the live processes of a launcher's tree"),
-                       ("kill", "signal a launcher's group (TERM) or its whole tree (KILL)")):
+    for name, text in (
+        ("pids", "list the live processes of a launcher's tree"),
+        ("kill", "signal a launcher's group (TERM) or its whole tree (KILL)"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--pgid", type=int, required=True)
         p.add_argument("--start-ticks", type=int, help="the group leader's recorded start time")

@@ -84,19 +84,28 @@ class RunProgress:
             self.stops[rank] = event
 
     def snapshot(self) -> dict[str, Any]:
-        return {"step": self.step, "max_steps": self.max_steps, "checkpoint_step": self.checkpoint_step,
-                "ranks_started": len(self.started_ranks), "world_size": self.world_size,
-                "ranks_stopped": len(self.stops)}
+        return {
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "checkpoint_step": self.checkpoint_step,
+            "ranks_started": len(self.started_ranks),
+            "world_size": self.world_size,
+            "ranks_stopped": len(self.stops),
+        }
 
 
 class AttemptEvents:
     """Tails every rank's events file from where the attempt began and feeds a RunProgress."""
 
-    def __init__(self, events_dir: Path, world_size: int, max_steps: int, offsets: dict[int, int] | None = None):
+    def __init__(
+        self, events_dir: Path, world_size: int, max_steps: int, offsets: dict[int, int] | None = None
+    ):
         self.events_dir = events_dir
         self.progress = RunProgress(world_size=world_size, max_steps=max_steps)
         offsets = offsets or {}
-        self._tails = {r: EventTail(events_dir / f"rank-{r}.jsonl", offsets.get(r, 0)) for r in range(world_size)}
+        self._tails = {
+            r: EventTail(events_dir / f"rank-{r}.jsonl", offsets.get(r, 0)) for r in range(world_size)
+        }
 
     def poll(self) -> list[dict[str, Any]]:
         """New events of every rank (rank order within one poll), already folded into progress."""

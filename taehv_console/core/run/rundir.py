@@ -152,9 +152,13 @@ def resolve_run(ref: str | None, runs_dir: str | Path = "runs") -> RunDir:
                 return matches[0]
             if len(matches) > 1:
                 names = ", ".join(r.run_id for r in matches[:5])
-                raise RunNotFoundError(f"{ref!r} matches {len(matches)} runs in {runs_dir} ({names}); give more of the id")
-        raise RunNotFoundError(f"no run {ref!r}: not a run directory (one holding {RUN_TOML}) and not a run id "
-                               f"in {Path(runs_dir).absolute()} (use --runs DIR)")
+                raise RunNotFoundError(
+                    f"{ref!r} matches {len(matches)} runs in {runs_dir} ({names}); give more of the id"
+                )
+        raise RunNotFoundError(
+            f"no run {ref!r}: not a run directory (one holding {RUN_TOML}) and not a run id "
+            f"in {Path(runs_dir).absolute()} (use --runs DIR)"
+        )
     runs = list_runs(runs_dir)
     if not runs:
         raise RunNotFoundError(f"no runs in {Path(runs_dir).absolute()} (use --runs DIR, or name the run)")

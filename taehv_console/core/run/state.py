@@ -126,8 +126,11 @@ class RunState:
 
     def with_attempt(self, attempt: Attempt) -> RunState:
         """This state with its current attempt replaced (or the first one added)."""
-        attempts = self.attempts[:-1] + (attempt,) if self.attempts and self.attempts[-1].number == attempt.number \
+        attempts = (
+            self.attempts[:-1] + (attempt,)
+            if self.attempts and self.attempts[-1].number == attempt.number
             else self.attempts + (attempt,)
+        )
         return replace(self, attempts=attempts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,9 +148,13 @@ class RunState:
         kw["controlled"] = tuple(kw.get("controlled", ()))
         kw["env"] = tuple(sorted((str(k), str(v)) for k, v in (kw.get("env") or {}).items()))
         kw["attempts"] = tuple(
-            Attempt(**{**_known(Attempt, a),
-                       "nodes": tuple(NodeLauncher(**_known(NodeLauncher, n)) for n in a.get("nodes", ())),
-                       "event_offsets": tuple((int(r), int(o)) for r, o in a.get("event_offsets", ()))})
+            Attempt(
+                **{
+                    **_known(Attempt, a),
+                    "nodes": tuple(NodeLauncher(**_known(NodeLauncher, n)) for n in a.get("nodes", ())),
+                    "event_offsets": tuple((int(r), int(o)) for r, o in a.get("event_offsets", ())),
+                }
+            )
             for a in kw.get("attempts", ())
         )
         if kw.get("failure"):
@@ -196,6 +203,7 @@ def read_state(path: Path) -> RunState:
 
 
 # ----------------------------------------------------------------------------- node status files
+
 
 @dataclass(frozen=True)
 class NodeStatus:

@@ -83,8 +83,9 @@ class NvmlSampler:
             return
         try:
             self.driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
-            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i)
-                             for i in range(self._nvml.nvmlDeviceGetCount())]  # fmt: skip
+            self._handles = [
+                self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())
+            ]
         except Exception as err:  # noqa: BLE001 - any NVML failure: a CPU-only sample with the reason
             self.reason = f"NVML query failed: {str(err) or type(err).__name__}"
             self.close()
@@ -98,8 +99,12 @@ class NvmlSampler:
     def read(self) -> dict[str, Any]:
         if not self.ok:
             return {"ok": False, "reason": self.reason, "devices": []}
-        return {"ok": True, "reason": "", "driver_version": self.driver_version,
-                "devices": [self._device(i, h) for i, h in enumerate(self._handles)]}  # fmt: skip
+        return {
+            "ok": True,
+            "reason": "",
+            "driver_version": self.driver_version,
+            "devices": [self._device(i, h) for i, h in enumerate(self._handles)],
+        }
 
     def _device(self, index: int, h: Any) -> dict[str, Any]:
         nv = self._nvml
@@ -120,8 +125,13 @@ class NvmlSampler:
         field("power_usage_mw", lambda: int(nv.nvmlDeviceGetPowerUsage(h)))
         field("power_limit_mw", lambda: int(nv.nvmlDeviceGetEnforcedPowerLimit(h)))
         field("clocks_event_reasons", lambda: int(_clock_reasons(nv, h)))
-        field("processes", lambda: [{"pid": int(p.pid), "used_memory": _proc_mem(p)}
-                                    for p in nv.nvmlDeviceGetComputeRunningProcesses(h)])  # fmt: skip
+        field(
+            "processes",
+            lambda: [
+                {"pid": int(p.pid), "used_memory": _proc_mem(p)}
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+            ],
+        )
         if errors:
             dev["errors"] = errors
             lost = [m for m in errors.values() if "lost" in m.lower() or "reset" in m.lower()]
@@ -149,7 +159,10 @@ def _mem(m: Any) -> dict[str, int]:
 
 def _clock_reasons(nv: Any, h: Any) -> int:
     # NVML renamed "throttle reasons" to "clock event reasons" (driver 535); older bindings lack it.
-    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    fn = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     return fn(h)
 
 
@@ -322,8 +335,14 @@ class HostSampler:
                 du = ps.disk_usage(path)
             except OSError:
                 continue
-            out["disks"].append({"path": path, "used_gb": round(du.used / 2**30, 3),
-                                 "total_gb": round(du.total / 2**30, 3), "free_gb": round(du.free / 2**30, 3)})  # fmt: skip
+            out["disks"].append(
+                {
+                    "path": path,
+                    "used_gb": round(du.used / 2**30, 3),
+                    "total_gb": round(du.total / 2**30, 3),
+                    "free_gb": round(du.free / 2**30, 3),
+                }
+            )
         net, t = ps.net_io_counters(), time.monotonic()
         dt = max(t - self._net_t, 1e-6)
         out["net_rx_mbps"] = round((net.bytes_recv - self._net.bytes_recv) * 8 / dt / 1e6, 3)
@@ -368,8 +387,17 @@ class HostSampler:
 
 
 class Agent:
-    def __init__(self, *, run_dir: str | None, disks: list[str], interval: float, hostname: str | None = None,
-                 nvml: Any = None, replay: list[dict] | None = None, use_nvml: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        run_dir: str | None,
+        disks: list[str],
+        interval: float,
+        hostname: str | None = None,
+        nvml: Any = None,
+        replay: list[dict] | None = None,
+        use_nvml: bool = True,
+    ):
         self.hostname = hostname or socket.gethostname()
         self.interval = interval
         self.replay = replay
@@ -389,9 +417,18 @@ class Agent:
             gpu = {"ok": False, "reason": "NVML disabled (--no-nvml)", "devices": []}
         pids = self.procs.current(time.monotonic(), gone=self._gone)
         rows, owners, self._gone = self.host.processes(pids)
-        line = {"v": AGENT_VERSION, "host": self.hostname, "time": now, "seq": self.seq,
-                "interval_s": self.interval, "agent_pid": os.getpid(), "nvml": gpu,
-                **self.host.read(), "processes": rows, "owners": {str(k): v for k, v in owners.items()}}  # fmt: skip
+        line = {
+            "v": AGENT_VERSION,
+            "host": self.hostname,
+            "time": now,
+            "seq": self.seq,
+            "interval_s": self.interval,
+            "agent_pid": os.getpid(),
+            "nvml": gpu,
+            **self.host.read(),
+            "processes": rows,
+            "owners": {str(k): v for k, v in owners.items()},
+        }
         self.seq += 1
         return line
 
@@ -415,14 +452,20 @@ def _stdin_closed(fd: int, timeout: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m taehv_console.core.watch.agent",
-                                 description="Print one JSON sample of this node per interval until stdin closes.")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m taehv_console.core.watch.agent",
+        description="Print one JSON sample of this node per interval until stdin closes.",
+    )
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--run", help="run directory: its heartbeats name this node's training processes")
     ap.add_argument("--disk", action="append", default=[], help="path whose filesystem usage to report")
-    ap.add_argument("--count", type=int, default=0, help="stop after this many samples (0 = until stdin closes)")
+    ap.add_argument(
+        "--count", type=int, default=0, help="stop after this many samples (0 = until stdin closes)"
+    )
     ap.add_argument("--no-nvml", action="store_true", help="report no GPUs (a CPU-only sample)")
-    ap.add_argument("--replay", help="JSON file of recorded NVML readings to report instead of NVML (demos, benchmarks)")
+    ap.add_argument(
+        "--replay", help="JSON file of recorded NVML readings to report instead of NVML (demos, benchmarks)"
+    )
     ap.add_argument("--host-name", help="host name to report (synthetic nodes)")
     args = ap.parse_args(argv)
     if args.interval <= 0:
@@ -432,8 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.replay).read_text())
         replay = data if isinstance(data, list) else [data]
     disks = args.disk or ([args.run] if args.run else [])
-    agent = Agent(run_dir=args.run, disks=disks, interval=args.interval, hostname=args.host_name,
-                  replay=replay, use_nvml=not args.no_nvml)  # fmt: skip
+    agent = Agent(
+        run_dir=args.run,
+        disks=disks,
+        interval=args.interval,
+        hostname=args.host_name,
+        replay=replay,
+        use_nvml=not args.no_nvml,
+    )
     # A bounded run (--count) ends by itself: its stdin may be closed from the start (runner.run).
     stdin_fd = sys.stdin.fileno() if (sys.stdin is not None and not args.count) else -1
     out = sys.stdout
@@ -487,17 +536,24 @@ def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = N
         bits = d.get("clocks_event_reasons") or 0
         gu, mu, used, total = util.get("gpu"), util.get("memory"), mem.get("used"), mem.get("total")
         temp, pw, pl = d.get("temperature"), d.get("power_usage_mw"), d.get("power_limit_mw")
-        out.append(GpuSample(
-            index=int(d.get("index", len(out))), name=str(d.get("name", "")), uuid=str(d.get("uuid", "")),
-            util_pct=float(gu) if type(gu) in _NUM else None, mem_util_pct=float(mu) if type(mu) in _NUM else None,
-            mem_used_mb=used / MB if type(used) in _NUM else None,
-            mem_total_mb=total / MB if type(total) in _NUM else None,
-            temp_c=float(temp) if type(temp) in _NUM else None, power_w=pw / 1000 if type(pw) in _NUM else None,
-            power_limit_w=pl / 1000 if type(pl) in _NUM else None, run_mem_mb=round(run_mem, 1),
-            run_pids=tuple(run_pids),
-            throttle=tuple(name for bit, name in _THROTTLE_ITEMS if bits & bit) if bits else (),
-            error=str(d.get("error", "")),
-        ))  # fmt: skip
+        out.append(
+            GpuSample(
+                index=int(d.get("index", len(out))),
+                name=str(d.get("name", "")),
+                uuid=str(d.get("uuid", "")),
+                util_pct=float(gu) if type(gu) in _NUM else None,
+                mem_util_pct=float(mu) if type(mu) in _NUM else None,
+                mem_used_mb=used / MB if type(used) in _NUM else None,
+                mem_total_mb=total / MB if type(total) in _NUM else None,
+                temp_c=float(temp) if type(temp) in _NUM else None,
+                power_w=pw / 1000 if type(pw) in _NUM else None,
+                power_limit_w=pl / 1000 if type(pl) in _NUM else None,
+                run_mem_mb=round(run_mem, 1),
+                run_pids=tuple(run_pids),
+                throttle=tuple(name for bit, name in _THROTTLE_ITEMS if bits & bit) if bits else (),
+                error=str(d.get("error", "")),
+            )
+        )
     return tuple(out)
 
 
@@ -522,26 +578,43 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
         for p in dev.get("processes") or ():
             rank_pid = p.get("pid")
             if rank_pid in owners:
-                gpu_mem[owners[rank_pid]] = gpu_mem.get(owners[rank_pid], 0.0) + (p.get("used_memory") or 0) / MB
+                gpu_mem[owners[rank_pid]] = (
+                    gpu_mem.get(owners[rank_pid], 0.0) + (p.get("used_memory") or 0) / MB
+                )
     procs = tuple(
-        ProcessSample(pid=int(p["pid"]), rank=p.get("rank"), status=str(p.get("status", "gone")),
-                      cpu_pct=_num(p.get("cpu_pct")), rss_mb=_num(p.get("rss_mb")),
-                      gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1))
+        ProcessSample(
+            pid=int(p["pid"]),
+            rank=p.get("rank"),
+            status=str(p.get("status", "gone")),
+            cpu_pct=_num(p.get("cpu_pct")),
+            rss_mb=_num(p.get("rss_mb")),
+            gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1),
+        )
         for p in data.get("processes") or ()
     )
     return NodeSample(
-        host=str(data["host"]), time=float(data["time"]), seq=int(data.get("seq", 0)),
-        interval_s=float(data.get("interval_s", 1.0)), gpu_ok=bool(reading.get("ok")) and bool(gpus),
+        host=str(data["host"]),
+        time=float(data["time"]),
+        seq=int(data.get("seq", 0)),
+        interval_s=float(data.get("interval_s", 1.0)),
+        gpu_ok=bool(reading.get("ok")) and bool(gpus),
         gpu_reason="" if (reading.get("ok") and gpus) else str(reading.get("reason") or "NVML found no GPU"),
-        gpus=gpus, cpu_pct=_num(data.get("cpu_pct")), cpu_count=int(data.get("cpu_count") or 0),
-        load1=_num(data.get("load1")), ram_used_gb=_num(data.get("ram_used_gb")),
+        gpus=gpus,
+        cpu_pct=_num(data.get("cpu_pct")),
+        cpu_count=int(data.get("cpu_count") or 0),
+        load1=_num(data.get("load1")),
+        ram_used_gb=_num(data.get("ram_used_gb")),
         ram_total_gb=_num(data.get("ram_total_gb")),
-        disks=tuple(DiskSample(str(d["path"]), float(d["used_gb"]), float(d["total_gb"]), float(d["free_gb"]))
-                    for d in data.get("disks") or ()),
-        net_rx_mbps=_num(data.get("net_rx_mbps")), net_tx_mbps=_num(data.get("net_tx_mbps")),
-        processes=procs, agent_pid=int(data.get("agent_pid") or 0),
+        disks=tuple(
+            DiskSample(str(d["path"]), float(d["used_gb"]), float(d["total_gb"]), float(d["free_gb"]))
+            for d in data.get("disks") or ()
+        ),
+        net_rx_mbps=_num(data.get("net_rx_mbps")),
+        net_tx_mbps=_num(data.get("net_tx_mbps")),
+        processes=procs,
+        agent_pid=int(data.get("agent_pid") or 0),
         received=time.time() if received is None else received,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

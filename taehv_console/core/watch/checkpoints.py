@@ -73,10 +73,19 @@ class CheckpointWatcher:
             if state is CheckpointState.COMPLETE and newest_complete is None:
                 newest_complete = step
             nbytes = st.bytes or (_tree_bytes(Path(e.path)) if state is not CheckpointState.COMPLETE else 0)
-            items.append(CheckpointInfo(name=e.name, step=step, state=state, bytes=nbytes,
-                                        age_s=round(max(0.0, now - st.mtime), 1) if st.mtime else None,
-                                        problems=tuple(problems), world_size=st.world_size,
-                                        zero_stage=st.zero_stage, is_latest=(e.name == latest)))  # fmt: skip
+            items.append(
+                CheckpointInfo(
+                    name=e.name,
+                    step=step,
+                    state=state,
+                    bytes=nbytes,
+                    age_s=round(max(0.0, now - st.mtime), 1) if st.mtime else None,
+                    problems=tuple(problems),
+                    world_size=st.world_size,
+                    zero_stage=st.zero_stage,
+                    is_latest=(e.name == latest),
+                )
+            )
         for name in list(self._deep_done):
             if name not in live_names:
                 del self._deep_done[name]
@@ -86,9 +95,17 @@ class CheckpointWatcher:
             if named is None:
                 problems.append(f"latest names {latest}, which does not exist")
             elif named.state is not CheckpointState.COMPLETE:
-                problems.append(f"latest names {latest}, which is {named.state.value}: {'; '.join(named.problems)}")
-        return CheckpointSummary(items=tuple(items), latest=latest, newest_complete_step=newest_complete,
-                                 every=activity.every, next_due_step=_next_due(activity), problems=tuple(problems))  # fmt: skip
+                problems.append(
+                    f"latest names {latest}, which is {named.state.value}: {'; '.join(named.problems)}"
+                )
+        return CheckpointSummary(
+            items=tuple(items),
+            latest=latest,
+            newest_complete_step=newest_complete,
+            every=activity.every,
+            next_due_step=_next_due(activity),
+            problems=tuple(problems),
+        )
 
 
 def _abandoned(step: int, entry: os.DirEntry, a: RunActivity, newest_complete: int | None, now: float) -> str:

@@ -109,8 +109,13 @@ class EventFold:
                 if ev.get("resumed_from"):
                     self._notice(t, "info", f"resumed from {ev['resumed_from']} at step {ev.get('step')}", r)
                 else:
-                    self._notice(t, "info", f"started: world size {ev.get('world_size')}, "
-                                            f"preset {ev.get('preset')}, {ev.get('max_steps')} steps", r)  # fmt: skip
+                    self._notice(
+                        t,
+                        "info",
+                        f"started: world size {ev.get('world_size')}, "
+                        f"preset {ev.get('preset')}, {ev.get('max_steps')} steps",
+                        r,
+                    )
                 for skipped in ev.get("skipped_checkpoints") or ():
                     self._notice(t, "warning", f"checkpoint not resumable: {skipped}", r)
         elif kind == "stop":
@@ -151,18 +156,32 @@ class EventFold:
         prev = self.last_step
         self.last_step = ev
         x = float(step)
-        for series, key in ((self.loss, "loss"), (self.psnr, "psnr"), (self.lr, "lr"), (self.clips, "samples_per_s")):
+        for series, key in (
+            (self.loss, "loss"),
+            (self.psnr, "psnr"),
+            (self.lr, "lr"),
+            (self.clips, "samples_per_s"),
+        ):
             v = ev.get(key)
             if isinstance(v, (int, float)):
                 series.append((x, float(v)))
         skipped = ev.get("nonfinite_skipped")
         if prev is not None and isinstance(skipped, int) and skipped > (prev.get("nonfinite_skipped") or 0):
-            self._notice(ev.get("time"), "warning", f"step {step}: non-finite loss, micro-batch skipped "
-                                                     f"({skipped} so far)", 0)  # fmt: skip
+            self._notice(
+                ev.get("time"),
+                "warning",
+                f"step {step}: non-finite loss, micro-batch skipped ({skipped} so far)",
+                0,
+            )
 
     def _notice(self, t: Any, severity: str, text: str, rank: int | None) -> None:
-        notice = Notice(time=float(t) if isinstance(t, (int, float)) else 0.0, severity=severity, source="events",
-                        text=text, rank=rank)  # fmt: skip
+        notice = Notice(
+            time=float(t) if isinstance(t, (int, float)) else 0.0,
+            severity=severity,
+            source="events",
+            text=text,
+            rank=rank,
+        )
         # One event is one notice, however often its line is read: a file read again from the
         # start (replaced, or truncated and rewritten) showed "rank 0 stopped ..." twice.
         if notice.time and notice in self._notice_keys:

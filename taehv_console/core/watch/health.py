@@ -34,7 +34,9 @@ from taehv_console.core.watch.state import (
 )
 
 # Log signals that end a rank when they name it (a peer connection lost is its victim's line: no).
-FATAL_SIGNALS = frozenset({"root_cause", "child_failed", "cuda_oom", "invalid_device_ordinal", "watchdog_timeout"})
+FATAL_SIGNALS = frozenset(
+    {"root_cause", "child_failed", "cuda_oom", "invalid_device_ordinal", "watchdog_timeout"}
+)
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,20 @@ def _step_stats(obs: Sequence[RankObservation], policy: HealthPolicy) -> _StepSt
     window = policy.straggler_window
     median_step = _median([t for o in obs for t in o.step_times[-window:]])
     stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
-    busy_med = {o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
-                for o in obs if len(o.busy) >= policy.straggler_min_steps}
+    busy_med = {
+        o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
+        for o in obs
+        if len(o.busy) >= policy.straggler_min_steps
+    }
     fastest = min(busy_med.values()) if busy_med else None
-    scores = {r: round(min(1.0, fastest / b), 3) for r, b in busy_med.items() if b} if fastest is not None else {}
-    slow = tuple(r for r, sc in scores.items()
-                 if sc < policy.straggler_threshold and busy_med[r] - fastest >= policy.straggler_min_gap_s)  # type: ignore[operator]  # fmt: skip
+    scores = (
+        {r: round(min(1.0, fastest / b), 3) for r, b in busy_med.items() if b} if fastest is not None else {}
+    )
+    slow = tuple(
+        r
+        for r, sc in scores.items()
+        if sc < policy.straggler_threshold and busy_med[r] - fastest >= policy.straggler_min_gap_s
+    )  # type: ignore[operator]
     return _StepStats(stall_after, busy_med, fastest, scores, slow)
 
 
@@ -143,8 +153,13 @@ class AssessMemo:
         steps = [o.step_times for o in obs]
         busy = [o.busy for o in obs]
         ranks = tuple(o.rank for o in obs)
-        if (self.stats is not None and policy == self.policy and ranks == self.ranks
-                and all(map(operator.is_, steps, self.steps)) and all(map(operator.is_, busy, self.busy))):  # fmt: skip
+        if (
+            self.stats is not None
+            and policy == self.policy
+            and ranks == self.ranks
+            and all(map(operator.is_, steps, self.steps))
+            and all(map(operator.is_, busy, self.busy))
+        ):
             self.reused += 1
             return self.stats
         self.ranks, self.steps, self.busy, self.policy = ranks, steps, busy, policy
@@ -155,13 +170,25 @@ class AssessMemo:
 def _same_rank_facts(a: RankObservation, b: RankObservation) -> bool:
     """Whether two observations agree on what a health row holds besides the clock-dependent part:
     a new agent sample makes a new observation (its process view) but leaves these as they were."""
-    return a is b or (a.step_times is b.step_times and a.metrics is b.metrics and a.step == b.step
-                      and a.pid == b.pid and a.node == b.node and a.step_median == b.step_median)  # fmt: skip
+    return a is b or (
+        a.step_times is b.step_times
+        and a.metrics is b.metrics
+        and a.step == b.step
+        and a.pid == b.pid
+        and a.node == b.node
+        and a.step_median == b.step_median
+    )
 
 
-def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: float, *,
-                 watchdog: Mapping[int, int] | None = None, collective_timeout_s: float | None = None,
-                 memo: AssessMemo | None = None) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:  # fmt: skip
+def assess_ranks(
+    obs: Sequence[RankObservation],
+    policy: HealthPolicy,
+    now: float,
+    *,
+    watchdog: Mapping[int, int] | None = None,
+    collective_timeout_s: float | None = None,
+    memo: AssessMemo | None = None,
+) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
     """Per-rank health, and the collective stall (with its laggard) when every rank is stuck.
     `memo`: keep the step statistics between calls on the same ranks (AssessMemo)."""
     window = policy.straggler_window
@@ -173,7 +200,9 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
     rows = memo.rows if memo is not None else None
     for o in obs:
         proc = o.process
-        fresh = proc is not None and o.process_time is not None and now - o.process_time <= policy.process_stale_s
+        fresh = (
+            proc is not None and o.process_time is not None and now - o.process_time <= policy.process_stale_s
+        )
         alive = proc.alive if (fresh and proc is not None) else None
         age = None if o.progress_time is None else max(0.0, now - o.progress_time)
         sig = _fatal_signal(o, alive) if o.signals else None
@@ -201,36 +230,62 @@ def assess_ranks(obs: Sequence[RankObservation], policy: HealthPolicy, now: floa
         row = rows.get(o.rank) if rows is not None else None
         if row is None or row[1] is not stats or not _same_rank_facts(row[0], o):
             # what does not change with the clock, kept while the rank's facts and the statistics stand
-            fixed = RankHealth(rank=o.rank, node=o.node, state=RankState.STARTING, step=o.step, pid=o.pid,
-                               step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
-                               busy_s=busy_med.get(o.rank), score=scores.get(o.rank), metrics=o.metrics)  # fmt: skip
+            fixed = RankHealth(
+                rank=o.rank,
+                node=o.node,
+                state=RankState.STARTING,
+                step=o.step,
+                pid=o.pid,
+                step_time_s=o.step_median if o.step_median is not None else _median(o.step_times[-window:]),
+                busy_s=busy_med.get(o.rank),
+                score=scores.get(o.rank),
+                metrics=o.metrics,
+            )
             if rows is not None:
                 rows[o.rank] = (o, stats, fixed)
         else:
             fixed = row[2]
-        out[o.rank] = copy_replacing(fixed, state=state, heartbeat_age_s=age, detail=detail,
-                                     process=proc.status if (fresh and proc) else "",
-                                     waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1))  # fmt: skip
+        out[o.rank] = copy_replacing(
+            fixed,
+            state=state,
+            heartbeat_age_s=age,
+            detail=detail,
+            process=proc.status if (fresh and proc) else "",
+            waiting_s=None if o.waiting_since is None else round(max(0.0, now - o.waiting_since), 1),
+        )
 
     collective = None
-    if stale and not any(h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale for r, h in out.items()):
+    if stale and not any(
+        h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale for r, h in out.items()
+    ):
         collective = _collective(out, stale, {o.rank: o for o in obs}, watchdog or {}, collective_timeout_s)
     else:
         for r, age in stale.items():  # one rank silent while the others move on: its own problem
-            out[r] = replace(out[r], state=RankState.STALLED,
-                             detail=f"no heartbeat progress for {age:.0f} s while other ranks progress")  # fmt: skip
+            out[r] = replace(
+                out[r],
+                state=RankState.STALLED,
+                detail=f"no heartbeat progress for {age:.0f} s while other ranks progress",
+            )
 
     for r in stats.slow:  # slow enough: a straggler unless something worse holds it
         h = out[r]
         if h.state is RankState.HEALTHY and h.blocked_by is None:
-            out[r] = replace(h, state=RankState.STRAGGLER,
-                             detail=f"{busy_med[r]:.2f} s of own work per step vs {fastest:.2f} s on the "
-                                    f"fastest rank (score {h.score:.2f})")  # fmt: skip
+            out[r] = replace(
+                h,
+                state=RankState.STRAGGLER,
+                detail=f"{busy_med[r]:.2f} s of own work per step vs {fastest:.2f} s on the "
+                f"fastest rank (score {h.score:.2f})",
+            )
     return tuple(out[r] for r in sorted(out)), collective
 
 
-def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Mapping[int, RankObservation],
-                watchdog: Mapping[int, int], timeout_s: float | None) -> CollectiveStall:  # fmt: skip
+def _collective(
+    out: dict[int, RankHealth],
+    stale: dict[int, float],
+    by_rank: Mapping[int, RankObservation],
+    watchdog: Mapping[int, int],
+    timeout_s: float | None,
+) -> CollectiveStall:
     """Every live rank is stuck: find who the others wait for, mark it stalled, the rest blocked."""
     failed = [r for r, h in out.items() if h.state is RankState.FAILED]
     stopped = [r for r in stale if out[r].process in ("stopped", "tracing-stop")]
@@ -244,12 +299,17 @@ def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Ma
     if failed:
         culprits, evidence = failed, f"rank {failed[0]} failed: {out[failed[0]].detail}"
     elif stopped:
-        culprits, evidence = stopped, f"process {out[stopped[0]].pid} of rank {stopped[0]} is stopped (signal)"
+        culprits, evidence = (
+            stopped,
+            f"process {out[stopped[0]].pid} of rank {stopped[0]} is stopped (signal)",
+        )
     elif waiting and not_waiting:
         culprits = not_waiting
         others = ", ".join(map(str, waiting[:8])) + (" ..." if len(waiting) > 8 else "")
-        evidence = (f"rank {culprits[0]} is not in a collective while rank(s) {others} wait in one "
-                    f"(no progress for {stale[culprits[0]]:.0f} s)")
+        evidence = (
+            f"rank {culprits[0]} is not in a collective while rank(s) {others} wait in one "
+            f"(no progress for {stale[culprits[0]]:.0f} s)"
+        )
     elif steps and min(steps.values()) < max(steps.values()):
         low = min(steps.values())
         culprits = [r for r, s in steps.items() if s == low]
@@ -259,29 +319,57 @@ def _collective(out: dict[int, RankHealth], stale: dict[int, float], by_rank: Ma
         if counts and min(counts.values()) < max(counts.values()):
             low = min(counts.values())
             culprits = [r for r, c in counts.items() if c == low]
-            evidence = f"watchdog: rank {culprits[0]} completed NCCL work {low}, others {max(counts.values())}"
+            evidence = (
+                f"watchdog: rank {culprits[0]} completed NCCL work {low}, others {max(counts.values())}"
+            )
     stalled_for = min(stale.values())
     if not culprits:
         for r, age in stale.items():
-            out[r] = replace(out[r], state=RankState.STALLED,
-                             detail=f"no heartbeat progress for {age:.0f} s on any rank; the laggard is not known")  # fmt: skip
-        return CollectiveStall(None, None, min(steps.values()) if steps else None, stalled_for, timeout_s,
-                               tuple(sorted(stale)), "every rank stopped at once; no rank stands out")  # fmt: skip
+            out[r] = replace(
+                out[r],
+                state=RankState.STALLED,
+                detail=f"no heartbeat progress for {age:.0f} s on any rank; the laggard is not known",
+            )
+        return CollectiveStall(
+            None,
+            None,
+            min(steps.values()) if steps else None,
+            stalled_for,
+            timeout_s,
+            tuple(sorted(stale)),
+            "every rank stopped at once; no rank stands out",
+        )
     laggard = culprits[0]
     for r, age in stale.items():
         if r in culprits:
             out[r] = replace(out[r], state=RankState.STALLED, detail=evidence)
         else:
-            out[r] = replace(out[r], blocked_by=laggard,
-                             detail=f"waiting in a collective for rank {laggard} ({age:.0f} s)")  # fmt: skip
+            out[r] = replace(
+                out[r], blocked_by=laggard, detail=f"waiting in a collective for rank {laggard} ({age:.0f} s)"
+            )
     waiting = tuple(sorted(r for r in stale if r not in culprits))
-    return CollectiveStall(laggard, out[laggard].node, min(steps.values()) if steps else None, stalled_for,
-                           timeout_s, waiting, evidence)  # fmt: skip
+    return CollectiveStall(
+        laggard,
+        out[laggard].node,
+        min(steps.values()) if steps else None,
+        stalled_for,
+        timeout_s,
+        waiting,
+        evidence,
+    )
 
 
-def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | None, sample_age_s: float | None,
-                policy: HealthPolicy, *, agent_expected: bool, agent_running_for_s: float | None = None,
-                agent_down: str = "") -> tuple[NodeState, str]:  # fmt: skip
+def assess_node(
+    name: str,
+    ranks: Sequence[RankHealth],
+    sample: NodeSample | None,
+    sample_age_s: float | None,
+    policy: HealthPolicy,
+    *,
+    agent_expected: bool,
+    agent_running_for_s: float | None = None,
+    agent_down: str = "",
+) -> tuple[NodeState, str]:
     """A node's state and a one-line reason. Worst first: failed, stalled, lost, degraded.
     `agent_running_for_s`: since the first attempt to start its agent; `agent_down`: why the agent
     is not running right now ("" when it is, or is starting)."""
@@ -299,8 +387,11 @@ def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | Non
                 why = f": {agent_down}" if agent_down else ""
                 return NodeState.LOST, f"no agent sample in {agent_running_for_s:.0f} s{why}"
         # an agent that samples every few seconds (a large cluster) is silent for longer between lines
-        elif sample is not None and sample_age_s is not None \
-                and sample_age_s > max(policy.agent_timeout_s, 3 * sample.interval_s):  # fmt: skip
+        elif (
+            sample is not None
+            and sample_age_s is not None
+            and sample_age_s > max(policy.agent_timeout_s, 3 * sample.interval_s)
+        ):
             return NodeState.LOST, f"agent silent for {sample_age_s:.0f} s"
     problems = []
     slow = [r for r in ranks if r.state is RankState.STRAGGLER]
@@ -313,7 +404,9 @@ def assess_node(name: str, ranks: Sequence[RankHealth], sample: NodeSample | Non
             elif g.temp_c is not None and g.temp_c >= policy.hot_gpu_c:
                 problems.append(f"GPU {g.index} at {g.temp_c:.0f} C")
             elif SLOWDOWN_REASONS.intersection(g.throttle):
-                problems.append(f"GPU {g.index} slowed down: {', '.join(sorted(SLOWDOWN_REASONS.intersection(g.throttle)))}")
+                problems.append(
+                    f"GPU {g.index} slowed down: {', '.join(sorted(SLOWDOWN_REASONS.intersection(g.throttle)))}"
+                )
     if problems:
         return NodeState.DEGRADED, "; ".join(problems)
     if sample is None and not ranks:

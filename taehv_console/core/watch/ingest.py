@@ -67,8 +67,12 @@ class RankTracker:
         if hit is not None and hit[0] == self.version and hit[1] == window:
             return hit[2]
         steps, busy = tuple(self.step_times), tuple(self.busy)
-        out = (steps, busy, statistics.median(steps[-window:]) if steps else None,
-               statistics.median(busy[-window:]) if busy else None)  # fmt: skip
+        out = (
+            steps,
+            busy,
+            statistics.median(steps[-window:]) if steps else None,
+            statistics.median(busy[-window:]) if busy else None,
+        )
         self._recent = (self.version, window, out)
         return out
 
@@ -88,7 +92,9 @@ class RankTracker:
         if advanced and isinstance(st, (int, float)) and st > 0:
             wait = hb.get("wait_s")
             self.step_times.append(float(st))
-            self.busy.append(max(0.0, float(st) - float(wait)) if isinstance(wait, (int, float)) else float(st))
+            self.busy.append(
+                max(0.0, float(st) - float(wait)) if isinstance(wait, (int, float)) else float(st)
+            )
         since = hb.get("waiting_since")
         self.waiting_since = min(float(since) - offset, now) if isinstance(since, (int, float)) else None
         if advanced:
@@ -104,9 +110,16 @@ class RankTracker:
         self.step, self.hb_time = step, float(t)
         self.stopped = bool(hb.get("stopped"))
         # every other number the trainer puts in a heartbeat (wait_s, data_wait_s ...) travels as is
-        self.metrics = tuple(sorted((k, float(v)) for k, v in hb.items() if k not in _HB_META
-                                    and isinstance(v, (int, float)) and not isinstance(v, bool)
-                                    and math.isfinite(v)))  # fmt: skip
+        self.metrics = tuple(
+            sorted(
+                (k, float(v))
+                for k, v in hb.items()
+                if k not in _HB_META
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+            )
+        )
         self.version += 1
         return True
 
@@ -156,9 +169,19 @@ def get(d: Mapping[str, Any], section: str, key: str) -> Any:
 class Ingest:
     """Everything read so far. Every apply_* takes the lock; readers (view.py) hold it."""
 
-    def __init__(self, hosts: Sequence[str], *, local_mode: bool, rank_nodes: Mapping[int, str] | None,
-                 history_len: int, notices_len: int, signals_len: int, gpu_history_len: int,
-                 agent_restart_s: float, rank_window: int):  # fmt: skip
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        local_mode: bool,
+        rank_nodes: Mapping[int, str] | None,
+        history_len: int,
+        notices_len: int,
+        signals_len: int,
+        gpu_history_len: int,
+        agent_restart_s: float,
+        rank_window: int,
+    ):
         self.hosts = list(hosts)
         self.local_mode = local_mode
         self.rank_nodes = dict(rank_nodes or {})
@@ -281,8 +304,16 @@ class Ingest:
                     s = replace(s, rank=pid_rank[s.get("pid")])
                 self.signals.append(s)
                 if s.severity in ("error", "warning"):
-                    self.notices.append(Notice(now, s.severity, "log", f"{Path(s.source).name}:{s.line}: {s.text}"[:300],
-                                               s.rank, self.node_of_log(s.source)))  # fmt: skip
+                    self.notices.append(
+                        Notice(
+                            now,
+                            s.severity,
+                            "log",
+                            f"{Path(s.source).name}:{s.line}: {s.text}"[:300],
+                            s.rank,
+                            self.node_of_log(s.source),
+                        )
+                    )
             if found:
                 self.version += 1
                 self.signals_version += 1
@@ -372,9 +403,16 @@ class Ingest:
 
     def _pause_inputs(self, pause_grace_s: float) -> tuple[tuple[int, ...], int | None, bool, float]:
         sched = self.run_cfg.get("schedule") or {}
-        every = tuple(e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0)
+        every = tuple(
+            e for e in (sched.get("val_every"), sched.get("checkpoint_every")) if isinstance(e, int) and e > 0
+        )
         in_flight = self.fold.checkpoint_in_flight() is not None
-        return every, self.max_steps(), in_flight, max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0))
+        return (
+            every,
+            self.max_steps(),
+            in_flight,
+            max(pause_grace_s, 2 * (self.fold.last_checkpoint_seconds() or 0.0)),
+        )
 
     def observations(self, pause_grace_s: float, window: int = 8) -> list[RankObservation]:
         """One RankObservation per rank, rebuilt only for ranks whose inputs changed (its heartbeat,
@@ -384,8 +422,12 @@ class Ingest:
         # What every rank's observation depends on besides its own heartbeat, events and node sample
         # (placement, pause allowances, log signals): while it stands, a rank whose own inputs are the
         # very same objects as last time keeps its observation, at a few dict lookups per rank.
-        epoch = (self._pause_inputs(pause_grace_s), self.world_size(), self.signals_version,
-                 tuple(a.sample.host if a.sample is not None else None for a in self.agents.values()))  # fmt: skip
+        epoch = (
+            self._pause_inputs(pause_grace_s),
+            self.world_size(),
+            self.signals_version,
+            tuple(a.sample.host if a.sample is not None else None for a in self.agents.values()),
+        )
         if epoch != self._obs_epoch:
             self._obs_epoch = epoch
             self._obs_same.clear()
@@ -398,8 +440,13 @@ class Ingest:
             t = self.ranks.get(r)
             ev = self.fold.ranks.get(r)
             kept = same.get(r)
-            if kept is not None and t is not None and kept[0] == t.version and kept[1] is ev \
-                    and (ev is None or (kept[2] is ev.stop and kept[3] is ev.error)):  # fmt: skip
+            if (
+                kept is not None
+                and t is not None
+                and kept[0] == t.version
+                and kept[1] is ev
+                and (ev is None or (kept[2] is ev.stop and kept[3] is ev.error))
+            ):
                 o = kept[4]
                 a = agents.get(o.node)
                 sample = a.sample if a is not None else None
@@ -427,8 +474,15 @@ class Ingest:
             if t is not None and t.pid is not None and t.pid in pid_signals:
                 sigs = [*sigs, *(s for s in pid_signals[t.pid] if s not in sigs)]
             if t is None:
-                obs.append(RankObservation(rank=r, node=node, finished=finished, error=ev.error if ev else None,
-                                           signals=tuple(sigs)))  # fmt: skip
+                obs.append(
+                    RankObservation(
+                        rank=r,
+                        node=node,
+                        finished=finished,
+                        error=ev.error if ev else None,
+                        signals=tuple(sigs),
+                    )
+                )
                 continue
             allowance = pause(t.step)
             key = (t.version, node, finished, ev.error if ev else None, len(sigs), allowance)
@@ -440,17 +494,45 @@ class Ingest:
                     # observation with the new process view, without building the rest anew
                     o = copy_replacing(o, process=proc, process_time=ptime)
                     self._obs_cache[r] = (key, o)
-                same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
+                same[r] = (
+                    t.version,
+                    ev,
+                    ev.stop if ev else None,
+                    ev.error if ev else None,
+                    o,
+                    a.sample if a else None,
+                )
                 obs.append(o)
                 continue
             steps, busy, step_median, busy_median = t.recent(window)
             o = RankObservation(
-                rank=r, node=node, step=t.step, progress_time=t.progress_time, step_times=steps, busy=busy,
-                pid=t.pid, finished=finished, error=ev.error if ev else None, process=proc, process_time=ptime,
-                pause_allowance_s=allowance, signals=tuple(sigs), waiting_since=t.waiting_since, metrics=t.metrics,
-                step_median=step_median, busy_median=busy_median)  # fmt: skip
+                rank=r,
+                node=node,
+                step=t.step,
+                progress_time=t.progress_time,
+                step_times=steps,
+                busy=busy,
+                pid=t.pid,
+                finished=finished,
+                error=ev.error if ev else None,
+                process=proc,
+                process_time=ptime,
+                pause_allowance_s=allowance,
+                signals=tuple(sigs),
+                waiting_since=t.waiting_since,
+                metrics=t.metrics,
+                step_median=step_median,
+                busy_median=busy_median,
+            )
             self._obs_cache[r] = (key, o)
-            same[r] = (t.version, ev, ev.stop if ev else None, ev.error if ev else None, o, a.sample if a else None)
+            same[r] = (
+                t.version,
+                ev,
+                ev.stop if ev else None,
+                ev.error if ev else None,
+                o,
+                a.sample if a else None,
+            )
             obs.append(o)
         return obs
 

@@ -92,11 +92,20 @@ class Monitor:
     agent_stream: host -> LineStream, to replace how agents are started (benchmarks, demos).
     """
 
-    def __init__(self, run_dir: str | Path, *, hosts: Sequence[str] | None = None, pool: Any = None,
-                 agents: bool = True, remote_files: bool = False, tensorboard: str | Path | None = None,
-                 rank_nodes: Mapping[int, str] | None = None, facts: Mapping[str, Any] | None = None,
-                 config: MonitorConfig | None = None,
-                 agent_stream: Callable[[str], LineStream] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        hosts: Sequence[str] | None = None,
+        pool: Any = None,
+        agents: bool = True,
+        remote_files: bool = False,
+        tensorboard: str | Path | None = None,
+        rank_nodes: Mapping[int, str] | None = None,
+        facts: Mapping[str, Any] | None = None,
+        config: MonitorConfig | None = None,
+        agent_stream: Callable[[str], LineStream] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.cfg = c = config or MonitorConfig()
         self.local_mode = hosts is None
@@ -106,11 +115,21 @@ class Monitor:
         self.agents_on = agents
         self._agent_stream = agent_stream
         self.agent_interval_s = max(c.agent_interval_s, len(self.hosts) / max(c.agent_lines_per_s, 1.0))
-        self.ingest = Ingest(self.hosts, local_mode=self.local_mode, rank_nodes=rank_nodes, history_len=c.history_len,
-                             notices_len=c.notices_len, signals_len=c.signals_len, gpu_history_len=c.gpu_history_len,
-                             agent_restart_s=c.agent_restart_s, rank_window=max(c.health.straggler_window * 2, 16))  # fmt: skip
+        self.ingest = Ingest(
+            self.hosts,
+            local_mode=self.local_mode,
+            rank_nodes=rank_nodes,
+            history_len=c.history_len,
+            notices_len=c.notices_len,
+            signals_len=c.signals_len,
+            gpu_history_len=c.gpu_history_len,
+            agent_restart_s=c.agent_restart_s,
+            rank_window=max(c.health.straggler_window * 2, 16),
+        )
         self._lock = self.ingest.lock
-        self.builder = ViewBuilder(self.ingest, str(self.run_dir), self.run_dir.name, c.health, c.notices_len, facts)
+        self.builder = ViewBuilder(
+            self.ingest, str(self.run_dir), self.run_dir.name, c.health, c.notices_len, facts
+        )
         self._subs: list[Callable[[RunView], None]] = []
         self._ckpt = CheckpointWatcher(self.run_dir / "checkpoints")
         self._tb = None
@@ -144,21 +163,46 @@ class Monitor:
     def _file_pollers(self, suffix: str, src: Any, nbytes: int) -> list[Poller]:
         c, d, ing = self.cfg, self.run_dir, self.ingest
         return [
-            FilesPoller(f"events{suffix}", c.events, Tailer(d, src, append=["events/rank-*.jsonl"],
-                        whole=["state.json", "run.toml", "forensics/report-*.json"], max_bytes=nbytes), ing.apply_events, suffix),
-            _HeartbeatPoller(f"heartbeats{suffix}", c.heartbeats, Tailer(d, src, whole=["heartbeat/rank-*.json"],
-                             max_bytes=nbytes), ing.apply_heartbeats, suffix, c.heartbeat_reads_per_s),
+            FilesPoller(
+                f"events{suffix}",
+                c.events,
+                Tailer(
+                    d,
+                    src,
+                    append=["events/rank-*.jsonl"],
+                    whole=["state.json", "run.toml", "forensics/report-*.json"],
+                    max_bytes=nbytes,
+                ),
+                ing.apply_events,
+                suffix,
+            ),
+            _HeartbeatPoller(
+                f"heartbeats{suffix}",
+                c.heartbeats,
+                Tailer(d, src, whole=["heartbeat/rank-*.json"], max_bytes=nbytes),
+                ing.apply_heartbeats,
+                suffix,
+                c.heartbeat_reads_per_s,
+            ),
             # always applied: a root-cause block at the end of a quiet log is flushed
-            FilesPoller(f"logs{suffix}", c.logs, Tailer(d, src, append=["logs/*.log"], max_bytes=nbytes),
-                        ing.apply_logs, suffix, always=True),
-        ]  # fmt: skip
+            FilesPoller(
+                f"logs{suffix}",
+                c.logs,
+                Tailer(d, src, append=["logs/*.log"], max_bytes=nbytes),
+                ing.apply_logs,
+                suffix,
+                always=True,
+            ),
+        ]
 
     def _use_remote_files(self) -> None:
         """Events, heartbeats and logs through each node's runner: a run directory this machine
         does not see (each node's own copy holds its own ranks' files)."""
         self._pollers = [p for p in self._pollers if not isinstance(p, FilesPoller)]
         for h in self.hosts:
-            self._pollers += self._file_pollers(f"@{h}", _LazyRemoteFiles(self, h), self.cfg.remote_read_bytes)
+            self._pollers += self._file_pollers(
+                f"@{h}", _LazyRemoteFiles(self, h), self.cfg.remote_read_bytes
+            )
 
     def start(self) -> Monitor:
         if self._started:
@@ -167,7 +211,9 @@ class Monitor:
         self._sched = Scheduler(self.cfg.workers)
         for i, p in enumerate(self._pollers):
             self._sched.add(p, delay=0.001 * i)  # a small stagger: 64 agents do not wake as one
-        self._publisher = CallPoller("publish", PollerConfig(self.cfg.publish_interval_s, 30.0), self._publish)
+        self._publisher = CallPoller(
+            "publish", PollerConfig(self.cfg.publish_interval_s, 30.0), self._publish
+        )
         self._sched.add(self._publisher, delay=self.cfg.publish_interval_s)
         self._sched.start()
         return self
@@ -271,9 +317,13 @@ class Monitor:
             latest = self._latest if self._started else None
             ranks = latest.ranks if latest is not None else self.builder.ranks(time.time())[0]
             live = any(h.state not in (RankState.STOPPED, RankState.FAILED) for h in ranks)
-            activity = RunActivity(live=live, step=ing.current_step(), max_steps=ing.max_steps(),
-                                   every=get(ing.run_cfg, "schedule", "checkpoint_every"),
-                                   events=dict(ing.fold.checkpoints) if ing.fold.ranks else None)  # fmt: skip
+            activity = RunActivity(
+                live=live,
+                step=ing.current_step(),
+                max_steps=ing.max_steps(),
+                every=get(ing.run_cfg, "schedule", "checkpoint_every"),
+                events=dict(ing.fold.checkpoints) if ing.fold.ranks else None,
+            )
         ing.set_checkpoints(self._ckpt.summary(activity))
         return False
 
@@ -287,8 +337,9 @@ class Monitor:
     # ------------------------------------------------------------------ views
     def _build(self, now: float) -> RunView:
         mono = time.monotonic()
-        return self.builder.build(now, agents_on=self.agents_on, tb=self._tb,
-                                  sources=tuple(p.status(mono) for p in self._pollers))  # fmt: skip
+        return self.builder.build(
+            now, agents_on=self.agents_on, tb=self._tb, sources=tuple(p.status(mono) for p in self._pollers)
+        )
 
     def _publish(self) -> bool:
         started = time.monotonic()
@@ -299,7 +350,9 @@ class Monitor:
             # New facts, or the same facts judged differently as time passed (a rank gone stale);
             # walking 2,048 ranks to tell is needed only when nothing new came in.
             prev = self._published_key
-            changed = prev is None or prev[0] != self.ingest.version or _health_key(view) != _health_key(prev[1])
+            changed = (
+                prev is None or prev[0] != self.ingest.version or _health_key(view) != _health_key(prev[1])
+            )
             self._published_key = (self.ingest.version, view)
             self._latest = view
             subs = list(self._subs) if changed else []
@@ -308,7 +361,9 @@ class Monitor:
                 cb(view)
             except Exception as err:  # noqa: BLE001 - one broken subscriber must not stop the others
                 with self._lock:
-                    self.ingest.notices.append(Notice(time.time(), "error", "monitor", f"subscriber failed: {err!r}"[:300]))
+                    self.ingest.notices.append(
+                        Notice(time.time(), "error", "monitor", f"subscriber failed: {err!r}"[:300])
+                    )
         if self._publisher is not None:
             # The period from one view to the next (the scheduler waits interval_s after a poll
             # ends): as the CPU share allows, but never longer than _MAX_PUBLISH_PERIOD_S, since a
@@ -325,8 +380,12 @@ _MAX_PUBLISH_PERIOD_S = 0.95
 
 
 def _health_key(view: RunView) -> tuple:
-    return (tuple((r.rank, r.state, r.blocked_by) for r in view.ranks), tuple((n.name, n.state, n.detail) for n in view.nodes),
-            view.collective is not None, tuple((s.name, s.ok) for s in view.sources))  # fmt: skip
+    return (
+        tuple((r.rank, r.state, r.blocked_by) for r in view.ranks),
+        tuple((n.name, n.state, n.detail) for n in view.nodes),
+        view.collective is not None,
+        tuple((s.name, s.ok) for s in view.sources),
+    )
 
 
 # --------------------------------------------------------------------------------- poller kinds
@@ -335,8 +394,15 @@ def _health_key(view: RunView) -> tuple:
 class _HeartbeatPoller(FilesPoller):
     """Heartbeats, read no more often than `reads_per_s` files a second allow (see MonitorConfig)."""
 
-    def __init__(self, name: str, cfg: PollerConfig, tailer: Tailer, apply: Callable[[Any, float, str], None],
-                 reader: str, reads_per_s: float):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cfg: PollerConfig,
+        tailer: Tailer,
+        apply: Callable[[Any, float, str], None],
+        reader: str,
+        reads_per_s: float,
+    ):
         super().__init__(name, cfg, tailer, apply, reader)
         self.reads_per_s = reads_per_s
 
@@ -356,7 +422,9 @@ class _LazyRemoteFiles:
 
     def read(self, root, append, whole, known, max_bytes):
         runner = self.mon.pool().runner(self.name)
-        return RemoteFiles(runner, timeout_s=self.mon.cfg.events.timeout_s).read(root, append, whole, known, max_bytes)
+        return RemoteFiles(runner, timeout_s=self.mon.cfg.events.timeout_s).read(
+            root, append, whole, known, max_bytes
+        )
 
 
 class _AgentPoller(Poller):
@@ -427,15 +495,33 @@ class _AgentPoller(Poller):
 # ------------------------------------------------------------------------------------ one-shot
 
 
-def snapshot_once(run_dir: str | Path, *, hosts: Sequence[str] | None = None, pool: Any = None,
-                  agents: bool = False, remote_files: bool = False, tensorboard: str | Path | None = None,
-                  config: MonitorConfig | None = None, facts: Mapping[str, Any] | None = None,
-                  rank_nodes: Mapping[int, str] | None = None, at: float | None = None) -> RunView:  # fmt: skip
+def snapshot_once(
+    run_dir: str | Path,
+    *,
+    hosts: Sequence[str] | None = None,
+    pool: Any = None,
+    agents: bool = False,
+    remote_files: bool = False,
+    tensorboard: str | Path | None = None,
+    config: MonitorConfig | None = None,
+    facts: Mapping[str, Any] | None = None,
+    rank_nodes: Mapping[int, str] | None = None,
+    at: float | None = None,
+) -> RunView:
     """One RunView read synchronously (what `taehv-console status --json` prints). With
     agents=True every node is sampled once (`agent --count 1`, over SSH for remote hosts);
     otherwise node states come from the ranks alone."""
-    mon = Monitor(run_dir, hosts=hosts, pool=pool, agents=False, remote_files=remote_files, tensorboard=tensorboard,
-                  config=config, facts=facts, rank_nodes=rank_nodes)  # fmt: skip
+    mon = Monitor(
+        run_dir,
+        hosts=hosts,
+        pool=pool,
+        agents=False,
+        remote_files=remote_files,
+        tensorboard=tensorboard,
+        config=config,
+        facts=facts,
+        rank_nodes=rank_nodes,
+    )
     try:
         if agents:
             for host in mon.hosts:

@@ -52,8 +52,12 @@ class StallResponder:
             new = [r for r in view.stalled if (r.rank, r.pid) not in self._done and r.pid is not None]
             self._done.update((r.rank, r.pid) for r in new)
         for r in new:
-            t = threading.Thread(target=self._collect, args=(r, self._peer(view, r)), daemon=True,
-                                 name=f"taehv-forensics-rank-{r.rank}")
+            t = threading.Thread(
+                target=self._collect,
+                args=(r, self._peer(view, r)),
+                daemon=True,
+                name=f"taehv-forensics-rank-{r.rank}",
+            )
             self._threads.append(t)
             t.start()
 
@@ -62,8 +66,13 @@ class StallResponder:
         return RankRef(rank=r.rank, node=node, host=r.node, pid=int(r.pid or 0))
 
     def _peer(self, view: RunView, stalled: RankHealth) -> RankHealth | None:
-        live = [r for r in view.ranks if r.rank != stalled.rank and r.pid is not None
-                and r.state not in (RankState.FAILED, RankState.STOPPED)]  # fmt: skip
+        live = [
+            r
+            for r in view.ranks
+            if r.rank != stalled.rank
+            and r.pid is not None
+            and r.state not in (RankState.FAILED, RankState.STOPPED)
+        ]
         blocked = [r for r in live if r.blocked_by == stalled.rank]
         return (blocked or live or [None])[0]
 
@@ -78,8 +87,14 @@ class StallResponder:
         try:
             save(self.forensics.collect(self._ref(r), self._ref(peer) if peer else None, on_partial=save))
         except Exception as err:  # noqa: BLE001 - forensics must never take the console down: say why instead
-            report = ForensicsReport(stalled_rank=r.rank, dumps=(), notes=(f"forensics failed: {err!r}"[:300],),
-                                     flight_recorder=(), ras=None, time=time.time())
+            report = ForensicsReport(
+                stalled_rank=r.rank,
+                dumps=(),
+                notes=(f"forensics failed: {err!r}"[:300],),
+                flight_recorder=(),
+                ras=None,
+                time=time.time(),
+            )
             try:
                 save(report)
             except OSError:
@@ -93,11 +108,23 @@ class StallResponder:
 class RunWatch:
     """The one pipeline for a followed run: Monitor + StallResponder. view() is the newest RunView."""
 
-    def __init__(self, run_dir: Path, pool: Any, kind: BackendKind, hosts: Sequence[str], *, agents: bool = True,
-                 config: MonitorConfig | None = None, facts: dict | None = None, forensics: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        pool: Any,
+        kind: BackendKind,
+        hosts: Sequence[str],
+        *,
+        agents: bool = True,
+        config: MonitorConfig | None = None,
+        facts: dict | None = None,
+        forensics: Any = None,
+    ):
         self.run_dir = Path(run_dir)
         watched = monitor_hosts(kind, hosts)
-        self.monitor = Monitor(self.run_dir, hosts=watched, pool=pool, agents=agents, config=config, facts=facts)
+        self.monitor = Monitor(
+            self.run_dir, hosts=watched, pool=pool, agents=agents, config=config, facts=facts
+        )
         self.responder = StallResponder(self.run_dir, pool, watched or list(hosts)[:1], forensics)
         self.monitor.subscribe(self.responder)
 

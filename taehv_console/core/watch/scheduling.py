@@ -54,8 +54,15 @@ class Poller:
         err = self.error or self.problem()
         if running is not None and running > self.cfg.timeout_s:
             err = f"poll running for {running:.0f} s (timeout {self.cfg.timeout_s:g} s)"
-        return SourceStatus(self.name, ok=not err, last_ok=self.last_ok, error=err, polls=self.polls,
-                            last_duration_s=self.last_duration, running_for_s=running)  # fmt: skip
+        return SourceStatus(
+            self.name,
+            ok=not err,
+            last_ok=self.last_ok,
+            error=err,
+            polls=self.polls,
+            last_duration_s=self.last_duration,
+            running_for_s=running,
+        )
 
     def run_once(self) -> bool:
         """poll() with its bookkeeping (what the scheduler does around each poll); True: more pending.
@@ -93,8 +100,15 @@ class CallPoller(Poller):
 class FilesPoller(Poller):
     """A Tailer's new lines and replaced files, handed to `apply(result, now, reader)`."""
 
-    def __init__(self, name: str, cfg: PollerConfig, tailer: Tailer, apply: Callable[[Any, float, str], None],
-                 reader: str, always: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cfg: PollerConfig,
+        tailer: Tailer,
+        apply: Callable[[Any, float, str], None],
+        reader: str,
+        always: bool = False,
+    ):
         super().__init__(name, cfg)
         self.tailer = tailer
         self._apply = apply

@@ -226,11 +226,16 @@ class ForensicsSummary:
                 return ()
             return tuple(_frame_text(f) for f in d.get("frames") or ())
 
-        mine = next((d for d in dumps if d.get("role") == "stalled"), None) or \
-            next((d for d in dumps if d.get("rank") == ref.get("rank")), None)
+        mine = next((d for d in dumps if d.get("role") == "stalled"), None) or next(
+            (d for d in dumps if d.get("rank") == ref.get("rank")), None
+        )
         peer = next((d for d in dumps if d is not mine), None)
         if mine is not None:
-            ref = {"host": mine.get("host") or None, "pid": mine.get("pid") or None, **{k: v for k, v in ref.items() if v is not None}}
+            ref = {
+                "host": mine.get("host") or None,
+                "pid": mine.get("pid") or None,
+                **{k: v for k, v in ref.items() if v is not None},
+            }
 
         def text(v: Any) -> str:
             if v is None:
@@ -244,12 +249,20 @@ class ForensicsSummary:
             return str(v)
 
         t = data.get("time")
-        return cls(rank=ref.get("rank") if isinstance(ref.get("rank"), int) else None, node=_opt_str(ref.get("node")),
-                   host=_opt_str(ref.get("host")), pid=ref.get("pid") if isinstance(ref.get("pid"), int) else None,
-                   time=float(t) if isinstance(t, (int, float)) else None, frames=frames_of(mine),
-                   peer_frames=frames_of(peer), dump_path=_opt_str(mine.get("path")) if mine else None,
-                   notes=tuple(str(n) for n in data.get("notes") or ()), flight_recorder=text(data.get("flight_recorder")),
-                   ras=text(data.get("ras")), report=path)  # fmt: skip
+        return cls(
+            rank=ref.get("rank") if isinstance(ref.get("rank"), int) else None,
+            node=_opt_str(ref.get("node")),
+            host=_opt_str(ref.get("host")),
+            pid=ref.get("pid") if isinstance(ref.get("pid"), int) else None,
+            time=float(t) if isinstance(t, (int, float)) else None,
+            frames=frames_of(mine),
+            peer_frames=frames_of(peer),
+            dump_path=_opt_str(mine.get("path")) if mine else None,
+            notes=tuple(str(n) for n in data.get("notes") or ()),
+            flight_recorder=text(data.get("flight_recorder")),
+            ras=text(data.get("ras")),
+            report=path,
+        )
 
 
 def _opt_str(v: Any) -> str | None:
@@ -393,7 +406,7 @@ class Series:
     def points(self) -> tuple[tuple[float, float], ...]:
         if self._points is None:
             flat = tuple(itertools.chain.from_iterable(self._blocks))
-            object.__setattr__(self, "_points", flat[-self._limit:] if len(flat) > self._limit else flat)
+            object.__setattr__(self, "_points", flat[-self._limit :] if len(flat) > self._limit else flat)
             object.__setattr__(self, "_blocks", None)
         return self._points
 
@@ -431,7 +444,8 @@ class Series:
 
 
 _SERIES_NAME, _SERIES_POINTS, _SERIES_BLOCKS, _SERIES_LIMIT = (
-    Series.__dict__[k].__set__ for k in ("name", "_points", "_blocks", "_limit"))  # fmt: skip
+    Series.__dict__[k].__set__ for k in ("name", "_points", "_blocks", "_limit")
+)
 
 
 class PointHistory:

@@ -52,9 +52,13 @@ def _matches(root: Path, pattern: str) -> list[tuple[str, os.DirEntry]]:
     return out
 
 
-def read_chunks(root: str | Path, append: Sequence[str] = (), whole: Sequence[str] = (),
-                known: Mapping[str, Sequence[int]] | None = None,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> list[Chunk]:  # fmt: skip
+def read_chunks(
+    root: str | Path,
+    append: Sequence[str] = (),
+    whole: Sequence[str] = (),
+    known: Mapping[str, Sequence[int]] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[Chunk]:
     """New data under root. known[path] is [ino, offset] for append patterns and
     [ino, mtime_ns, size] for whole patterns (what the caller has already seen)."""
     root = Path(root)
@@ -114,8 +118,14 @@ def _read_from(path: str, rel: str, offset: int, max_bytes: int, k: Sequence[int
 class ChunkSource(Protocol):
     name: str
 
-    def read(self, root: str, append: Sequence[str], whole: Sequence[str],
-             known: Mapping[str, Sequence[int]], max_bytes: int) -> list[Chunk]: ...  # fmt: skip
+    def read(
+        self,
+        root: str,
+        append: Sequence[str],
+        whole: Sequence[str],
+        known: Mapping[str, Sequence[int]],
+        max_bytes: int,
+    ) -> list[Chunk]: ...
 
 
 class LocalFiles:
@@ -136,22 +146,53 @@ class RemoteFiles:
         self.timeout_s = timeout_s
 
     def read(self, root, append, whole, known, max_bytes):
-        request = json.dumps({"root": str(root), "append": list(append), "whole": list(whole),
-                              "known": {k: list(v) for k, v in known.items()}, "max_bytes": max_bytes})  # fmt: skip
+        request = json.dumps(
+            {
+                "root": str(root),
+                "append": list(append),
+                "whole": list(whole),
+                "known": {k: list(v) for k, v in known.items()},
+                "max_bytes": max_bytes,
+            }
+        )
         reply = self.runner.call(TAIL_MODULE, stdin_data=request, timeout=self.timeout_s, require=("chunks",))
         return decode_response(reply.value())
 
 
 def encode_response(chunks: Iterable[Chunk]) -> str:
-    return json.dumps({"time": time.time(), "chunks": [
-        {"path": c.path, "ino": c.ino, "size": c.size, "mtime_ns": c.mtime_ns, "start": c.start,
-         "whole": c.whole, "data": base64.b64encode(c.data).decode()} for c in chunks]})  # fmt: skip
+    return json.dumps(
+        {
+            "time": time.time(),
+            "chunks": [
+                {
+                    "path": c.path,
+                    "ino": c.ino,
+                    "size": c.size,
+                    "mtime_ns": c.mtime_ns,
+                    "start": c.start,
+                    "whole": c.whole,
+                    "data": base64.b64encode(c.data).decode(),
+                }
+                for c in chunks
+            ],
+        }
+    )
 
 
 def decode_response(data: Mapping[str, Any]) -> list[Chunk]:
     """The chunks of the helper's reply (the runner's call has checked that it is one)."""
-    return [Chunk(c["path"], int(c["ino"]), int(c["size"]), int(c["mtime_ns"]), int(c["start"]),
-                  base64.b64decode(c["data"]), bool(c["whole"])) for c in data["chunks"]]  # fmt: skip
+    return [
+        Chunk(
+            c["path"],
+            int(c["ino"]),
+            int(c["size"]),
+            int(c["mtime_ns"]),
+            int(c["start"]),
+            base64.b64decode(c["data"]),
+            bool(c["whole"]),
+        )
+        for c in data["chunks"]
+    ]
 
 
 # ----------------------------------------------------------------------------- the console side
@@ -168,8 +209,15 @@ class TailResult:
 class Tailer:
     """Offsets and partial lines for a set of patterns under one root, read through a ChunkSource."""
 
-    def __init__(self, root: str | Path, source: ChunkSource | None = None, *, append: Sequence[str] = (),
-                 whole: Sequence[str] = (), max_bytes: int = DEFAULT_MAX_BYTES):  # fmt: skip
+    def __init__(
+        self,
+        root: str | Path,
+        source: ChunkSource | None = None,
+        *,
+        append: Sequence[str] = (),
+        whole: Sequence[str] = (),
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ):
         self.root = str(root)
         self.source = source or LocalFiles()
         self.append = tuple(append)
@@ -213,8 +261,13 @@ class Tailer:
 def main() -> int:
     """Remote helper: JSON request on stdin, JSON response (one line) on stdout."""
     req = json.loads(sys.stdin.read() or "{}")
-    chunks = read_chunks(req["root"], req.get("append", ()), req.get("whole", ()), req.get("known", {}),
-                         int(req.get("max_bytes", DEFAULT_MAX_BYTES)))  # fmt: skip
+    chunks = read_chunks(
+        req["root"],
+        req.get("append", ()),
+        req.get("whole", ()),
+        req.get("known", {}),
+        int(req.get("max_bytes", DEFAULT_MAX_BYTES)),
+    )
     sys.stdout.write(encode_response(chunks) + "\n")
     return 0
 

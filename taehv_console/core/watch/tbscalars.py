@@ -17,8 +17,13 @@ from typing import Any
 from taehv_console.core.watch.state import Series
 
 # TAEHV's tags, and the history each one feeds when no trainer events are there to feed it.
-HISTORY_TAGS = {"train/loss": "loss", "train/psnr": "psnr", "train/lr": "lr", "val/psnr": "val_psnr",
-                "train/samples_per_s": "clips_per_s"}  # fmt: skip
+HISTORY_TAGS = {
+    "train/loss": "loss",
+    "train/psnr": "psnr",
+    "train/lr": "lr",
+    "val/psnr": "val_psnr",
+    "train/samples_per_s": "clips_per_s",
+}
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,9 @@ class TensorBoardScalars:
                         continue
                     if arr.size != 1 or arr.dtype.kind not in "fiu":
                         continue  # images, histograms, text
-                    p = ScalarPoint(run, value.tag, int(event.step), float(event.wall_time), float(arr.reshape(())))
+                    p = ScalarPoint(
+                        run, value.tag, int(event.step), float(event.wall_time), float(arr.reshape(()))
+                    )
                     out.append(p)
                     series = self._series.get((run, value.tag))
                     if series is None:
@@ -71,8 +78,10 @@ class TensorBoardScalars:
         return out
 
     def series(self) -> tuple[Series, ...]:
-        return tuple(Series(f"{run}/{tag}" if run else tag, tuple(points))
-                     for (run, tag), points in sorted(self._series.items()))  # fmt: skip
+        return tuple(
+            Series(f"{run}/{tag}" if run else tag, tuple(points))
+            for (run, tag), points in sorted(self._series.items())
+        )
 
     def _event_files(self) -> list[str]:
         found = []

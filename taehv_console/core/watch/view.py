@@ -37,18 +37,30 @@ _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 _CONSOLE_FINAL = {"done", "stopped", "failed", "stopping"}
 
 
-def _moves(kind: str, current: Mapping[Any, Any], previous: Mapping[Any, Any]) -> list[tuple[str, Any, Any, Any]]:
+def _moves(
+    kind: str, current: Mapping[Any, Any], previous: Mapping[Any, Any]
+) -> list[tuple[str, Any, Any, Any]]:
     """(kind, name, before, after) for each state that moved since the previous view; not a first
     sighting, nor a move between quiet states."""
     if current == previous:
         return []
-    return [(kind, name, before, state) for name, state in current.items()
-            if (before := previous.get(name)) is not None and before != state
-            and not (before in _QUIET and state in _QUIET)]  # fmt: skip
+    return [
+        (kind, name, before, state)
+        for name, state in current.items()
+        if (before := previous.get(name)) is not None
+        and before != state
+        and not (before in _QUIET and state in _QUIET)
+    ]
 
 
-def run_phase(ranks: tuple[RankHealth, ...], stops: list[Any], collective: CollectiveStall | None,
-              has_ranks: bool, has_steps: bool, console_phase: str | None) -> str:
+def run_phase(
+    ranks: tuple[RankHealth, ...],
+    stops: list[Any],
+    collective: CollectiveStall | None,
+    has_ranks: bool,
+    has_steps: bool,
+    console_phase: str | None,
+) -> str:
     """waiting | starting | running | stalled | stopping | done | stopped | failed: what a run is
     doing, from its ranks' health and their `stop` reasons, and the console's record when it has
     concluded (state.json)."""
@@ -78,8 +90,15 @@ def eta_s(step: int | None, max_steps: int | None, step_time_s: float | None) ->
 class ViewBuilder:
     """Builds RunViews from an Ingest; remembers the previous health states to note transitions."""
 
-    def __init__(self, ingest: Ingest, run_dir: str, run_id: str, policy: HealthPolicy, notices_len: int,
-                 facts: Mapping[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        ingest: Ingest,
+        run_dir: str,
+        run_id: str,
+        policy: HealthPolicy,
+        notices_len: int,
+        facts: Mapping[str, Any] | None = None,
+    ):
         self.ing = ingest
         self.run_dir = run_dir
         self.run_id = run_id
@@ -97,12 +116,18 @@ class ViewBuilder:
     def ranks(self, now: float) -> tuple[tuple[RankHealth, ...], CollectiveStall | None]:
         ing = self.ing
         timeout = get(ing.run_cfg, "distributed", "collective_timeout_s")
-        return assess_ranks(ing.observations(self.policy.pause_grace_s, self.policy.straggler_window), self.policy, now,
-                            watchdog=watchdog_counts(ing.signals),
-                            collective_timeout_s=float(timeout) if timeout else None, memo=self.memo)  # fmt: skip
+        return assess_ranks(
+            ing.observations(self.policy.pause_grace_s, self.policy.straggler_window),
+            self.policy,
+            now,
+            watchdog=watchdog_counts(ing.signals),
+            collective_timeout_s=float(timeout) if timeout else None,
+            memo=self.memo,
+        )
 
-    def build(self, now: float, *, agents_on: bool, tb: Any = None,
-              sources: tuple[SourceStatus, ...] = ()) -> RunView:  # fmt: skip
+    def build(
+        self, now: float, *, agents_on: bool, tb: Any = None, sources: tuple[SourceStatus, ...] = ()
+    ) -> RunView:
         ing, pol = self.ing, self.policy
         ranks, collective = self.ranks(now)
         node_names = list(ing.hosts) + sorted({r.node for r in ranks} - set(ing.hosts))
@@ -116,25 +141,53 @@ class ViewBuilder:
             sample = a.sample if a else None
             sample_age = (now - sample.received) if sample else None
             running_for = (now - a.first_open) if (a and a.first_open is not None) else None
-            down = a.status if (a and a.stream is None and a.status.startswith(("restarting", "no sample"))) else ""
-            state, detail = assess_node(name, node_ranks, sample, sample_age, pol,
-                                        agent_expected=agents_on and a is not None,
-                                        agent_running_for_s=running_for, agent_down=down)  # fmt: skip
-            nodes.append(NodeSnapshot(name=name, state=state, detail=detail, sample=sample,
-                                      sample_age_s=round(sample_age, 2) if sample_age is not None else None,
-                                      ranks=tuple(r.rank for r in node_ranks),
-                                      clock_offset_s=round(a.offset, 4) if (a and a.offsets) else None,
-                                      agent=(a.status if a else "off") if agents_on else "off",
-                                      facts=self.facts.get(name)))  # fmt: skip
+            down = (
+                a.status
+                if (a and a.stream is None and a.status.startswith(("restarting", "no sample")))
+                else ""
+            )
+            state, detail = assess_node(
+                name,
+                node_ranks,
+                sample,
+                sample_age,
+                pol,
+                agent_expected=agents_on and a is not None,
+                agent_running_for_s=running_for,
+                agent_down=down,
+            )
+            nodes.append(
+                NodeSnapshot(
+                    name=name,
+                    state=state,
+                    detail=detail,
+                    sample=sample,
+                    sample_age_s=round(sample_age, 2) if sample_age is not None else None,
+                    ranks=tuple(r.rank for r in node_ranks),
+                    clock_offset_s=round(a.offset, 4) if (a and a.offsets) else None,
+                    agent=(a.status if a else "off") if agents_on else "off",
+                    facts=self.facts.get(name),
+                )
+            )
         self._note_transitions(ranks, nodes, collective, now)
         notices = sorted([*ing.fold.notices, *ing.notices], key=lambda n: n.time)[-self.notices_len :]
         self.seq += 1
         return RunView(
-            time=now, seq=self.seq, run=self._header(ranks, collective), nodes=tuple(nodes), ranks=ranks,
-            collective=collective, checkpoints=ing.checkpoints, history=self._histories(tb), notices=tuple(notices),
-            signals=tuple(ing.signals), scalars=tb.series() if tb else (), sources=sources, console=ing.console,
+            time=now,
+            seq=self.seq,
+            run=self._header(ranks, collective),
+            nodes=tuple(nodes),
+            ranks=ranks,
+            collective=collective,
+            checkpoints=ing.checkpoints,
+            history=self._histories(tb),
+            notices=tuple(notices),
+            signals=tuple(ing.signals),
+            scalars=tb.series() if tb else (),
+            sources=sources,
+            console=ing.console,
             forensics=tuple(sorted(ing.forensics.values(), key=lambda f: f.time or 0.0)),
-        )  # fmt: skip
+        )
 
     def _header(self, ranks: tuple[RankHealth, ...], collective: CollectiveStall | None) -> RunHeader:
         ing = self.ing
@@ -147,18 +200,33 @@ class ViewBuilder:
         start0 = (fold.ranks.get(0).start if fold.ranks.get(0) else None) or {}
         stops = [e.stop.get("reason") for e in fold.ranks.values() if e.stop]
         console_phase = ing.console.phase.value if ing.console is not None else None
-        phase = run_phase(ranks, stops, collective, bool(ranks or fold.ranks), any_steps or bool(last), console_phase)
+        phase = run_phase(
+            ranks, stops, collective, bool(ranks or fold.ranks), any_steps or bool(last), console_phase
+        )
         return RunHeader(
-            run_dir=self.run_dir, run_id=self.run_id, phase=phase, console_phase=console_phase, step=step,
-            max_steps=max_steps, world_size=ing.world_size(), preset=start0.get("preset") or get(ing.run_cfg, "run", "preset"),
-            loss=last.get("loss"), psnr=last.get("psnr"), lr=last.get("lr"), clips_per_s=last.get("samples_per_s"),
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            phase=phase,
+            console_phase=console_phase,
+            step=step,
+            max_steps=max_steps,
+            world_size=ing.world_size(),
+            preset=start0.get("preset") or get(ing.run_cfg, "run", "preset"),
+            loss=last.get("loss"),
+            psnr=last.get("psnr"),
+            lr=last.get("lr"),
+            clips_per_s=last.get("samples_per_s"),
             step_time_s=step_time,
             eta_s=eta_s(step, max_steps, step_time) if phase in ("running", "stalled", "starting") else None,
-            val_step=(fold.last_val or {}).get("step"), val_psnr=(fold.last_val or {}).get("psnr"),
-            best_val_psnr=fold.best_val_psnr, started=fold.first_start, updated=updated,
+            val_step=(fold.last_val or {}).get("step"),
+            val_psnr=(fold.last_val or {}).get("psnr"),
+            best_val_psnr=fold.best_val_psnr,
+            started=fold.first_start,
+            updated=updated,
             stop_reason=(fold.ranks.get(0).stop or {}).get("reason") if fold.ranks.get(0) else None,
-            data_skipped=fold.data_skipped, nonfinite_skipped=int(last.get("nonfinite_skipped") or 0),
-        )  # fmt: skip
+            data_skipped=fold.data_skipped,
+            nonfinite_skipped=int(last.get("nonfinite_skipped") or 0),
+        )
 
     def _steps_summary(self) -> tuple[float | None, bool, float | None]:
         """(median of every rank's recent step times, whether any rank finished a step, the newest
@@ -168,9 +236,15 @@ class ViewBuilder:
         if self._step_summary is None or self._step_summary[0] != ing.heartbeat_version:
             times = [t for tr in ing.ranks.values() for t in tr.step_times]
             newest = max([tr.hb_time for tr in ing.ranks.values() if tr.hb_time is not None], default=None)
-            self._step_summary = (ing.heartbeat_version, (statistics.median(times) if times else None, bool(times), newest))
+            self._step_summary = (
+                ing.heartbeat_version,
+                (statistics.median(times) if times else None, bool(times), newest),
+            )
         median, any_steps, newest = self._step_summary[1]
-        updated = max([t for t in (newest, *(e.last_time for e in ing.fold.ranks.values())) if t is not None], default=None)
+        updated = max(
+            [t for t in (newest, *(e.last_time for e in ing.fold.ranks.values())) if t is not None],
+            default=None,
+        )
         return median, any_steps, updated
 
     def _histories(self, tb: Any) -> Histories:
@@ -184,16 +258,30 @@ class ViewBuilder:
                     series = a.gpu_series[idx] = a.gpu_hist[idx].series(f"{name}/{idx}")
                 gpu.append(series)
         if fold.loss or tb is None:
-            return Histories(loss=Series("loss", tuple(fold.loss)), psnr=Series("psnr", tuple(fold.psnr)),
-                             lr=Series("lr", tuple(fold.lr)), val_psnr=Series("val_psnr", tuple(fold.val)),
-                             clips_per_s=Series("clips_per_s", tuple(fold.clips)), gpu_util=tuple(gpu))  # fmt: skip
+            return Histories(
+                loss=Series("loss", tuple(fold.loss)),
+                psnr=Series("psnr", tuple(fold.psnr)),
+                lr=Series("lr", tuple(fold.lr)),
+                val_psnr=Series("val_psnr", tuple(fold.val)),
+                clips_per_s=Series("clips_per_s", tuple(fold.clips)),
+                gpu_util=tuple(gpu),
+            )
 
         by_tag = {s.name: s for s in tb.series()}
-        kw = {field_: Series(field_, by_tag[tag].points) for tag, field_ in HISTORY_TAGS.items() if tag in by_tag}
+        kw = {
+            field_: Series(field_, by_tag[tag].points)
+            for tag, field_ in HISTORY_TAGS.items()
+            if tag in by_tag
+        }
         return Histories(**kw, gpu_util=tuple(gpu))
 
-    def _note_transitions(self, ranks: tuple[RankHealth, ...], nodes: list[NodeSnapshot],
-                          collective: CollectiveStall | None, now: float) -> None:  # fmt: skip
+    def _note_transitions(
+        self,
+        ranks: tuple[RankHealth, ...],
+        nodes: list[NodeSnapshot],
+        collective: CollectiveStall | None,
+        now: float,
+    ) -> None:
         # States are str enums: compared and hashed as their values, turned into text only on a change.
         cur_ranks = {r.rank: r.state for r in ranks}
         cur_nodes = {n.name: n.state for n in nodes}
@@ -204,14 +292,22 @@ class ViewBuilder:
         for kind, name, before, after in changes:
             before, after = str(getattr(before, "value", before)), str(getattr(after, "value", after))
             if kind == "collective":
-                text = (f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
-                        f"({collective.evidence})" if collective is not None else "collectives progress again")  # fmt: skip
+                text = (
+                    f"collective stalled: waiting for rank {collective.laggard_rank} on {collective.laggard_node} "
+                    f"({collective.evidence})"
+                    if collective is not None
+                    else "collectives progress again"
+                )
             else:
                 text = f"{kind} {name}: {before} -> {after}"
                 if kind == "rank" and after == "stalled":
                     detail = next((r.detail for r in ranks if r.rank == name), "")
                     text += f" ({detail})" if detail else ""
-            sev = "info" if after in _QUIET or after == "ok" else ("error" if after in ("failed", "lost") else "warning")
+            sev = (
+                "info"
+                if after in _QUIET or after == "ok"
+                else ("error" if after in ("failed", "lost") else "warning")
+            )
             self.ing.notices.append(Notice(now, sev, "health", text))
         self._prev_ranks, self._prev_nodes, self._prev_collective = cur_ranks, cur_nodes, coll
 
@@ -265,8 +361,10 @@ def stall_texts(view: RunView) -> tuple[StallText, ...]:
     for r in view.ranks:
         if r.blocked_by is not None:
             waiting.setdefault(r.blocked_by, []).append(r.rank)
-    return tuple(StallText(r.rank, r.node, r.pid, r.detail, tuple(waiting.get(r.rank, ())), r.heartbeat_age_s)
-                 for r in view.stalled)  # fmt: skip
+    return tuple(
+        StallText(r.rank, r.node, r.pid, r.detail, tuple(waiting.get(r.rank, ())), r.heartbeat_age_s)
+        for r in view.stalled
+    )
 
 
 @dataclass(frozen=True)
@@ -282,8 +380,10 @@ class Headline:
 
     @property
     def text(self) -> str:
-        return (f"{self.phase} step {self.step} loss {self.loss} psnr {self.psnr} clips/s {self.clips_per_s} "
-                f"eta {self.eta}")
+        return (
+            f"{self.phase} step {self.step} loss {self.loss} psnr {self.psnr} clips/s {self.clips_per_s} "
+            f"eta {self.eta}"
+        )
 
 
 def headline(view: RunView) -> Headline:
@@ -292,14 +392,31 @@ def headline(view: RunView) -> Headline:
         step = f"{run.step}/{run.max_steps}"
     else:
         step = "-" if run.step is None else str(run.step)
-    return Headline(phase=run.phase, step=step, loss=number_text(run.loss, ".4g"), psnr=number_text(run.psnr, ".2f"),
-                    clips_per_s=number_text(run.clips_per_s, ".3g"), eta=duration_text(run.eta_s))  # fmt: skip
+    return Headline(
+        phase=run.phase,
+        step=step,
+        loss=number_text(run.loss, ".4g"),
+        psnr=number_text(run.psnr, ".2f"),
+        clips_per_s=number_text(run.clips_per_s, ".3g"),
+        eta=duration_text(run.eta_s),
+    )
 
 
 def progress_dict(view: RunView) -> dict[str, Any]:
     """The run's progress as plain values (--json's `phase` and `result` lines, `status --json`)."""
     run = view.run
-    return {"phase": run.phase, "step": run.step, "max_steps": run.max_steps, "loss": run.loss, "psnr": run.psnr,
-            "samples_per_s": run.clips_per_s, "lr": run.lr, "val_psnr": run.val_psnr, "eta_s": run.eta_s,
-            "step_time_s": run.step_time_s, "checkpoint_step": view.checkpoints.newest_complete_step,
-            "world_size": run.world_size, "stalled": [r.rank for r in view.stalled]}  # fmt: skip
+    return {
+        "phase": run.phase,
+        "step": run.step,
+        "max_steps": run.max_steps,
+        "loss": run.loss,
+        "psnr": run.psnr,
+        "samples_per_s": run.clips_per_s,
+        "lr": run.lr,
+        "val_psnr": run.val_psnr,
+        "eta_s": run.eta_s,
+        "step_time_s": run.step_time_s,
+        "checkpoint_step": view.checkpoints.newest_complete_step,
+        "world_size": run.world_size,
+        "stalled": [r.rank for r in view.stalled],
+    }

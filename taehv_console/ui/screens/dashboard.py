@@ -22,12 +22,25 @@ class DashboardScreen(Screen):
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
     AUTO_FOCUS = "NodeCell"  # a cell, never the hidden filter box (it would swallow letter keys)
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "start_run", "Start", id="start", tooltip="Start a new run: the wizard (detect, preflight, "
-                                                                  "preset, review)"),
+        Binding(
+            "s",
+            "start_run",
+            "Start",
+            id="start",
+            tooltip="Start a new run: the wizard (detect, preflight, preset, review)",
+        ),
         Binding("x", "stop_run", "Stop", id="stop", tooltip="Stop the run after a checkpoint (asks first)"),
-        Binding("r", "resume_run", "Resume", id="resume", tooltip="Relaunch from the newest complete checkpoint"),
-        Binding("slash", "filter_nodes", "Filter", id="filter-nodes", key_display="/",
-                tooltip="Show only nodes whose name or state contains the text"),
+        Binding(
+            "r", "resume_run", "Resume", id="resume", tooltip="Relaunch from the newest complete checkpoint"
+        ),
+        Binding(
+            "slash",
+            "filter_nodes",
+            "Filter",
+            id="filter-nodes",
+            key_display="/",
+            tooltip="Show only nodes whose name or state contains the text",
+        ),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="back"),
     ]
 
@@ -35,7 +48,9 @@ class DashboardScreen(Screen):
         yield RunHeaderBar(id="run-header")
         with Horizontal(id="main"):
             with Vertical(id="nodes-pane"):
-                yield Input(placeholder="filter nodes: name or state (enter keeps, escape clears)", id="node-filter")
+                yield Input(
+                    placeholder="filter nodes: name or state (enter keeps, escape clears)", id="node-filter"
+                )
                 yield NodeGrid(id="node-grid")
             with Vertical(id="side"):
                 yield MetricSpark("loss", ".4g", id="loss-spark")

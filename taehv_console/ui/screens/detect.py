@@ -52,19 +52,41 @@ def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
         return ("", slot_text, Content.styled("probing …", "dim"), "", "", "", "")
     if not result.ok:
         label = "host key unknown" if "taehv-console trust" in (result.fix or "") else "unreachable"
-        return (result.host, slot_text, f.badge("failed") + Content(f" {label}"), "", "", "",
-                f"{result.seconds:.2f}s")
+        return (
+            result.host,
+            slot_text,
+            f.badge("failed") + Content(f" {label}"),
+            "",
+            "",
+            "",
+            f"{result.seconds:.2f}s",
+        )
     facts = result.facts
-    versions = " · ".join(v or "none" for v in (facts.torch_version, facts.deepspeed_version, facts.accelerate_version))
-    return (result.host, slot_text, gpu_summary(facts),
-            f"{facts.driver_version or '-'}/{facts.cuda_driver_version or '-'}",
-            f"{facts.cpu_count}/{facts.ram_gb:.0f}G", versions, f"{result.seconds:.2f}s")
+    versions = " · ".join(
+        v or "none" for v in (facts.torch_version, facts.deepspeed_version, facts.accelerate_version)
+    )
+    return (
+        result.host,
+        slot_text,
+        gpu_summary(facts),
+        f"{facts.driver_version or '-'}/{facts.cuda_driver_version or '-'}",
+        f"{facts.cpu_count}/{facts.ram_gb:.0f}G",
+        versions,
+        f"{result.seconds:.2f}s",
+    )
 
 
 def topology_text(topology: Any) -> Content:
-    parts = [Content.styled("topology ", "dim"), Content.styled(topology.source.value, "bold"), f" — {topology.detail}",
-             "\n", Content.styled("nodes ", "dim"), str(topology.node_count),
-             Content.styled("  master ", "dim"), f"{topology.master_addr}:{topology.master_port}"]
+    parts = [
+        Content.styled("topology ", "dim"),
+        Content.styled(topology.source.value, "bold"),
+        f" — {topology.detail}",
+        "\n",
+        Content.styled("nodes ", "dim"),
+        str(topology.node_count),
+        Content.styled("  master ", "dim"),
+        f"{topology.master_addr}:{topology.master_port}",
+    ]
     if topology.processes_per_node:
         parts += [Content.styled("  processes/node ", "dim"), str(topology.processes_per_node)]
     for note in topology.notes:
@@ -93,8 +115,13 @@ class DetectScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Preflight checks on these nodes"),
         Binding("r", "detect", "Detect again", id="redetect", tooltip="Probe every node again"),
-        Binding("T", "trust_host", "Trust host key", id="trust-host",
-                tooltip="Show the selected node's SSH host key fingerprint and trust it"),
+        Binding(
+            "T",
+            "trust_host",
+            "Trust host key",
+            id="trust-host",
+            tooltip="Show the selected node's SSH host key fingerprint and trust it",
+        ),
     ]
 
     def __init__(self) -> None:
@@ -107,8 +134,11 @@ class DetectScreen(Screen):
         yield WizardSteps(0, classes="steps")
         with Horizontal(classes="field-row"):
             yield Label("hostfile", classes="field-label")
-            yield Input(placeholder="empty: this machine (or the platform's env); else a DeepSpeed hostfile",
-                        id="hostfile", compact=True)
+            yield Input(
+                placeholder="empty: this machine (or the platform's env); else a DeepSpeed hostfile",
+                id="hostfile",
+                compact=True,
+            )
         yield Static("", id="topology")
         yield ProgressBar(total=1, show_eta=False, id="probe-progress")
         yield DataTable(id="nodes", cursor_type="row", zebra_stripes=True)
@@ -147,8 +177,12 @@ class DetectScreen(Screen):
             if hostfile:
                 topology = hostfile_topology(options)
                 self.post_message(TopologyDetected(topology, tuple(topology.hosts)))
-                probes = probe_each(tuple(topology.hosts), self.app.pool, probe_paths(options),
-                                    lambda r: self.post_message(NodeProbed(r)))
+                probes = probe_each(
+                    tuple(topology.hosts),
+                    self.app.pool,
+                    probe_paths(options),
+                    lambda r: self.post_message(NodeProbed(r)),
+                )
             else:
                 found = detect(options)
                 topology, probes = found.topology, found.probes
@@ -189,8 +223,9 @@ class DetectScreen(Screen):
                 table.update_cell(result.host, col, f.table_cell(value))
         else:
             table.add_row(*f.table_row(row), key=result.host)
-        self.query_one("#probe-progress", ProgressBar).update(total=max(1, len(self._hosts) or 1),
-                                                              progress=len(self._results))
+        self.query_one("#probe-progress", ProgressBar).update(
+            total=max(1, len(self._hosts) or 1), progress=len(self._results)
+        )
         self.query_one("#problems", Static).update(problems_text(tuple(self._results.values())))
 
     def on_detection_finished(self, message: DetectionFinished) -> None:
@@ -219,8 +254,12 @@ class DetectScreen(Screen):
         host = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         result = self._results.get(host)
         if result is None or not needs_trust(result):
-            self.notify(f"{host}: its host key is not the problem" if result is not None and not result.ok
-                        else f"{host}: nothing to trust", severity="warning")
+            self.notify(
+                f"{host}: its host key is not the problem"
+                if result is not None and not result.ok
+                else f"{host}: nothing to trust",
+                severity="warning",
+            )
             return
         self._fingerprint(host)
 
@@ -239,8 +278,10 @@ class DetectScreen(Screen):
                 self._add_trust(offer)
 
         where = self.app.options.ssh.known_hosts
-        body = (f"{offer.line}\n\nCompare it with the node's own key (on the node: ssh-keygen -lf "
-                f"/etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub). Trusting adds this key to {where}.")
+        body = (
+            f"{offer.line}\n\nCompare it with the node's own key (on the node: ssh-keygen -lf "
+            f"/etc/ssh/ssh_host_{offer.key_type.split('-')[-1]}_key.pub). Trusting adds this key to {where}."
+        )
         self.app.push_screen(ConfirmScreen(f"Trust {offer.host}?", body, yes="Trust"), answered)
 
     @work(thread=True, exclusive=True, group="trust", exit_on_error=False)
@@ -250,14 +291,22 @@ class DetectScreen(Screen):
         settings = self.app.options.ssh
         outcome = trust_offered_key(offer, settings)
         added = f"{offer.host}: {offer.fingerprint} added to {settings.known_hosts}"
-        text = {TrustOutcome.ADDED: added, TrustOutcome.REPLACED: added,
-                TrustOutcome.ALREADY: f"{offer.host}: already trusted in {settings.known_hosts}",
-                TrustOutcome.REFUSED_CHANGED: (
-                    f"{offer.host}: {settings.known_hosts} holds a different key for it; refused here. Check with "
-                    f"the node's admin, then: taehv-console trust --replace {offer.host}")}[outcome]
+        text = {
+            TrustOutcome.ADDED: added,
+            TrustOutcome.REPLACED: added,
+            TrustOutcome.ALREADY: f"{offer.host}: already trusted in {settings.known_hosts}",
+            TrustOutcome.REFUSED_CHANGED: (
+                f"{offer.host}: {settings.known_hosts} holds a different key for it; refused here. Check with "
+                f"the node's admin, then: taehv-console trust --replace {offer.host}"
+            ),
+        }[outcome]
         self.post_message(HostTrusted(offer.host, text))
-        probe_each((offer.host,), self.app.pool, probe_paths(self.app.options),
-                   lambda r: self.post_message(NodeProbed(r)))
+        probe_each(
+            (offer.host,),
+            self.app.pool,
+            probe_paths(self.app.options),
+            lambda r: self.post_message(NodeProbed(r)),
+        )
 
     def on_host_trusted(self, message: HostTrusted) -> None:
         self.notify(message.message, title="host key")

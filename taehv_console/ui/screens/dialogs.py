@@ -98,11 +98,22 @@ class RunPickerScreen(ModalScreen[str | None]):
         table = self.query_one(DataTable)
         table.clear()
         for e in entries:
-            table.add_row(*f.table_row((e.run_id, f.badge(e.phase) if e.phase in f.HEALTH_BADGES else e.phase,
-                                        f.badge("running") if e.live else "-")), key=e.path)
+            table.add_row(
+                *f.table_row(
+                    (
+                        e.run_id,
+                        f.badge(e.phase) if e.phase in f.HEALTH_BADGES else e.phase,
+                        f.badge("running") if e.live else "-",
+                    )
+                ),
+                key=e.path,
+            )
         hint = self.query_one("#picker-hint", Static)
-        hint.update(f"{len(entries)} run(s) in {self.app.options.runs}; enter attaches" if entries
-                    else f"no runs in {self.app.options.runs} yet")
+        hint.update(
+            f"{len(entries)} run(s) in {self.app.options.runs}; enter attaches"
+            if entries
+            else f"no runs in {self.app.options.runs} yet"
+        )
         table.focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

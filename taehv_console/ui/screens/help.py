@@ -19,7 +19,9 @@ from taehv_console.ui.config import config_path
 
 class HelpScreen(ModalScreen[None]):
     CSS_PATH = "help.tcss"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "close", "Close", id="close-help", key_display="esc")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "Close", id="close-help", key_display="esc")
+    ]
 
     def __init__(self, bindings: Sequence[tuple[str, Binding]]) -> None:
         """`bindings`: (where, Binding) of every key of the console, in the order shown."""
@@ -40,19 +42,42 @@ class HelpScreen(ModalScreen[None]):
         table.add_columns("key", "binding id", "where", "does")
         for where, b in self.bindings:
             keys = keymap.get(b.id, b.key) if b.id else b.key
-            shown = ", ".join(app.get_key_display(Binding(k, b.action, key_display=None if b.id in keymap
-                                                          else b.key_display)) for k in keys.split(","))
-            table.add_row(*f.table_row((Content.styled(shown, "bold $accent"), b.id or "", where,
-                                        b.tooltip or b.description)))
-        table.add_row(*f.table_row((Content.styled("ctrl+p", "bold $accent"), "", "everywhere",
-                                    "command palette: attach, theme, open node N, stop, resume")))
+            shown = ", ".join(
+                app.get_key_display(
+                    Binding(k, b.action, key_display=None if b.id in keymap else b.key_display)
+                )
+                for k in keys.split(",")
+            )
+            table.add_row(
+                *f.table_row(
+                    (Content.styled(shown, "bold $accent"), b.id or "", where, b.tooltip or b.description)
+                )
+            )
+        table.add_row(
+            *f.table_row(
+                (
+                    Content.styled("ctrl+p", "bold $accent"),
+                    "",
+                    "everywhere",
+                    "command palette: attach, theme, open node N, stop, resume",
+                )
+            )
+        )
         path = app.console_config.path or config_path()
-        self.query_one("#help-config", Static).update(Content.assemble(
-            Content.styled("Rebind keys ", "bold"), "in ", Content.styled(str(path), "$accent"), ": ",
-            Content.styled('[keys] stop = "ctrl+x"', "bold"), " (binding id = key; several keys comma-separated), ",
-            Content.styled('theme = "light"', "bold"), ".\n",
-            Content.styled("q", "bold $accent"), " leaves the console only: the run keeps training, and the next "
-            "console attaches to it."))
+        self.query_one("#help-config", Static).update(
+            Content.assemble(
+                Content.styled("Rebind keys ", "bold"),
+                "in ",
+                Content.styled(str(path), "$accent"),
+                ": ",
+                Content.styled('[keys] stop = "ctrl+x"', "bold"),
+                " (binding id = key; several keys comma-separated), ",
+                Content.styled('theme = "light"', "bold"),
+                ".\n",
+                Content.styled("q", "bold $accent"),
+                " leaves the console only: the run keeps training, and the next console attaches to it.",
+            )
+        )
 
     def action_close(self) -> None:
         self.dismiss(None)

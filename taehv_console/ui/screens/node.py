@@ -35,16 +35,23 @@ def node_header(node: Any, state: Any) -> Content:
     s = node.sample
     line2: list[Any] = [Content.styled("ranks ", "dim"), f.rank_span(node.ranks)]
     if s is not None:
-        line2 += [Content.styled("  cpu ", "dim"), f.pct(s.cpu_pct),
-                  Content.styled(f" of {s.cpu_count}" if s.cpu_count else "", "dim")]
+        line2 += [
+            Content.styled("  cpu ", "dim"),
+            f.pct(s.cpu_pct),
+            Content.styled(f" of {s.cpu_count}" if s.cpu_count else "", "dim"),
+        ]
         if s.ram_total_gb:
             line2 += [Content.styled("  ram ", "dim"), f"{s.ram_used_gb or 0:.1f}/{s.ram_total_gb:.0f} GB"]
         if s.net_rx_mbps is not None:
             line2 += [Content.styled("  net ", "dim"), f"↓{s.net_rx_mbps:.0f} ↑{s.net_tx_mbps or 0:.0f} Mb/s"]
         for d in s.disks[:1]:
             line2 += [Content.styled("  disk ", "dim"), f"{d.free_gb:.0f} GB free"]
-    line2 += [Content.styled("  agent ", "dim"), node.agent or "-",
-              Content.styled("  sample ", "dim"), f.age(node.sample_age_s)]
+    line2 += [
+        Content.styled("  agent ", "dim"),
+        node.agent or "-",
+        Content.styled("  sample ", "dim"),
+        f.age(node.sample_age_s),
+    ]
     if node.clock_offset_s is not None:
         line2 += [Content.styled("  clock ", "dim"), f"{node.clock_offset_s:+.2f}s"]
     return Content("\n").join([Content.assemble(*parts), Content.assemble(*line2)])
@@ -55,10 +62,14 @@ def stack_content(state: Any, node_name: str) -> Content:
     innermost frame first) and what the tools said, as `status --json` carries them."""
     stalled = [r for r in state.stalled if r.node == node_name]
     if not stalled:
-        return Content.styled("no stalled rank on this node: a stall's stack shows here once forensics ran", "dim")
+        return Content.styled(
+            "no stalled rank on this node: a stall's stack shows here once forensics ran", "dim"
+        )
     lines: list[Any] = []
     for r in stalled:
-        lines.append(Content.styled(f"rank {r.rank} stalled (pid {r.pid}): {r.detail}", f.health_style("stalled")))
+        lines.append(
+            Content.styled(f"rank {r.rank} stalled (pid {r.pid}): {r.detail}", f.health_style("stalled"))
+        )
         report = state.forensics_for(r.rank)
         if report is None:
             lines.append(Content.styled("  collecting its stack ...", "dim"))
@@ -82,18 +93,33 @@ def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
         return [("-", f"no GPU ({s.gpu_reason or 'none reported'})"[:36], "", "", "", "", "")]
     rows = []
     for g in s.gpus:
-        mem = (f"{g.mem_used_mb / 1024:.1f}/{g.mem_total_mb / 1024:.0f}G"
-               if g.mem_used_mb is not None and g.mem_total_mb else "-")
-        power = f"{g.power_w:.0f}/{g.power_limit_w:.0f}W" if g.power_w is not None and g.power_limit_w else (
-            f"{g.power_w:.0f}W" if g.power_w is not None else "-")
+        mem = (
+            f"{g.mem_used_mb / 1024:.1f}/{g.mem_total_mb / 1024:.0f}G"
+            if g.mem_used_mb is not None and g.mem_total_mb
+            else "-"
+        )
+        power = (
+            f"{g.power_w:.0f}/{g.power_limit_w:.0f}W"
+            if g.power_w is not None and g.power_limit_w
+            else (f"{g.power_w:.0f}W" if g.power_w is not None else "-")
+        )
         if g.error:
             st = f.badge("failed") + Content(f" {g.error}")
         elif g.throttle:
             st = f.badge("degraded") + Content(" " + ",".join(g.throttle))
         else:
             st = f.badge("ok")
-        rows.append((str(g.index), f"{f.column_bar([g.util_pct])} {f.pct(g.util_pct)}", mem,
-                     f"{g.temp_c:.0f}°C" if g.temp_c is not None else "-", power, st, f"{g.run_mem_mb / 1024:.1f}G"))
+        rows.append(
+            (
+                str(g.index),
+                f"{f.column_bar([g.util_pct])} {f.pct(g.util_pct)}",
+                mem,
+                f"{g.temp_c:.0f}°C" if g.temp_c is not None else "-",
+                power,
+                st,
+                f"{g.run_mem_mb / 1024:.1f}G",
+            )
+        )
     return rows
 
 
@@ -101,12 +127,20 @@ def rank_rows(ranks: list[Any]) -> list[tuple[Any, ...]]:
     rows = []
     for r in ranks:
         detail = r.detail or (f"waiting for rank {r.blocked_by}" if r.blocked_by is not None else "")
-        rows.append((str(r.rank), f.badge(r.state.value), "-" if r.step is None else str(r.step),
-                     f.age(r.heartbeat_age_s), f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
-                     f"{r.score:.2f}" if r.score is not None else "-",
-                     f"{r.busy_s:.3f}s" if r.busy_s is not None else "-",
-                     f.pct(100 * r.data_wait_share) if r.data_wait_share is not None else "-",
-                     str(r.pid or "-"), detail[:60]))
+        rows.append(
+            (
+                str(r.rank),
+                f.badge(r.state.value),
+                "-" if r.step is None else str(r.step),
+                f.age(r.heartbeat_age_s),
+                f"{r.step_time_s:.3f}s" if r.step_time_s is not None else "-",
+                f"{r.score:.2f}" if r.score is not None else "-",
+                f"{r.busy_s:.3f}s" if r.busy_s is not None else "-",
+                f.pct(100 * r.data_wait_share) if r.data_wait_share is not None else "-",
+                str(r.pid or "-"),
+                detail[:60],
+            )
+        )
     return rows
 
 
@@ -142,11 +176,21 @@ class NodeScreen(Screen):
         Binding("escape", "back", "Back", id="back", tooltip="Back to the dashboard"),
         Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log", show=False),
         Binding("c", "show_tab('charts')", "Charts", id="show-charts", tooltip="Loss, PSNR, GPU utilisation"),
-        Binding("k", "show_tab('stack')", "Stack", id="show-stack", tooltip="A stalled rank's stack (forensics)"),
+        Binding(
+            "k", "show_tab('stack')", "Stack", id="show-stack", tooltip="A stalled rank's stack (forensics)"
+        ),
         Binding("f", "toggle_follow", "Follow", id="follow-log", tooltip="Keep the log scrolled to its end"),
-        Binding("slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"),
-        Binding("n", "next_match", "Next match", id="next-match", tooltip="Next line matching the search",
-                show=False),
+        Binding(
+            "slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"
+        ),
+        Binding(
+            "n",
+            "next_match",
+            "Next match",
+            id="next-match",
+            tooltip="Next line matching the search",
+            show=False,
+        ),
     ]
 
     def __init__(self, node_name: str) -> None:
@@ -164,7 +208,9 @@ class NodeScreen(Screen):
             yield DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
         with TabbedContent(initial="log", id="node-tabs"):
             with TabPane("log", id="log"), Vertical():
-                yield Input(placeholder="search the log (enter: find, n: next, escape: back)", id="log-search")
+                yield Input(
+                    placeholder="search the log (enter: find, n: next, escape: back)", id="log-search"
+                )
                 yield Static("", id="log-status")
                 yield Log(id="node-log", max_lines=LOG_LINES, auto_scroll=True)
             with TabPane("charts", id="charts"), Grid(id="chart-grid"):
@@ -188,8 +234,9 @@ class NodeScreen(Screen):
         if index is not None:
             self._read_log(str(session.run.path), index)
         else:
-            self.query_one("#log-status", Static).update(Content.styled(
-                "no log: this console does not control a run on this node", "dim"))
+            self.query_one("#log-status", Static).update(
+                Content.styled("no log: this console does not control a run on this node", "dim")
+            )
 
     def _show_state(self, state: Any) -> None:
         if state is None or not self.is_current:
@@ -201,7 +248,11 @@ class NodeScreen(Screen):
         self.query_one("#node-header", Static).update(node_header(node, state))
         gpus = self.query_one("#gpus", DataTable)
         self._fill(gpus, gpu_rows(node))
-        names = sorted({g.name for g in node.sample.gpus}) if node.sample is not None and node.sample.gpu_ok else []
+        names = (
+            sorted({g.name for g in node.sample.gpus})
+            if node.sample is not None and node.sample.gpu_ok
+            else []
+        )
         gpus.border_title = f"GPUs: {len(node.sample.gpus)}× {', '.join(names)}" if names else "GPUs"
         ranks = [r for r in state.ranks if r.node == node.name]
         self._fill(self.query_one("#ranks", DataTable), rank_rows(ranks))
@@ -307,8 +358,12 @@ class NodeScreen(Screen):
                 if self._follow:
                     self.action_toggle_follow()
                 log.scroll_to(y=max(0, i - 2), animate=False)
-                self.query_one("#log-status", Static).update(Content.assemble(
-                    Content.styled(f"line {i + 1}: ", "dim"), Content.styled(self._lines[i][:200], "$accent")))
+                self.query_one("#log-status", Static).update(
+                    Content.assemble(
+                        Content.styled(f"line {i + 1}: ", "dim"),
+                        Content.styled(self._lines[i][:200], "$accent"),
+                    )
+                )
                 return
         self.notify(f"“{self._search}” is not in the log", severity="warning")
 

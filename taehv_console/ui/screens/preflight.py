@@ -18,14 +18,20 @@ from taehv_console.ui.messages import NoteAdded, PreflightFinished
 from taehv_console.ui.screens.preset import PresetScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
+
 class PreflightScreen(Screen):
     CSS_PATH = "wizard.tcss"
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Choose the preset"),
         Binding("r", "rerun", "Run again", id="rerun-preflight", tooltip="Run every check again"),
-        Binding("b", "rerun(True)", "Bandwidth", id="measure-bandwidth",
-                tooltip="Run the checks again and measure the all-reduce bandwidth between the nodes"),
+        Binding(
+            "b",
+            "rerun(True)",
+            "Bandwidth",
+            id="measure-bandwidth",
+            tooltip="Run the checks again and measure the all-reduce bandwidth between the nodes",
+        ),
         Binding("escape", "back", "Back", id="back", tooltip="Previous step"),
     ]
 
@@ -50,8 +56,9 @@ class PreflightScreen(Screen):
         self.app.wizard.preflight = None
         self._notes: list[str] = []
         self.query_one("#notes", Static).update("")
-        self.query_one("#findings-text", Static).update(Content.styled(
-            "checking and measuring the bandwidth …" if bandwidth else "checking …", "dim"))
+        self.query_one("#findings-text", Static).update(
+            Content.styled("checking and measuring the bandwidth …" if bandwidth else "checking …", "dim")
+        )
         self.query_one("#verdict", Static).update("")
         self._run(bandwidth)
 
@@ -84,13 +91,24 @@ class PreflightScreen(Screen):
     def _show(self, result: Any) -> None:
         report = result.report
         bw = report.bandwidth
-        link = (f"{bw.busbw_gbps * 8:.1f} Gbit/s measured ({bw.backend}, {bw.nodes} nodes)" if bw is not None
-                else "not measured (b measures it)")
-        self.query_one("#config", Static).update(Content.assemble(
-            Content.styled("config ", "dim"), result.chosen, "\n", Content.styled("master port ", "dim"),
-            str(result.master_port or "-"), Content.styled("  backend ", "dim"),
-            result.backend.value if result.backend is not None else "none",
-            Content.styled("  bandwidth ", "dim"), link))
+        link = (
+            f"{bw.busbw_gbps * 8:.1f} Gbit/s measured ({bw.backend}, {bw.nodes} nodes)"
+            if bw is not None
+            else "not measured (b measures it)"
+        )
+        self.query_one("#config", Static).update(
+            Content.assemble(
+                Content.styled("config ", "dim"),
+                result.chosen,
+                "\n",
+                Content.styled("master port ", "dim"),
+                str(result.master_port or "-"),
+                Content.styled("  backend ", "dim"),
+                result.backend.value if result.backend is not None else "none",
+                Content.styled("  bandwidth ", "dim"),
+                link,
+            )
+        )
         self.query_one("#notes", Static).update("")
         self.query_one("#findings-text", Static).update(findings_content(report.findings))
         verdict = self.query_one("#verdict", Static)
@@ -98,10 +116,14 @@ class PreflightScreen(Screen):
         n_warn = sum(1 for x in report.findings if x.severity.value == "warning")
         ok = sum(1 for p in report.probes if p.ok)
         if n_err:
-            verdict.update(f"{n_err} error(s), {n_warn} warning(s) on {ok} of {len(report.probes)} node(s): "
-                           "fix them, then run the checks again (r)")
+            verdict.update(
+                f"{n_err} error(s), {n_warn} warning(s) on {ok} of {len(report.probes)} node(s): "
+                "fix them, then run the checks again (r)"
+            )
         else:
-            verdict.update(f"ready: {n_warn} warning(s) on {ok} of {len(report.probes)} node(s); continue (n)")
+            verdict.update(
+                f"ready: {n_warn} warning(s) on {ok} of {len(report.probes)} node(s); continue (n)"
+            )
         verdict.set_class(bool(n_err), "-blocked")
         verdict.set_class(not n_err, "-ready")
 
@@ -111,8 +133,10 @@ class PreflightScreen(Screen):
             self.notify("the checks are still running", severity="warning")
             return
         if not result.report.ok:
-            self.notify(f"{len(result.report.errors)} error(s) block the launch: fix them and run again (r)",
-                        severity="error")
+            self.notify(
+                f"{len(result.report.errors)} error(s) block the launch: fix them and run again (r)",
+                severity="error",
+            )
             return
         self.app.push_screen(PresetScreen())
 

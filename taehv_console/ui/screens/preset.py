@@ -39,9 +39,11 @@ RECIPE_FIELDS: tuple[tuple[str, str], ...] = (
     ("adversarial.weight", "adversarial weight"),
 )
 FIELDS = FORM_FIELDS + RECIPE_FIELDS
-RECIPE_HINT = ("recipe: empty teacher = reconstruction only; a diffusers AutoencoderKLHunyuanVideo directory = "
-               "distil to its latents (preflight loads it on every node); a cache dir = latents from "
-               "`taehv-train cache-latents`, the teacher never loaded")
+RECIPE_HINT = (
+    "recipe: empty teacher = reconstruction only; a diffusers AutoencoderKLHunyuanVideo directory = "
+    "distil to its latents (preflight loads it on every node); a cache dir = latents from "
+    "`taehv-train cache-latents`, the teacher never loaded"
+)
 
 
 def recipe_summary(cfg: Any) -> str:
@@ -51,8 +53,10 @@ def recipe_summary(cfg: Any) -> str:
     t = make_plan(cfg).teacher
     if t is None or t.mode == "off":
         return "recipe: reconstruction only (set a teacher VAE dir for the author's distillation)"
-    return (f"recipe: distil, teacher {t.mode}: online {t.online_gpu_hours:,.0f} GPU-h vs cached "
-            f"{t.cached_gpu_hours:,.0f} GPU-h (+{t.cache_build_gpu_hours:,.0f} per 100k windows once)")
+    return (
+        f"recipe: distil, teacher {t.mode}: online {t.online_gpu_hours:,.0f} GPU-h vs cached "
+        f"{t.cached_gpu_hours:,.0f} GPU-h (+{t.cache_build_gpu_hours:,.0f} per 100k windows once)"
+    )
 
 
 def choice_row(c: Any) -> tuple[Any, ...]:
@@ -98,8 +102,12 @@ class PresetScreen(Screen):
                 yield Static("", id=f"error-{key.replace('.', '-')}", classes="form-error -hidden")
             with Horizontal(classes="form-field"):
                 yield Label("more overrides")
-                yield Input(placeholder="section.key=value ... e.g. schedule.val_every=500", id="field-more", name=MORE,
-                            compact=True)
+                yield Input(
+                    placeholder="section.key=value ... e.g. schedule.val_every=500",
+                    id="field-more",
+                    name=MORE,
+                    compact=True,
+                )
             yield Static("", id="error-more", classes="form-error -hidden")
         yield Footer(compact=True)
 
@@ -193,8 +201,11 @@ class PresetScreen(Screen):
                 err = f"cannot split the line: {e}"
         else:
             text = values[key]
-            _, err = ("", "") if text.strip() == field_text(base, key) else check_overrides(
-                base, [override_text(key, text, base)])
+            _, err = (
+                ("", "")
+                if text.strip() == field_text(base, key)
+                else check_overrides(base, [override_text(key, text, base)])
+            )
         self._errors[key] = err
         dom = key.replace(".", "-")
         box = self.query_one(f"#error-{dom}", Static)
@@ -208,9 +219,15 @@ class PresetScreen(Screen):
         """The hint under the recipe fields, with the planner's cost of the recipe as typed."""
         from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
-        typed = [override_text(k, values[k], base) for k, _ in RECIPE_FIELDS if values[k].strip() != field_text(base, k)]
+        typed = [
+            override_text(k, values[k], base)
+            for k, _ in RECIPE_FIELDS
+            if values[k].strip() != field_text(base, k)
+        ]
         cfg, err = check_overrides(base, typed)
-        self.query_one("#recipe-hint", Static).update(RECIPE_HINT + ("" if err else "\n" + recipe_summary(cfg)))
+        self.query_one("#recipe-hint", Static).update(
+            RECIPE_HINT + ("" if err else "\n" + recipe_summary(cfg))
+        )
 
     # ---------------------------------------------------------------- navigation
     def action_next_step(self) -> None:

@@ -30,17 +30,35 @@ def figures_content(review: Any) -> Content:
 
     lines = [
         row("config", Content.styled(cfg.run.preset, "bold"), f"  ({review.chosen})"),
-        row("topology", f"{cfg.topology.nodes} node(s) × {cfg.topology.gpus_per_node} = {cfg.topology.world_size} "
-                        f"{'GPUs' if cfg.topology.device == 'cuda' else 'CPU processes'}"),
-        row("batch", f"{o.batch_per_gpu}/GPU × accum {o.grad_accum} = effective {cfg.effective_batch}",
-            f"   LR {o.lr:g}   ZeRO {cfg.deepspeed.zero_stage}   max steps {o.max_steps}"),
-        row("communication", Content.styled(f"{100 * c.fraction:.0f}%", "bold"),
-            f" of a step ({c.seconds_per_step:.3g} s per step over {review.bandwidth})"),
-        row("step time", f"{t.step_s:.3g} s  ({t.compute_s_per_step:.3g} s compute)   {t.clips_per_s:.3g} clips/s"),
-        row("to max steps", Content.styled(f.duration(t.hours_to_max_steps * 3600), "bold"),
-            f"   {t.gpu_hours:,.0f} GPU-hours" + (f"   cost {t.cost:,.0f}" if t.cost is not None else "")),
-        row("memory", f.badge("ok" if m.fits else "failed"),
-            f" {m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per device (largest batch that fits: {m.max_batch_per_gpu})"),
+        row(
+            "topology",
+            f"{cfg.topology.nodes} node(s) × {cfg.topology.gpus_per_node} = {cfg.topology.world_size} "
+            f"{'GPUs' if cfg.topology.device == 'cuda' else 'CPU processes'}",
+        ),
+        row(
+            "batch",
+            f"{o.batch_per_gpu}/GPU × accum {o.grad_accum} = effective {cfg.effective_batch}",
+            f"   LR {o.lr:g}   ZeRO {cfg.deepspeed.zero_stage}   max steps {o.max_steps}",
+        ),
+        row(
+            "communication",
+            Content.styled(f"{100 * c.fraction:.0f}%", "bold"),
+            f" of a step ({c.seconds_per_step:.3g} s per step over {review.bandwidth})",
+        ),
+        row(
+            "step time",
+            f"{t.step_s:.3g} s  ({t.compute_s_per_step:.3g} s compute)   {t.clips_per_s:.3g} clips/s",
+        ),
+        row(
+            "to max steps",
+            Content.styled(f.duration(t.hours_to_max_steps * 3600), "bold"),
+            f"   {t.gpu_hours:,.0f} GPU-hours" + (f"   cost {t.cost:,.0f}" if t.cost is not None else ""),
+        ),
+        row(
+            "memory",
+            f.badge("ok" if m.fits else "failed"),
+            f" {m.per_gpu_gb:.1f} of {m.gpu_gb:g} GB per device (largest batch that fits: {m.max_batch_per_gpu})",
+        ),
         row("coll. timeout", collective_timeout_brief(cfg)),
     ]
     if plan.teacher is not None and plan.teacher.mode != "off":
@@ -50,18 +68,32 @@ def figures_content(review: Any) -> Content:
         lines.append(row("recipe", head))
         lines += [row("", line.strip()) for line in rest]
     if c.fraction > c.target_fraction and c.smallest_accum_under_target:
-        lines.append(row("", Content.styled(f"accumulation {c.smallest_accum_under_target} would keep communication "
-                                            f"under {100 * c.target_fraction:.0f}%", "$warning")))
+        lines.append(
+            row(
+                "",
+                Content.styled(
+                    f"accumulation {c.smallest_accum_under_target} would keep communication "
+                    f"under {100 * c.target_fraction:.0f}%",
+                    "$warning",
+                ),
+            )
+        )
     for a in plan.assumptions:
         lines.append(row("assumed", Content.styled(a, "dim")))
     return Content("\n").join(lines)
 
 
 def commands_content(review: Any) -> Content:
-    lines: list[Content] = [Content.assemble(Content.styled("run directory ", "dim"), review.run_path),
-                            Content.assemble(Content.styled("backend ", "dim"), review.backend.value,
-                                             Content.styled("  master ", "dim"), f"{review.master}:{review.master_port}"),
-                            Content("")]
+    lines: list[Content] = [
+        Content.assemble(Content.styled("run directory ", "dim"), review.run_path),
+        Content.assemble(
+            Content.styled("backend ", "dim"),
+            review.backend.value,
+            Content.styled("  master ", "dim"),
+            f"{review.master}:{review.master_port}",
+        ),
+        Content(""),
+    ]
     for n in review.commands:
         lines.append(Content.styled(f"node {n.node} ({n.host})", "bold"))
         lines.append(Content(f"  {n.command}"))
@@ -81,7 +113,9 @@ class ReviewScreen(Screen):
     CSS_PATH = "wizard.tcss"
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "start_run", "Start", id="start", tooltip="Create the run directory and launch every node"),
+        Binding(
+            "s", "start_run", "Start", id="start", tooltip="Create the run directory and launch every node"
+        ),
         Binding("escape", "back", "Back", id="back", tooltip="Previous step"),
     ]
 
@@ -103,10 +137,15 @@ class ReviewScreen(Screen):
         self.query_one("#commands-text", Static).update(commands_content(review))
         status = self.query_one("#review-status", Static)
         if review.blocked:
-            status.update(Content.assemble(f.badge("failed"), f" {review.blocked}: go back (escape) and fix it"))
+            status.update(
+                Content.assemble(f.badge("failed"), f" {review.blocked}: go back (escape) and fix it")
+            )
         else:
-            status.update(Content.assemble(f.badge("ok"), " ready: ", Content.styled("s", "bold $accent"),
-                                           f" starts {review.run_id}"))
+            status.update(
+                Content.assemble(
+                    f.badge("ok"), " ready: ", Content.styled("s", "bold $accent"), f" starts {review.run_id}"
+                )
+            )
 
     def action_start_run(self) -> None:
         review = self.app.wizard.review

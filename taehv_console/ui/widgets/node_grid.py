@@ -27,13 +27,18 @@ def node_line(node: Any, ranks: Sequence[Any]) -> Content:
     """A node on one line (compact mode): name, badge, per-GPU utilisation, mean, straggler score."""
     name = node.name if len(node.name) <= 12 else node.name[:11] + "…"
     state = node.state.value
-    parts: list[Any] = [Content.styled(name.ljust(13), "bold"), f.badge(state).pad_right(11 - len(f.badge(state)))]
+    parts: list[Any] = [
+        Content.styled(name.ljust(13), "bold"),
+        f.badge(state).pad_right(11 - len(f.badge(state))),
+    ]
     sample = node.sample
     if sample is not None and sample.gpu_ok and sample.gpus:
         utils = [g.util_pct for g in sample.gpus]
         known = [u for u in utils if u is not None]
-        parts += [Content.styled(f.column_bar(utils), "$accent"),
-                  f" {f.pct(sum(known) / len(known)) if known else '-':>4}"]
+        parts += [
+            Content.styled(f.column_bar(utils), "$accent"),
+            f" {f.pct(sum(known) / len(known)) if known else '-':>4}",
+        ]
     elif sample is not None:
         parts += [Content.styled(f.hbar(sample.cpu_pct, 100, 8), "$accent"), f" {f.pct(sample.cpu_pct):>4}"]
     else:
@@ -53,22 +58,39 @@ def node_lines(node: Any, ranks: Sequence[Any]) -> list[Content]:
     sample = node.sample
     scores = [r.score for r in ranks if r.score is not None]
     score = min(scores) if scores else None
-    score_text = Content.styled(f" s{score:.2f}", f.health_style("straggler" if score < 0.8 else "ok")) \
-        if score is not None else Content("")
+    score_text = (
+        Content.styled(f" s{score:.2f}", f.health_style("straggler" if score < 0.8 else "ok"))
+        if score is not None
+        else Content("")
+    )
     if sample is not None and sample.gpu_ok and sample.gpus:
         gpus = sample.gpus
         utils = [g.util_pct for g in gpus]
         known = [u for u in utils if u is not None]
-        mem = [(100 * g.mem_used_mb / g.mem_total_mb) if g.mem_used_mb is not None and g.mem_total_mb else None
-               for g in gpus]
+        mem = [
+            (100 * g.mem_used_mb / g.mem_total_mb) if g.mem_used_mb is not None and g.mem_total_mb else None
+            for g in gpus
+        ]
         temps = [g.temp_c for g in gpus if g.temp_c is not None]
         power = sum(g.power_w for g in gpus if g.power_w is not None)
         bad = [g for g in gpus if g.error or g.throttle]
-        lines.append(Content.assemble(Content.styled("util ", "dim"), Content.styled(f.column_bar(utils), "$accent"),
-                                      f" {f.pct(sum(known) / len(known)) if known else '-':>4}", score_text))
+        lines.append(
+            Content.assemble(
+                Content.styled("util ", "dim"),
+                Content.styled(f.column_bar(utils), "$accent"),
+                f" {f.pct(sum(known) / len(known)) if known else '-':>4}",
+                score_text,
+            )
+        )
         power_text = f"{power / 1000:.1f}kW" if power >= 1000 else f"{power:.0f}W"
-        lines.append(Content.assemble(Content.styled("mem  ", "dim"), Content.styled(f.column_bar(mem), "$secondary"),
-                                      f" {max(temps):.0f}°C" if temps else " -", f" {power_text}" if power else ""))
+        lines.append(
+            Content.assemble(
+                Content.styled("mem  ", "dim"),
+                Content.styled(f.column_bar(mem), "$secondary"),
+                f" {max(temps):.0f}°C" if temps else " -",
+                f" {power_text}" if power else "",
+            )
+        )
         if bad:
             g = bad[0]
             why = g.error or ",".join(g.throttle)
@@ -76,13 +98,26 @@ def node_lines(node: Any, ranks: Sequence[Any]) -> list[Content]:
             return lines
     elif sample is not None:
         cpu = sample.cpu_pct
-        lines.append(Content.assemble(Content.styled("cpu  ", "dim"), Content.styled(f.hbar(cpu, 100, 8), "$accent"),
-                                      f" {f.pct(cpu):>4}", score_text))
-        ram = (f" {sample.ram_used_gb:.1f}/{sample.ram_total_gb:.0f}G"
-               if sample.ram_used_gb is not None and sample.ram_total_gb else "")
-        lines.append(Content.assemble(Content.styled("ram  ", "dim"),
-                                      Content.styled(f.hbar(sample.ram_used_gb, sample.ram_total_gb, 8), "$secondary"),
-                                      ram))
+        lines.append(
+            Content.assemble(
+                Content.styled("cpu  ", "dim"),
+                Content.styled(f.hbar(cpu, 100, 8), "$accent"),
+                f" {f.pct(cpu):>4}",
+                score_text,
+            )
+        )
+        ram = (
+            f" {sample.ram_used_gb:.1f}/{sample.ram_total_gb:.0f}G"
+            if sample.ram_used_gb is not None and sample.ram_total_gb
+            else ""
+        )
+        lines.append(
+            Content.assemble(
+                Content.styled("ram  ", "dim"),
+                Content.styled(f.hbar(sample.ram_used_gb, sample.ram_total_gb, 8), "$secondary"),
+                ram,
+            )
+        )
     else:
         why = "no agent sample yet" if node.agent in ("", "starting", "running") else node.agent
         lines.append(Content.styled(why[:28], "dim"))
@@ -211,7 +246,9 @@ class NodeGrid(VerticalScroll, can_focus=False):
         text = self.filter_text.strip().lower()
         for name, cell in self._cells.items():
             node = cell.node
-            hay = [name.lower()] + ([node.state.value, (node.detail or "").lower()] if node is not None else [])
+            hay = [name.lower()] + (
+                [node.state.value, (node.detail or "").lower()] if node is not None else []
+            )
             shown = not text or any(text in h for h in hay)
             if cell.display != shown:
                 cell.display = shown

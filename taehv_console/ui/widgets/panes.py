@@ -35,12 +35,20 @@ class MetricSpark(Vertical):
         spark = self.query_one(Sparkline)
         spark.data = values[-240:] or [0.0]
         if not values:
-            label.update(Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")),
-                         layout=False)
+            label.update(
+                Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")),
+                layout=False,
+            )
             return
-        label.update(Content.assemble(
-            Content.styled(self.title, "bold"), "  ", Content.styled(format(values[-1], self.fmt) + self.unit, "$accent"),
-            Content.styled(f"  min {min(values):{self.fmt}}  max {max(values):{self.fmt}}", "dim")), layout=False)
+        label.update(
+            Content.assemble(
+                Content.styled(self.title, "bold"),
+                "  ",
+                Content.styled(format(values[-1], self.fmt) + self.unit, "$accent"),
+                Content.styled(f"  min {min(values):{self.fmt}}  max {max(values):{self.fmt}}", "dim"),
+            ),
+            layout=False,
+        )
 
 
 def checkpoint_content(state: Any) -> Content:
@@ -49,16 +57,30 @@ def checkpoint_content(state: Any) -> Content:
     complete = c.complete
     if complete:
         last = complete[0]
-        lines.append(Content.assemble(Content.styled("last   ", "dim"), f.badge("complete"), f"  step {last.step}",
-                                      Content.styled(f"  {f.size(last.bytes)}  {f.age(last.age_s)} ago", "dim")))
+        lines.append(
+            Content.assemble(
+                Content.styled("last   ", "dim"),
+                f.badge("complete"),
+                f"  step {last.step}",
+                Content.styled(f"  {f.size(last.bytes)}  {f.age(last.age_s)} ago", "dim"),
+            )
+        )
     else:
-        lines.append(Content.assemble(Content.styled("last   ", "dim"), Content.styled("none complete yet", "dim")))
+        lines.append(
+            Content.assemble(Content.styled("last   ", "dim"), Content.styled("none complete yet", "dim"))
+        )
     for item in c.items:
         if item.state.value == "in_progress":
-            lines.append(Content.assemble(Content.styled("now    ", "dim"),
-                                          Content.styled(f"writing step {item.step}", f.health_style("in_progress"))))
-    due = [Content.styled("next   ", "dim"),
-           f"step {c.next_due_step}" if c.next_due_step is not None else "-"]
+            lines.append(
+                Content.assemble(
+                    Content.styled("now    ", "dim"),
+                    Content.styled(f"writing step {item.step}", f.health_style("in_progress")),
+                )
+            )
+    due = [
+        Content.styled("next   ", "dim"),
+        f"step {c.next_due_step}" if c.next_due_step is not None else "-",
+    ]
     if c.every:
         due.append(Content.styled(f"  (every {c.every})", "dim"))
     lines.append(Content.assemble(*due))
@@ -67,7 +89,9 @@ def checkpoint_content(state: Any) -> Content:
     for item in c.items:
         if item.state.value == "incomplete":
             why = "; ".join(item.problems)[:60] or "incomplete"
-            lines.append(Content.assemble(f.badge("incomplete"), f"  {item.name}: ", Content.styled(why, "dim")))
+            lines.append(
+                Content.assemble(f.badge("incomplete"), f"  {item.name}: ", Content.styled(why, "dim"))
+            )
     for p in c.problems[:3]:
         lines.append(Content.styled(p[:80], f.health_style("warning")))
     return Content("\n").join(lines)
@@ -95,10 +119,14 @@ def notice_content(state: Any, limit: int = 40) -> Content:
         ago = f.duration(state.time - n.time) if n.time else "-"
         where = f" {n.node}" if n.node else ""
         where += f" r{n.rank}" if n.rank is not None else ""
-        lines.append(Content.assemble(
-            Content.styled(f"{ago:>6} ", "dim"),
-            Content.styled(f"{n.severity:<7}", f"bold {f.health_style(n.severity)}"),
-            Content.styled(f" {n.source}{where}: ", "dim"), n.text))
+        lines.append(
+            Content.assemble(
+                Content.styled(f"{ago:>6} ", "dim"),
+                Content.styled(f"{n.severity:<7}", f"bold {f.health_style(n.severity)}"),
+                Content.styled(f" {n.source}{where}: ", "dim"),
+                n.text,
+            )
+        )
     return Content("\n").join(lines)
 
 

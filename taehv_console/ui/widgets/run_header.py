@@ -17,7 +17,9 @@ def header_content(state: Any, console_phase: str | None = None) -> Content:
     phase = run.phase
     ctrl = console_phase or run.console_phase
     line1 = [
-        Content.styled(run.run_id, "bold"), "  ", f.badge(phase),
+        Content.styled(run.run_id, "bold"),
+        "  ",
+        f.badge(phase),
     ]
     if ctrl and ctrl != phase:
         line1 += ["  ", Content.styled(f"console: {ctrl}", "dim")]
@@ -27,17 +29,33 @@ def header_content(state: Any, console_phase: str | None = None) -> Content:
         line1 += ["  ", Content.styled("world ", "dim"), str(run.world_size)]
     step, max_steps = run.step, run.max_steps
     if step is not None and max_steps:
-        progress = [Content.styled("step ", "dim"), Content.styled(f"{step}/{max_steps}", "bold"), " ",
-                    f.progress_bar(step, max_steps, 12), f" {100 * step / max_steps:.0f}%"]
+        progress = [
+            Content.styled("step ", "dim"),
+            Content.styled(f"{step}/{max_steps}", "bold"),
+            " ",
+            f.progress_bar(step, max_steps, 12),
+            f" {100 * step / max_steps:.0f}%",
+        ]
     else:
         progress = [Content.styled("step ", "dim"), "-" if step is None else str(step)]
     elapsed = (state.time - run.started) if run.started else None
     line2 = progress + [
-        "  ", Content.styled("loss ", "dim"), f.num(run.loss, ".4g"),
-        "  ", Content.styled("PSNR ", "dim"), f.num(run.psnr, ".2f"), " dB",
-        "  ", f.num(run.clips_per_s, ".3g"), Content.styled(" clips/s", "dim"),
-        "  ", Content.styled("ETA ", "dim"), f.duration(run.eta_s),
-        "  ", Content.styled("elapsed ", "dim"), f.duration(elapsed),
+        "  ",
+        Content.styled("loss ", "dim"),
+        f.num(run.loss, ".4g"),
+        "  ",
+        Content.styled("PSNR ", "dim"),
+        f.num(run.psnr, ".2f"),
+        " dB",
+        "  ",
+        f.num(run.clips_per_s, ".3g"),
+        Content.styled(" clips/s", "dim"),
+        "  ",
+        Content.styled("ETA ", "dim"),
+        f.duration(run.eta_s),
+        "  ",
+        Content.styled("elapsed ", "dim"),
+        f.duration(elapsed),
     ]
     if run.best_val_psnr is not None:
         line2 += ["  ", Content.styled("best val ", "dim"), f.num(run.best_val_psnr, ".2f")]
@@ -61,7 +79,9 @@ class RunHeaderBar(Static):
     def _draw(self) -> None:
         # the header's height is fixed by its screen's CSS: no relayout of the screen per state
         if self.state is None:
-            self.update(Content.styled("no run yet: the wizard starts one (s), or attach to one (a)", "dim"),
-                        layout=False)
+            self.update(
+                Content.styled("no run yet: the wizard starts one (s), or attach to one (a)", "dim"),
+                layout=False,
+            )
             return
         self.update(header_content(self.state, self.console_phase), layout=False)

@@ -44,8 +44,12 @@ def free_port() -> int:
 
 
 def cpu_config(nodes: int, ppn: int = 1, **extra):
-    overrides = [f"topology.nodes={nodes}", f"topology.gpus_per_node={ppn}",
-                 'distributed.nccl_env={GLOO_SOCKET_IFNAME="lo"}', *extra]
+    overrides = [
+        f"topology.nodes={nodes}",
+        f"topology.gpus_per_node={ppn}",
+        'distributed.nccl_env={GLOO_SOCKET_IFNAME="lo"}',
+        *extra,
+    ]
     return load_preset("cpu-smoke", overrides=overrides).config
 
 
@@ -112,9 +116,24 @@ def test_trust_refuses_a_changed_key_unless_replace(ssh_env, tmp_path, monkeypat
 
 def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, capsys, clips):
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=999, hosts=ssh_env.addresses[:2])
-    code = main(["preflight", "--hosts", str(hf), "--preset", "cpu-smoke", "--set", "topology.nodes=2",
-                 "--runs", str(tmp_path / "runs"), "--data", str(clips), "--master-port", str(free_port()),
-                 "--json"])
+    code = main(
+        [
+            "preflight",
+            "--hosts",
+            str(hf),
+            "--preset",
+            "cpu-smoke",
+            "--set",
+            "topology.nodes=2",
+            "--runs",
+            str(tmp_path / "runs"),
+            "--data",
+            str(clips),
+            "--master-port",
+            str(free_port()),
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and not out["ok"]
     errors = {(f["id"], f["node"]) for f in out["findings"] if f["severity"] == "error"}
@@ -123,9 +142,25 @@ def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, 
 
 def test_preflight_passes_on_two_good_nodes(ssh_env, tmp_path, capsys, clips):
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=1, hosts=ssh_env.addresses[:2])
-    code = main(["preflight", "--hosts", str(hf), "--preset", "cpu-smoke", "--set", "topology.nodes=2",
-                 "--set", "topology.gpus_per_node=1", "--runs", str(tmp_path / "runs"), "--data", str(clips),
-                 "--master-port", str(free_port())])
+    code = main(
+        [
+            "preflight",
+            "--hosts",
+            str(hf),
+            "--preset",
+            "cpu-smoke",
+            "--set",
+            "topology.nodes=2",
+            "--set",
+            "topology.gpus_per_node=1",
+            "--runs",
+            str(tmp_path / "runs"),
+            "--data",
+            str(clips),
+            "--master-port",
+            str(free_port()),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     # each node measured its loader over SSH, on its own view of the videos
@@ -143,13 +178,24 @@ def test_preflight_master_port_busy_and_data_missing(ssh_env, tmp_path):
         hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=1, hosts=ssh_env.addresses[:2])
         topo = detect_topology({}, hf)
         with SshPool(ssh_env.settings()) as pool:
-            report = run_preflight(topo, cpu_config(2), pool, PreflightOptions(
-                runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path / "no-such-videos"), master_port=port))
+            report = run_preflight(
+                topo,
+                cpu_config(2),
+                pool,
+                PreflightOptions(
+                    runs_dir=str(tmp_path / "runs"),
+                    data_source=str(tmp_path / "no-such-videos"),
+                    master_port=port,
+                ),
+            )
     finally:
         holder.close()
     errors = sorted((f.id, f.node) for f in report.errors)
     assert ("master-port-busy", ssh_env.addresses[0]) in errors
-    assert ("data-missing", ssh_env.addresses[0]) in errors and ("data-missing", ssh_env.addresses[1]) in errors
+    assert ("data-missing", ssh_env.addresses[0]) in errors and (
+        "data-missing",
+        ssh_env.addresses[1],
+    ) in errors
     assert not report.ok
 
 
@@ -157,8 +203,14 @@ def test_preflight_reports_an_unreachable_node_and_checks_the_rest(ssh_env, tmp_
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=1, hosts=[ssh_env.addresses[0], "127.0.0.9"])
     topo = detect_topology({}, hf)
     with SshPool(ssh_env.settings(connect_timeout_s=3)) as pool:
-        report = run_preflight(topo, cpu_config(2), pool, PreflightOptions(
-            runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path), master_port=free_port()))
+        report = run_preflight(
+            topo,
+            cpu_config(2),
+            pool,
+            PreflightOptions(
+                runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path), master_port=free_port()
+            ),
+        )
     [down] = [f for f in report.errors if f.id == "node-unreachable"]
     assert down.node == "127.0.0.9" and down.fix
     assert report.probes[0].ok  # the reachable node was probed all the same
@@ -168,9 +220,19 @@ def test_preflight_bandwidth_all_reduce_between_two_nodes(ssh_env, tmp_path):
     hf = ssh_env.write_hostfile(tmp_path / "hostfile", slots=1, hosts=ssh_env.addresses[:2])
     topo = detect_topology({}, hf)
     with SshPool(ssh_env.settings()) as pool:
-        report = run_preflight(topo, cpu_config(2), pool, PreflightOptions(
-            runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path), master_port=free_port(),
-            bandwidth=True, bandwidth_megabytes=4, assumed_gbps=10))
+        report = run_preflight(
+            topo,
+            cpu_config(2),
+            pool,
+            PreflightOptions(
+                runs_dir=str(tmp_path / "runs"),
+                data_source=str(tmp_path),
+                master_port=free_port(),
+                bandwidth=True,
+                bandwidth_megabytes=4,
+                assumed_gbps=10,
+            ),
+        )
     bw = report.bandwidth
     assert bw is not None, [f.message for f in report.findings if f.severity is Severity.ERROR]
     assert (bw.backend, bw.nodes, bw.bytes) == ("gloo", 2, 4_000_000)
@@ -179,16 +241,18 @@ def test_preflight_bandwidth_all_reduce_between_two_nodes(ssh_env, tmp_path):
 
 
 def test_help_imports_no_heavy_module_and_core_no_ui():
-    code = ("import sys, contextlib, io\n"
-            "from taehv_console import cli\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try: cli.main(['--help'])\n"
-            "    except SystemExit: pass\n"
-            "heavy = [m for m in ('torch', 'paramiko', 'deepspeed') if m in sys.modules]\n"
-            "import taehv_console.core.cluster.preflight, taehv_console.core.cluster.ssh\n"
-            "import taehv_console.core.cluster.platform, taehv_console.core.cluster.probe\n"
-            "ui = [m for m in ('textual', 'rich') if m in sys.modules]\n"
-            "print(heavy, ui)\n")
+    code = (
+        "import sys, contextlib, io\n"
+        "from taehv_console import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: cli.main(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "heavy = [m for m in ('torch', 'paramiko', 'deepspeed') if m in sys.modules]\n"
+        "import taehv_console.core.cluster.preflight, taehv_console.core.cluster.ssh\n"
+        "import taehv_console.core.cluster.platform, taehv_console.core.cluster.probe\n"
+        "ui = [m for m in ('textual', 'rich') if m in sys.modules]\n"
+        "print(heavy, ui)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[] []"
 
@@ -197,8 +261,9 @@ def test_preflight_inside_a_platform_pod_checks_this_node_only(tmp_path, clips):
     # A PAI-DLC worker pod (rank 1 of 2): no SSH, the platform starts the other pod.
     env = {"MASTER_ADDR": "dlc1a2b3c4d5e6f-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
     topo = detect_topology(env, local_gpus=None)
-    report = run_preflight(topo, cpu_config(2), options=PreflightOptions(
-        runs_dir=str(tmp_path / "runs"), data_source=str(clips)))
+    report = run_preflight(
+        topo, cpu_config(2), options=PreflightOptions(runs_dir=str(tmp_path / "runs"), data_source=str(clips))
+    )
     assert [p.host for p in report.probes] == ["localhost"] and report.probes[0].ok
     found = {f.id for f in report.findings}
     assert {"other-nodes-not-probed", "master-port-not-checked"} <= found
@@ -206,13 +271,25 @@ def test_preflight_inside_a_platform_pod_checks_this_node_only(tmp_path, clips):
 
 
 def test_preflight_measures_the_loader_on_real_videos_and_names_the_workers_a_gpu_needs(tmp_path, clips):
-    topo = detect_topology({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456", "WORLD_SIZE": "1", "RANK": "0"},
-                           local_gpus=None)
+    topo = detect_topology(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456", "WORLD_SIZE": "1", "RANK": "0"}, local_gpus=None
+    )
     # a GPU config: the planner's clips/s per GPU are far beyond what a 2-core test machine loads
-    cfg = load_preset("8gpu-h100", overrides=["topology.nodes=1", "data.frames=8", "data.height=64",
-                                              "data.width=64", "data.num_workers=1"]).config
-    report = run_preflight(topo, cfg, options=PreflightOptions(runs_dir=str(tmp_path / "runs"),
-                                                               data_source=str(clips), loader_clips=2))
+    cfg = load_preset(
+        "8gpu-h100",
+        overrides=[
+            "topology.nodes=1",
+            "data.frames=8",
+            "data.height=64",
+            "data.width=64",
+            "data.num_workers=1",
+        ],
+    ).config
+    report = run_preflight(
+        topo,
+        cfg,
+        options=PreflightOptions(runs_dir=str(tmp_path / "runs"), data_source=str(clips), loader_clips=2),
+    )
     [slow] = [f for f in report.findings if f.id == "loader-too-slow"]
     assert slow.severity is Severity.WARNING and slow.node == "localhost"
     assert "h264 64x64" in slow.message and "1 worker(s) per GPU give" in slow.message
@@ -221,7 +298,8 @@ def test_preflight_measures_the_loader_on_real_videos_and_names_the_workers_a_gp
     # and a folder without videos stops the launch, naming the folder
     empty = tmp_path / "empty"
     empty.mkdir()
-    report = run_preflight(topo, cpu_config(1), options=PreflightOptions(runs_dir=str(tmp_path / "runs"),
-                                                                         data_source=str(empty)))
+    report = run_preflight(
+        topo, cpu_config(1), options=PreflightOptions(runs_dir=str(tmp_path / "runs"), data_source=str(empty))
+    )
     [bad] = [f for f in report.errors if f.id == "data-gives-no-clips"]
     assert str(empty) in bad.message and "no video files" in bad.message

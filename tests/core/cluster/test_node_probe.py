@@ -22,7 +22,9 @@ def test_eight_h100_reading_gives_eight_80gb_gpus_and_versions(nvml_reading):
     assert [g.index for g in gpus] == list(range(8))
 
 
-@pytest.mark.parametrize("kind, words", [("none", "Shared Library Not Found"), ("no-driver", "Driver Not Loaded")])
+@pytest.mark.parametrize(
+    "kind, words", [("none", "Shared Library Not Found"), ("no-driver", "Driver Not Loaded")]
+)
 def test_missing_nvml_is_zero_gpus_with_the_reason(nvml_reading, kind, words):
     gpus, reason, driver, cuda = gpus_from_nvml(nvml_reading(kind))
     assert gpus == () and words in reason and driver == "" and cuda == ""
@@ -31,19 +33,22 @@ def test_missing_nvml_is_zero_gpus_with_the_reason(nvml_reading, kind, words):
 H100_UUID3 = "GPU-7e6d5c4b-3a29-1807-f6e5-d4c3b2a19087"
 
 
-@pytest.mark.parametrize("value, visible, invalid", [
-    (None, tuple(range(8)), ()),
-    ("0,1,2,3", (0, 1, 2, 3), ()),
-    ("3,1", (3, 1), ()),
-    ("", (), ()),                       # empty: CUDA shows nothing
-    ("0,8,1", (0,), ("8", "1")),        # CUDA stops at the first bad entry: "1" is lost too
-    ("-1", (), ("-1",)),
-    ("0,0", (0,), ("0",)),              # a repeat is invalid
-    (" 2 , 5 ", (2, 5), ()),
-    (H100_UUID3[:12], (3,), ()),        # unique UUID prefix
-    ("GPU-", (), ("GPU-",)),            # ambiguous prefix
-    ("GPU-00000000-dead", (), ("GPU-00000000-dead",)),
-])
+@pytest.mark.parametrize(
+    "value, visible, invalid",
+    [
+        (None, tuple(range(8)), ()),
+        ("0,1,2,3", (0, 1, 2, 3), ()),
+        ("3,1", (3, 1), ()),
+        ("", (), ()),  # empty: CUDA shows nothing
+        ("0,8,1", (0,), ("8", "1")),  # CUDA stops at the first bad entry: "1" is lost too
+        ("-1", (), ("-1",)),
+        ("0,0", (0,), ("0",)),  # a repeat is invalid
+        (" 2 , 5 ", (2, 5), ()),
+        (H100_UUID3[:12], (3,), ()),  # unique UUID prefix
+        ("GPU-", (), ("GPU-",)),  # ambiguous prefix
+        ("GPU-00000000-dead", (), ("GPU-00000000-dead",)),
+    ],
+)
 def test_cuda_visible_devices_as_cuda_reads_it(nvml_reading, value, visible, invalid):
     gpus, *_ = gpus_from_nvml(nvml_reading("h100"))
     assert resolve_visible_devices(value, gpus) == (visible, invalid)
@@ -55,8 +60,12 @@ def test_probe_node_on_recorded_gpus_and_fake_sysfs(nvml_reading, tmp_path):
     data = tmp_path / "videos"
     data.mkdir()
     env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "NCCL_IB_HCA": "mlx5_0", "HOME": "/root", "SECRET_TOKEN": "x"}
-    facts = probe_node({"data": str(data), "runs": str(tmp_path / "runs" / "new")}, env=env,
-                       nvml=lambda: nvml_reading("h100"), sys_root=str(tmp_path))
+    facts = probe_node(
+        {"data": str(data), "runs": str(tmp_path / "runs" / "new")},
+        env=env,
+        nvml=lambda: nvml_reading("h100"),
+        sys_root=str(tmp_path),
+    )
     assert facts.gpu_count == 8 and facts.visible_gpu_indices == (4, 5, 6, 7)
     assert facts.ib_devices == ("mlx5_0", "mlx5_1")
     # Only the collective-related variables are recorded: never the whole environment.
@@ -88,8 +97,21 @@ def test_from_dict_ignores_fields_a_newer_probe_adds(make_facts):
 
 def test_probe_module_prints_json_without_importing_torch(tmp_path):
     # -X importtime lists every module imported; torch would cost seconds on every node.
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "taehv_console.core.cluster.probe",
-                          "--path", f"runs={tmp_path}"], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "taehv_console.core.cluster.probe",
+            "--path",
+            f"runs={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     facts = NodeFacts.from_dict(json.loads(out.stdout))
     assert facts.path("runs").exists
     assert facts.python_executable == sys.executable

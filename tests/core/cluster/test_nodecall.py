@@ -62,12 +62,23 @@ def test_lines_printed_before_the_reply_are_skipped(helper_env):
     assert LocalRunner().call(MODULE, ["banner"], env=helper_env).value() == {"answer": 42}
 
 
-@pytest.mark.parametrize(("how", "failure", "words"), [
-    ("garbage", Failure.NOT_JSON, "localhost: nc_helper garbage: no JSON reply; its output began 'Welcome to gpu-node-7'"),
-    ("partial", Failure.NOT_JSON, "localhost: nc_helper partial: its reply is not whole JSON"),
-    ("exit", Failure.EXIT, "localhost: nc_helper exit: exit 3: Traceback (most recent call last):\nRuntimeError: disk on fire"),
-    ("refuse", Failure.REFUSED, "localhost: nc_helper refuse: refusing pgid 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("how", "failure", "words"),
+    [
+        (
+            "garbage",
+            Failure.NOT_JSON,
+            "localhost: nc_helper garbage: no JSON reply; its output began 'Welcome to gpu-node-7'",
+        ),
+        ("partial", Failure.NOT_JSON, "localhost: nc_helper partial: its reply is not whole JSON"),
+        (
+            "exit",
+            Failure.EXIT,
+            "localhost: nc_helper exit: exit 3: Traceback (most recent call last):\nRuntimeError: disk on fire",
+        ),
+        ("refuse", Failure.REFUSED, "localhost: nc_helper refuse: refusing pgid 1"),
+    ],
+)
 def test_each_failure_names_the_host_the_helper_and_what_went_wrong(helper_env, how, failure, words):
     reply = LocalRunner().call(MODULE, [how], env=helper_env)
     assert not reply.ok and reply.error is not None and reply.error.failure is failure
@@ -75,7 +86,9 @@ def test_each_failure_names_the_host_the_helper_and_what_went_wrong(helper_env, 
     assert reply.error.fix or failure is Failure.REFUSED
     with pytest.raises(NodeCallError) as raised:
         reply.value()
-    assert raised.value is reply.error and isinstance(raised.value, SshError)  # callers catching SshError see it
+    assert raised.value is reply.error and isinstance(
+        raised.value, SshError
+    )  # callers catching SshError see it
 
 
 def test_missing_keys_are_named(helper_env):
@@ -121,7 +134,9 @@ def test_the_in_process_path_answers_like_the_helper():
 
 def test_a_streamed_helper_is_read_by_the_one_reader(helper_env):
     runner = LocalRunner()
-    stream = runner.open(["env", f"PYTHONPATH={helper_env['PYTHONPATH']}", sys.executable, "-m", MODULE, "listen"])
+    stream = runner.open(
+        ["env", f"PYTHONPATH={helper_env['PYTHONPATH']}", sys.executable, "-m", MODULE, "listen"]
+    )
     try:
         first = read_reply(stream, "localhost", "nc_helper listen", 20)
         assert first.ok and first.get("listening") is True
@@ -135,7 +150,10 @@ def test_a_streamed_helper_is_read_by_the_one_reader(helper_env):
     finally:
         died.close()
     assert reply.error is not None and reply.error.failure is Failure.EXIT
-    assert str(reply.error) == "localhost: nc_helper die: ended without a reply: cannot bind: Address already in use"
+    assert (
+        str(reply.error)
+        == "localhost: nc_helper die: ended without a reply: cannot bind: Address already in use"
+    )
 
 
 def test_a_partial_last_line_is_reported_not_dropped():
@@ -166,8 +184,12 @@ def test_over_ssh_the_same_replies(sshd, sshd_hosts, helper_env):
         replies = pool.call_all([host, sshd_hosts[1].host], MODULE, ["ok"], env=helper_env)
     assert ok.ok and ok.value() == {"answer": 42} and ok.host == host
     assert bad.error is not None and bad.error.failure is Failure.EXIT
-    assert str(bad.error).startswith(f"{host}: nc_helper exit: exit 3: Traceback") and "disk on fire" in str(bad.error)
-    assert slow.error is not None and slow.error.failure is Failure.TIMEOUT and "within 1 s" in str(slow.error)
+    assert str(bad.error).startswith(f"{host}: nc_helper exit: exit 3: Traceback") and "disk on fire" in str(
+        bad.error
+    )
+    assert (
+        slow.error is not None and slow.error.failure is Failure.TIMEOUT and "within 1 s" in str(slow.error)
+    )
     assert gone.error is not None and gone.error.failure is Failure.UNREACHABLE
     assert str(gone.error).startswith("127.0.0.9: nc_helper ok: cannot connect") and gone.error.fix
     assert [r.get("answer") for r in replies.values()] == [42, 42]
@@ -177,19 +199,26 @@ def test_over_ssh_a_streamed_helper_that_dies_says_why(sshd, sshd_hosts, helper_
     # the remote stream sees its channel end and keeps the helper's stderr, as the local one does
     with SshPool(sshd.settings()) as pool:
         runner = pool.runner(sshd_hosts[0].host)
-        stream = runner.open(["env", f"PYTHONPATH={helper_env['PYTHONPATH']}", runner.python, "-m", MODULE, "die"])
+        stream = runner.open(
+            ["env", f"PYTHONPATH={helper_env['PYTHONPATH']}", runner.python, "-m", MODULE, "die"]
+        )
         try:
             reply = read_reply(stream, runner.host, "nc_helper die", 20)
         finally:
             stream.close()
     assert stream.exited and reply.error is not None and reply.error.failure is Failure.EXIT
-    assert str(reply.error) == f"{runner.host}: nc_helper die: ended without a reply: cannot bind: Address already in use"
+    assert (
+        str(reply.error)
+        == f"{runner.host}: nc_helper die: ended without a reply: cannot bind: Address already in use"
+    )
 
 
 def test_the_agent_stream_reads_every_line_then_the_exit_and_its_reason(tmp_path):
     from taehv_console.core.watch.streams import LocalLineStream
 
-    code = "import sys; print('a'); print('b'); sys.stderr.write('agent: NVML gone\\n'); sys.stdout.write('c')"
+    code = (
+        "import sys; print('a'); print('b'); sys.stderr.write('agent: NVML gone\\n'); sys.stdout.write('c')"
+    )
     stream = LocalLineStream([sys.executable, "-c", code])
     lines: list[str] = []
     deadline = time.monotonic() + 20

@@ -73,13 +73,17 @@ def test_zero_gpus_is_an_error_with_the_probe_reason(make_facts):
 
 def test_cpu_run_slots_count_cpus(make_facts):
     topo = hostfile_topology(("n1", 200))
-    out = pf.check_processes_vs_gpus(topo, {"n1": make_facts("n1", "none")}, cfg(nodes=1, ppn=2, device="cpu"))
+    out = pf.check_processes_vs_gpus(
+        topo, {"n1": make_facts("n1", "none")}, cfg(nodes=1, ppn=2, device="cpu")
+    )
     assert ids(out, Severity.ERROR) == ["slots-exceed-devices"]
     assert "96 CPU(s)" in out[0].message
 
 
 def test_visible_device_ordinals_beyond_the_count(make_facts):
-    out = pf.check_visible_devices({"gpu01": make_facts("gpu01", cvd="0,1,8,9"), "gpu02": make_facts("gpu02")})
+    out = pf.check_visible_devices(
+        {"gpu01": make_facts("gpu01", cvd="0,1,8,9"), "gpu02": make_facts("gpu02")}
+    )
     [f] = out
     assert (f.id, f.node, f.severity) == ("visible-devices-invalid", "gpu01", Severity.ERROR)
     assert "'8,9'" in f.message and "shows 2 GPU(s)" in f.message and "0–7" in f.fix
@@ -96,8 +100,14 @@ def test_mixed_gpu_models_and_memory_warn(make_facts):
 def test_version_skew(make_facts):
     a, b = make_facts("a"), make_facts("b")
     assert pf.check_version_skew({"a": a, "b": b}) == []
-    out = pf.check_version_skew({"a": a, "b": replace(b, torch_version="2.4.0+cu121", python_version="3.10.12",
-                                                       driver_version="535.129.03")})
+    out = pf.check_version_skew(
+        {
+            "a": a,
+            "b": replace(
+                b, torch_version="2.4.0+cu121", python_version="3.10.12", driver_version="535.129.03"
+            ),
+        }
+    )
     msgs = {f.message.split(" differs")[0]: f.severity for f in out}
     assert msgs == {"torch": Severity.ERROR, "Python": Severity.ERROR, "NVIDIA driver": Severity.WARNING}
     # a patch release of Python is no skew
@@ -134,35 +144,43 @@ def test_disk_for_kept_checkpoints(make_facts):
 def test_master_port_busy_and_unreachable():
     busy = pf.check_master_port(29500, "gpu01", (False, "Address already in use"), {})
     assert ids(busy, Severity.ERROR) == ["master-port-busy"]
-    out = pf.check_master_port(29500, "gpu01", (True, ""), {"gpu02": (True, ""), "gpu03": (False, "timed out")})
+    out = pf.check_master_port(
+        29500, "gpu01", (True, ""), {"gpu02": (True, ""), "gpu03": (False, "timed out")}
+    )
     assert [(f.id, f.node) for f in out] == [("master-port-unreachable", "gpu03")]
     assert "29500" in out[0].fix
 
 
-@pytest.mark.parametrize("offsets, flagged", [
-    ((0.0, 0.0, 0.3), False),
-    ((0.0, 1.9, -0.05), False),
-    ((0.0, 2.5, 0.0), True),
-    ((-1.5, 1.5, 0.0), True),   # each within 2 s of us, 3 s apart from each other
-])
+@pytest.mark.parametrize(
+    "offsets, flagged",
+    [
+        ((0.0, 0.0, 0.3), False),
+        ((0.0, 1.9, -0.05), False),
+        ((0.0, 2.5, 0.0), True),
+        ((-1.5, 1.5, 0.0), True),  # each within 2 s of us, 3 s apart from each other
+    ],
+)
 def test_clock_skew_beyond_two_seconds(offsets, flagged):
     probes = [ProbeResult(f"n{i}", clock_offset_s=o) for i, o in enumerate(offsets)]
     assert bool(pf.check_clock_skew(probes)) is flagged
 
 
-@pytest.mark.parametrize("nvml, node_env, nccl_env, expect", [
-    ("none", {}, {"NCCL_IB_DISABLE": "0"}, [("nccl-ib-missing", Severity.WARNING)]),
-    ("none", {"NCCL_IB_HCA": "mlx5_0"}, {}, [("nccl-ib-missing", Severity.WARNING)]),
-    ("none", {}, {"NCCL_NET": "IB"}, [("nccl-ib-missing", Severity.ERROR)]),
-    ("none", {"NCCL_IB_DISABLE": "0"}, {"NCCL_IB_DISABLE": "1"}, []),   # the config's value wins
-    ("h100", {}, {"NCCL_IB_HCA": "mlx5_0,mlx5_1:1"}, []),
-    ("h100", {}, {"NCCL_IB_HCA": "=mlx5_9"}, [("nccl-ib-hca-missing", Severity.ERROR)]),
-    ("h100", {}, {"NCCL_SOCKET_IFNAME": "eth"}, []),                     # prefix match
-    ("h100", {}, {"NCCL_SOCKET_IFNAME": "=eth"}, [("socket-ifname-missing", Severity.ERROR)]),
-    ("h100", {"NCCL_SOCKET_IFNAME": "bond0"}, {}, [("socket-ifname-missing", Severity.ERROR)]),
-    ("h100", {}, {"NCCL_SOCKET_IFNAME": "^docker,lo"}, []),
-    ("h100", {}, {"GLOO_SOCKET_IFNAME": "ens5"}, [("socket-ifname-missing", Severity.ERROR)]),
-])
+@pytest.mark.parametrize(
+    "nvml, node_env, nccl_env, expect",
+    [
+        ("none", {}, {"NCCL_IB_DISABLE": "0"}, [("nccl-ib-missing", Severity.WARNING)]),
+        ("none", {"NCCL_IB_HCA": "mlx5_0"}, {}, [("nccl-ib-missing", Severity.WARNING)]),
+        ("none", {}, {"NCCL_NET": "IB"}, [("nccl-ib-missing", Severity.ERROR)]),
+        ("none", {"NCCL_IB_DISABLE": "0"}, {"NCCL_IB_DISABLE": "1"}, []),  # the config's value wins
+        ("h100", {}, {"NCCL_IB_HCA": "mlx5_0,mlx5_1:1"}, []),
+        ("h100", {}, {"NCCL_IB_HCA": "=mlx5_9"}, [("nccl-ib-hca-missing", Severity.ERROR)]),
+        ("h100", {}, {"NCCL_SOCKET_IFNAME": "eth"}, []),  # prefix match
+        ("h100", {}, {"NCCL_SOCKET_IFNAME": "=eth"}, [("socket-ifname-missing", Severity.ERROR)]),
+        ("h100", {"NCCL_SOCKET_IFNAME": "bond0"}, {}, [("socket-ifname-missing", Severity.ERROR)]),
+        ("h100", {}, {"NCCL_SOCKET_IFNAME": "^docker,lo"}, []),
+        ("h100", {}, {"GLOO_SOCKET_IFNAME": "ens5"}, [("socket-ifname-missing", Severity.ERROR)]),
+    ],
+)
 def test_nccl_env_against_hardware(make_facts, nvml, node_env, nccl_env, expect):
     # "none" stands for a node without GPUs or InfiniBand (ib_devices empty in the recorded facts)
     f = make_facts("n1", nvml, comm_env=tuple(node_env.items()))
@@ -195,8 +213,13 @@ def test_memory_fit_uses_the_real_gpu_memory(make_facts):
 
 
 def test_cpu_processes_must_fit_in_the_node_ram(make_facts):
-    c = cfg(nodes=1, ppn=4, device="cpu", data={"frames": 8, "height": 64, "width": 64},
-            deepspeed={"reduce_bucket_size": 20_000_000, "allgather_bucket_size": 20_000_000})
+    c = cfg(
+        nodes=1,
+        ppn=4,
+        device="cpu",
+        data={"frames": 8, "height": 64, "width": 64},
+        deepspeed={"reduce_bucket_size": 20_000_000, "allgather_bucket_size": 20_000_000},
+    )
     assert ids(pf.check_memory_fit(c, {"n": make_facts("n", "none")}), Severity.ERROR) == []
     out = pf.check_memory_fit(c, {"n": make_facts("n", "none", ram_gb=1.5)})
     assert [(f.id, f.node) for f in out if f.severity is Severity.ERROR] == [("ram-too-small", "n")]
@@ -217,10 +240,15 @@ def test_findings_sort_errors_first():
     a = pf.Finding("x", Severity.INFO, "m")
     b = pf.Finding("y", Severity.ERROR, "m")
     c = pf.Finding("z", Severity.WARNING, "m")
-    assert [f.severity for f in pf.sort_findings([a, b, c])] == [Severity.ERROR, Severity.WARNING, Severity.INFO]
+    assert [f.severity for f in pf.sort_findings([a, b, c])] == [
+        Severity.ERROR,
+        Severity.WARNING,
+        Severity.INFO,
+    ]
 
 
 # ---------------------------------------------------------------------------------------- loader
+
 
 def _loader(name: str) -> dict:
     # nodecheck `loader` output recorded on this project's dev machine (synthetic H.264 clips)
@@ -254,16 +282,29 @@ def test_loader_needing_more_cores_than_the_node_has_says_so(make_facts):
 
 def test_loader_failures_data_error_stops_other_failure_warns():
     c = cfg(nodes=2, ppn=8)
-    out = pf.check_loader({
-        "gpu01": {"ok": False, "data_error": True, "error": "3 videos in a row gave no clip: a.mp4 (too short)"},
-        "gpu02": {"ok": False, "error": "timed out after 180 s"},
-    }, c, {"gpu01": 65.0, "gpu02": 65.0})
+    out = pf.check_loader(
+        {
+            "gpu01": {
+                "ok": False,
+                "data_error": True,
+                "error": "3 videos in a row gave no clip: a.mp4 (too short)",
+            },
+            "gpu02": {"ok": False, "error": "timed out after 180 s"},
+        },
+        c,
+        {"gpu01": 65.0, "gpu02": 65.0},
+    )
     assert [(f.id, f.severity, f.node) for f in out] == [
-        ("data-gives-no-clips", Severity.ERROR, "gpu01"), ("loader-not-measured", Severity.WARNING, "gpu02")]
+        ("data-gives-no-clips", Severity.ERROR, "gpu01"),
+        ("loader-not-measured", Severity.WARNING, "gpu02"),
+    ]
     assert "a.mp4 (too short)" in out[0].message and "timed out" in out[1].message
 
 
 def test_loader_skipped_videos_in_the_sample_are_reported():
-    m = {**_loader("480p_h264"), "skipped": ["/v/small.mp4: frames of 240x320 are smaller than the 480x720 crop"]}
+    m = {
+        **_loader("480p_h264"),
+        "skipped": ["/v/small.mp4: frames of 240x320 are smaller than the 480x720 crop"],
+    }
     out = pf.check_loader({"gpu01": m}, cfg(nodes=1, ppn=8), {"gpu01": 1.0})
     assert ids(out) == ["loader-ok", "loader-skipped-videos"] and "small.mp4" in out[1].message

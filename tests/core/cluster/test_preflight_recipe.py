@@ -26,11 +26,24 @@ def _free_port() -> int:
 
 def _preflight(sshd, tmp_path, *overrides):
     hf = sshd.write_hostfile(tmp_path / "hostfile", slots=1, hosts=sshd.addresses[:2])
-    cfg = load_preset("cpu-smoke", overrides=["topology.nodes=2", "topology.gpus_per_node=1",
-                                              'distributed.nccl_env={GLOO_SOCKET_IFNAME="lo"}', *overrides]).config
+    cfg = load_preset(
+        "cpu-smoke",
+        overrides=[
+            "topology.nodes=2",
+            "topology.gpus_per_node=1",
+            'distributed.nccl_env={GLOO_SOCKET_IFNAME="lo"}',
+            *overrides,
+        ],
+    ).config
     with SshPool(sshd.settings()) as pool:
-        return run_preflight(detect_topology({}, hf), cfg, pool, PreflightOptions(
-            runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path), master_port=_free_port()))
+        return run_preflight(
+            detect_topology({}, hf),
+            cfg,
+            pool,
+            PreflightOptions(
+                runs_dir=str(tmp_path / "runs"), data_source=str(tmp_path), master_port=_free_port()
+            ),
+        )
 
 
 def test_teacher_checked_on_every_node(sshd, tmp_path, monkeypatch):

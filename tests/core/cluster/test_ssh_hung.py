@@ -86,13 +86,23 @@ def combined_settings(sshd, frozen: FrozenNode, tmp_path: Path) -> SshSettings:
     """One ssh_config and known_hosts for both daemons: the frozen one as alias `hung1`."""
     h = frozen.host
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host hung1\n  HostName {h.host}\n  Port {h.port}\n  User {h.user}\n"
-                      f"  IdentityFile {h.key_path}\n  IdentitiesOnly yes\n\n" + Path(sshd.ssh_config).read_text())
+    config.write_text(
+        f"Host hung1\n  HostName {h.host}\n  Port {h.port}\n  User {h.user}\n"
+        f"  IdentityFile {h.key_path}\n  IdentitiesOnly yes\n\n" + Path(sshd.ssh_config).read_text()
+    )
     known = tmp_path / "known_hosts"
     known.write_text(Path(sshd.known_hosts).read_text() + Path(frozen.server.known_hosts).read_text())
-    return SshSettings(config_path=str(config), known_hosts_path=str(known), system_known_hosts_path=None,
-                       connect_timeout_s=ANSWER_S, answer_timeout_s=ANSWER_S, retry_unreachable_s=0.5,
-                       command_timeout_s=30.0, allow_agent=False, python=sys.executable)
+    return SshSettings(
+        config_path=str(config),
+        known_hosts_path=str(known),
+        system_known_hosts_path=None,
+        connect_timeout_s=ANSWER_S,
+        answer_timeout_s=ANSWER_S,
+        retry_unreachable_s=0.5,
+        command_timeout_s=30.0,
+        allow_agent=False,
+        python=sys.executable,
+    )
 
 
 def hung_node_report(sshd, sshd_hosts, frozen_node, tmp_path) -> float:
@@ -108,7 +118,9 @@ def hung_node_report(sshd, sshd_hosts, frozen_node, tmp_path) -> float:
         second = pool.run_all(hosts, ["echo", "up"], timeout=20)
         seconds = time.monotonic() - t0
         assert isinstance(second["hung1"], SshUnreachableError), second["hung1"]
-        assert "hung1: unreachable" in str(second["hung1"]) and f"within {ANSWER_S:g} s" in str(second["hung1"])
+        assert "hung1: unreachable" in str(second["hung1"]) and f"within {ANSWER_S:g} s" in str(
+            second["hung1"]
+        )
         assert all(second[h].stdout == "up\n" for h in healthy)  # the others answered meanwhile
         assert seconds < ANSWER_S + 3, seconds  # one deadline, not the command timeout (20 s)
 
@@ -127,6 +139,8 @@ def hung_node_report(sshd, sshd_hosts, frozen_node, tmp_path) -> float:
     return seconds
 
 
-def test_a_frozen_node_is_unreachable_within_the_deadline_and_others_answer(sshd, sshd_hosts, frozen_node, tmp_path):
+def test_a_frozen_node_is_unreachable_within_the_deadline_and_others_answer(
+    sshd, sshd_hosts, frozen_node, tmp_path
+):
     seconds = hung_node_report(sshd, sshd_hosts, frozen_node, tmp_path)
     print(f"hung node reported unreachable after {seconds:.2f} s (answer deadline {ANSWER_S:g} s)")

@@ -50,8 +50,17 @@ def test_ssh_config_alias_resolves_to_address_port_and_key(sshd, sshd_hosts):
 
 def test_values_reach_the_remote_command_literally(sshd, sshd_hosts, tmp_path):
     marker = tmp_path / "pwned"
-    hostile = [f"$(touch {marker})", f"`touch {marker}`", f"; touch {marker}", f"&& touch {marker}",
-               "'quoted'", '"double"', "*", "~", "$HOME"]
+    hostile = [
+        f"$(touch {marker})",
+        f"`touch {marker}`",
+        f"; touch {marker}",
+        f"&& touch {marker}",
+        "'quoted'",
+        '"double"',
+        "*",
+        "~",
+        "$HOME",
+    ]
     with SshPool(sshd.settings()) as pool:
         r = pool.runner(sshd_hosts[0].host).run(["printf", "%s\\n", *hostile])
     assert r.ok and r.stdout.splitlines() == hostile
@@ -69,10 +78,17 @@ def test_line_breaks_in_values_are_refused_before_sending(sshd, sshd_hosts, tmp_
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("host", [
-    "$(touch {m})", "`touch {m}`", "127.0.0.2;touch {m}", "127.0.0.2\ntouch {m}",
-    "-oProxyCommand=touch {m}", "-oProxyCommand=sh -c 'touch {m}'",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "$(touch {m})",
+        "`touch {m}`",
+        "127.0.0.2;touch {m}",
+        "127.0.0.2\ntouch {m}",
+        "-oProxyCommand=touch {m}",
+        "-oProxyCommand=sh -c 'touch {m}'",
+    ],
+)
 def test_hostile_host_names_rejected_before_any_connection(sshd, tmp_path, host):
     marker = tmp_path / "pwned"
     name = host.format(m=marker)
@@ -117,8 +133,9 @@ def test_fetched_fingerprint_matches_ssh_keygen(sshd, sshd_hosts):
     import subprocess
 
     _, key = fetch_host_key(sshd_hosts[0].host, sshd.settings())
-    out = subprocess.run(["ssh-keygen", "-lf", sshd.host_key_path + ".pub"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ssh-keygen", "-lf", sshd.host_key_path + ".pub"], capture_output=True, text=True, check=True
+    ).stdout
     assert sha256_fingerprint(key) == out.split()[1]
 
 
@@ -159,8 +176,9 @@ def test_detached_process_outlives_the_connection_and_stops_by_group(sshd, sshd_
     settings = sshd.settings()
     with SshPool(settings) as pool:
         runner = pool.runner(sshd_hosts[0].host)
-        proc = runner.start_detached(["sh", "-c", "echo started $0; sleep 60 & wait", "x"], log_path=str(log),
-                                     env={"TAEHV_TEST": "1"})
+        proc = runner.start_detached(
+            ["sh", "-c", "echo started $0; sleep 60 & wait", "x"], log_path=str(log), env={"TAEHV_TEST": "1"}
+        )
     assert proc.pgid == proc.pid  # a session leader: its pgid is what stop signals
     # A new connection sees it still running: closing the first one did not stop it.
     with SshPool(settings) as pool:
@@ -182,8 +200,10 @@ def test_detached_process_outlives_the_connection_and_stops_by_group(sshd, sshd_
 def test_pool_shares_one_connection_per_host_across_threads(sshd, sshd_hosts):
     with SshPool(sshd.settings()) as pool:
         seen = []
-        threads = [threading.Thread(target=lambda: seen.append(pool.connection(sshd_hosts[2].host)))
-                   for _ in range(6)]
+        threads = [
+            threading.Thread(target=lambda: seen.append(pool.connection(sshd_hosts[2].host)))
+            for _ in range(6)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -202,7 +222,9 @@ def test_known_hosts_replace_keeps_other_lines(tmp_path):
     add_known_host(kh, "[10.0.0.5]:2222", b, replace=True)
     lines = Path(kh).read_text().splitlines()
     assert lines[0] == "# cluster keys" and lines[1].startswith("other ")
-    assert [ln for ln in lines if ln.startswith("[10.0.0.5]")] == [f"[10.0.0.5]:2222 ssh-rsa {b.get_base64()}"]
+    assert [ln for ln in lines if ln.startswith("[10.0.0.5]")] == [
+        f"[10.0.0.5]:2222 ssh-rsa {b.get_base64()}"
+    ]
     assert oct(kh.stat().st_mode & 0o777) == "0o600"
 
 

@@ -16,41 +16,89 @@ from taehv_console.core.cluster.platform import TopologyError, detect_topology
 from taehv_console.core.models import TopologySource as S
 
 # Environments as the platforms set them (values from their docs / real pods), minus the noise.
-TORCHRUN_RANK_11 = {"RANK": "11", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8",
-                    "GROUP_RANK": "1", "ROLE_RANK": "11", "MASTER_ADDR": "gpu01", "MASTER_PORT": "29500",
-                    "TORCHELASTIC_RUN_ID": "none"}
-ACCELERATE_NO_LOCAL_WORLD = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.2",
-                             "MASTER_PORT": "29501", "ACCELERATE_MIXED_PRECISION": "bf16"}
-PAI_DLC_WORKER = {"MASTER_ADDR": "dlc1a2b3c4d5e6f-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3",
-                  "RANK": "2", "NPROC_PER_NODE": "8", "KUBERNETES_SERVICE_HOST": "172.16.0.1"}
-KUBEFLOW_WORKER = {"MASTER_ADDR": "taehv-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "4", "RANK": "1",
-                   "PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1",
-                   "PET_MASTER_ADDR": "taehv-master-0", "PET_MASTER_PORT": "23456",
-                   "KUBERNETES_SERVICE_HOST": "172.16.0.1"}
+TORCHRUN_RANK_11 = {
+    "RANK": "11",
+    "LOCAL_RANK": "3",
+    "WORLD_SIZE": "16",
+    "LOCAL_WORLD_SIZE": "8",
+    "GROUP_RANK": "1",
+    "ROLE_RANK": "11",
+    "MASTER_ADDR": "gpu01",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "none",
+}
+ACCELERATE_NO_LOCAL_WORLD = {
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "MASTER_ADDR": "10.0.0.2",
+    "MASTER_PORT": "29501",
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+}
+PAI_DLC_WORKER = {
+    "MASTER_ADDR": "dlc1a2b3c4d5e6f-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "3",
+    "RANK": "2",
+    "NPROC_PER_NODE": "8",
+    "KUBERNETES_SERVICE_HOST": "172.16.0.1",
+}
+KUBEFLOW_WORKER = {
+    "MASTER_ADDR": "taehv-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "4",
+    "RANK": "1",
+    "PET_NNODES": "4",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "taehv-master-0",
+    "PET_MASTER_PORT": "23456",
+    "KUBERNETES_SERVICE_HOST": "172.16.0.1",
+}
 UNMARKED_NODE_ENV = {"MASTER_ADDR": "head", "MASTER_PORT": "6000", "WORLD_SIZE": "2", "RANK": "1"}
 # A rank process torchrun started inside a PAI-DLC pod: per-process variables win over the pod's.
-PAI_POD_WITH_TORCHRUN_RANK = {**PAI_DLC_WORKER, "RANK": "19", "LOCAL_RANK": "3", "WORLD_SIZE": "24",
-                              "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "2"}
+PAI_POD_WITH_TORCHRUN_RANK = {
+    **PAI_DLC_WORKER,
+    "RANK": "19",
+    "LOCAL_RANK": "3",
+    "WORLD_SIZE": "24",
+    "LOCAL_WORLD_SIZE": "8",
+    "GROUP_RANK": "2",
+}
 INDEXED_JOB = {"JOB_COMPLETION_INDEX": "2", "HOSTNAME": "taehv-train-2", "NNODES": "4"}
-INDEXED_JOB_MASTER = {"JOB_COMPLETION_INDEX": "0", "HOSTNAME": "taehv-train-0", "NNODES": "2",
-                      "MASTER_ADDR": "taehv-train-0.taehv-svc", "MASTER_PORT": "29400"}
-SLURM_NODE = {"SLURM_JOB_ID": "81234", "SLURM_JOB_NODELIST": "gpu[01-04,07]", "SLURM_NNODES": "5",
-              "SLURM_NODEID": "3", "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_PARTITION": "h100"}
+INDEXED_JOB_MASTER = {
+    "JOB_COMPLETION_INDEX": "0",
+    "HOSTNAME": "taehv-train-0",
+    "NNODES": "2",
+    "MASTER_ADDR": "taehv-train-0.taehv-svc",
+    "MASTER_PORT": "29400",
+}
+SLURM_NODE = {
+    "SLURM_JOB_ID": "81234",
+    "SLURM_JOB_NODELIST": "gpu[01-04,07]",
+    "SLURM_NNODES": "5",
+    "SLURM_NODEID": "3",
+    "SLURM_GPUS_ON_NODE": "8",
+    "SLURM_JOB_PARTITION": "h100",
+}
 
 
-@pytest.mark.parametrize("env, local_gpus, source, nodes, rank, ppn, master", [
-    (TORCHRUN_RANK_11, 8, S.LAUNCHER_ENV, 2, 1, 8, ("gpu01", 29500)),
-    (ACCELERATE_NO_LOCAL_WORLD, 4, S.LAUNCHER_ENV, 2, 1, 4, ("10.0.0.2", 29501)),
-    (PAI_DLC_WORKER, 8, S.PAI_DLC, 3, 2, 8, ("dlc1a2b3c4d5e6f-master-0", 23456)),
-    (KUBEFLOW_WORKER, 8, S.KUBEFLOW, 4, 1, 8, ("taehv-master-0", 23456)),
-    (UNMARKED_NODE_ENV, 2, S.NODE_ENV, 2, 1, 2, ("head", 6000)),
-    (PAI_POD_WITH_TORCHRUN_RANK, 8, S.LAUNCHER_ENV, 3, 2, 8, ("dlc1a2b3c4d5e6f-master-0", 23456)),
-    (INDEXED_JOB, 8, S.K8S_INDEXED_JOB, 4, 2, 8, ("taehv-train-0", 29500)),
-    (INDEXED_JOB_MASTER, 8, S.K8S_INDEXED_JOB, 2, 0, 8, ("taehv-train-0.taehv-svc", 29400)),
-    (SLURM_NODE, None, S.SLURM, 5, 3, 8, ("gpu01", 29500)),
-    ({"HOME": "/root", "PATH": "/usr/bin"}, 8, S.LOCAL, 1, 0, 8, ("127.0.0.1", 29500)),
-    ({}, None, S.LOCAL, 1, 0, None, ("127.0.0.1", 29500)),
-])
+@pytest.mark.parametrize(
+    "env, local_gpus, source, nodes, rank, ppn, master",
+    [
+        (TORCHRUN_RANK_11, 8, S.LAUNCHER_ENV, 2, 1, 8, ("gpu01", 29500)),
+        (ACCELERATE_NO_LOCAL_WORLD, 4, S.LAUNCHER_ENV, 2, 1, 4, ("10.0.0.2", 29501)),
+        (PAI_DLC_WORKER, 8, S.PAI_DLC, 3, 2, 8, ("dlc1a2b3c4d5e6f-master-0", 23456)),
+        (KUBEFLOW_WORKER, 8, S.KUBEFLOW, 4, 1, 8, ("taehv-master-0", 23456)),
+        (UNMARKED_NODE_ENV, 2, S.NODE_ENV, 2, 1, 2, ("head", 6000)),
+        (PAI_POD_WITH_TORCHRUN_RANK, 8, S.LAUNCHER_ENV, 3, 2, 8, ("dlc1a2b3c4d5e6f-master-0", 23456)),
+        (INDEXED_JOB, 8, S.K8S_INDEXED_JOB, 4, 2, 8, ("taehv-train-0", 29500)),
+        (INDEXED_JOB_MASTER, 8, S.K8S_INDEXED_JOB, 2, 0, 8, ("taehv-train-0.taehv-svc", 29400)),
+        (SLURM_NODE, None, S.SLURM, 5, 3, 8, ("gpu01", 29500)),
+        ({"HOME": "/root", "PATH": "/usr/bin"}, 8, S.LOCAL, 1, 0, 8, ("127.0.0.1", 29500)),
+        ({}, None, S.LOCAL, 1, 0, None, ("127.0.0.1", 29500)),
+    ],
+)
 def test_each_platform_env(env, local_gpus, source, nodes, rank, ppn, master):
     t = detect_topology(env, local_gpus=local_gpus)
     assert (t.source, t.node_count, t.this_node_rank, t.processes_per_node) == (source, nodes, rank, ppn)
@@ -93,30 +141,36 @@ def test_hostfile_wins_over_every_env(tmp_path):
     assert t.processes_per_node == 8 and t.uses_ssh
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "RANK='x'"),
-    ({"RANK": "4", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "not below WORLD_SIZE"),
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "8"}, "not a multiple"),
-    ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not"),
-    ({**UNMARKED_NODE_ENV, "MASTER_ADDR": "-oProxyCommand=sh"}, "command-line option"),
-    ({**UNMARKED_NODE_ENV, "MASTER_PORT": "70000"}, "not a TCP port"),
-    ({"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "job-1"}, "NNODES"),
-    ({"JOB_COMPLETION_INDEX": "1", "NNODES": "2", "HOSTNAME": "weird"}, "MASTER_ADDR"),
-    ({"SLURM_JOB_NODELIST": "gpu[01-"}, "unbalanced"),
-    ({"SLURM_JOB_NODELIST": "gpu[05-02]"}, "backwards"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "RANK='x'"),
+        ({"RANK": "4", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "not below WORLD_SIZE"),
+        ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "8"}, "not a multiple"),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not"),
+        ({**UNMARKED_NODE_ENV, "MASTER_ADDR": "-oProxyCommand=sh"}, "command-line option"),
+        ({**UNMARKED_NODE_ENV, "MASTER_PORT": "70000"}, "not a TCP port"),
+        ({"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "job-1"}, "NNODES"),
+        ({"JOB_COMPLETION_INDEX": "1", "NNODES": "2", "HOSTNAME": "weird"}, "MASTER_ADDR"),
+        ({"SLURM_JOB_NODELIST": "gpu[01-"}, "unbalanced"),
+        ({"SLURM_JOB_NODELIST": "gpu[05-02]"}, "backwards"),
+    ],
+)
 def test_bad_env_is_an_error_naming_the_variable(env, words):
     with pytest.raises(TopologyError, match=words.replace("[", r"\[").replace("(", r"\(")):
         detect_topology(env, local_gpus=8)
 
 
-@pytest.mark.parametrize("expr, hosts", [
-    ("gpu[01-04,07]", ("gpu01", "gpu02", "gpu03", "gpu04", "gpu07")),
-    ("a[1-2]-ib,b3", ("a1-ib", "a2-ib", "b3")),
-    ("r[1-2]n[08-10]", ("r1n08", "r1n09", "r1n10", "r2n08", "r2n09", "r2n10")),
-    ("single", ("single",)),
-    ("x[9-11]", ("x9", "x10", "x11")),
-])
+@pytest.mark.parametrize(
+    "expr, hosts",
+    [
+        ("gpu[01-04,07]", ("gpu01", "gpu02", "gpu03", "gpu04", "gpu07")),
+        ("a[1-2]-ib,b3", ("a1-ib", "a2-ib", "b3")),
+        ("r[1-2]n[08-10]", ("r1n08", "r1n09", "r1n10", "r2n08", "r2n09", "r2n10")),
+        ("single", ("single",)),
+        ("x[9-11]", ("x9", "x10", "x11")),
+    ],
+)
 def test_slurm_hostlist_expansion(expr, hosts):
     assert expand_slurm_hostlist(expr) == hosts
 
@@ -126,10 +180,25 @@ def test_plain_host_names_pass(name):
     assert validate_host(name) == name
 
 
-@pytest.mark.parametrize("name", [
-    "-oProxyCommand=touch /tmp/x", "-p", "$(touch /tmp/x)", "`touch /tmp/x`", "a;touch /tmp/x",
-    "a\ntouch /tmp/x", "a b", "a|b", "a&b", "a>b", "user@host", "", "a" * 300, "näme",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "-oProxyCommand=touch /tmp/x",
+        "-p",
+        "$(touch /tmp/x)",
+        "`touch /tmp/x`",
+        "a;touch /tmp/x",
+        "a\ntouch /tmp/x",
+        "a b",
+        "a|b",
+        "a&b",
+        "a>b",
+        "user@host",
+        "",
+        "a" * 300,
+        "näme",
+    ],
+)
 def test_hostile_or_odd_host_names_refused(name):
     with pytest.raises(InvalidHostError):
         validate_host(name)

@@ -21,7 +21,6 @@ from trainer.config import config_to_toml
 FIXTURES = Path(__file__).with_name("fixtures")
 
 
-
 @pytest.fixture
 def stuck_process():
     """stuck_process(*prefix) -> Popen of a Python process stuck in wait_for_batch; killed at the end."""
@@ -41,26 +40,38 @@ def stuck_process():
         p.wait(timeout=10)
 
 
-def make_run(root: Path, *, device: str = "cpu", nodes: int = 1, gpus_per_node: int = 2,
-             hosts: tuple[str, ...] = (), nccl_env: dict | None = None) -> Path:
+def make_run(
+    root: Path,
+    *,
+    device: str = "cpu",
+    nodes: int = 1,
+    gpus_per_node: int = 2,
+    hosts: tuple[str, ...] = (),
+    nccl_env: dict | None = None,
+) -> Path:
     """A run directory as the console writes it: run.toml (a shipped preset, resized) and state.json."""
     preset = "cpu-smoke" if device == "cpu" else "16gpu-h100"
     overrides = [f"topology.nodes={nodes}", f"topology.gpus_per_node={gpus_per_node}"]
     cfg = load_preset(preset, overrides=overrides).config
     if nccl_env is not None:
-        cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"nccl_env": nccl_env})})
+        cfg = cfg.model_copy(
+            update={"distributed": cfg.distributed.model_copy(update={"nccl_env": nccl_env})}
+        )
     run = root / f"run-{device}-{time.monotonic_ns()}"
     run.mkdir(parents=True)
     (run / "run.toml").write_text(config_to_toml(cfg))
-    write_state(run / "state.json", RunState(run_id=run.name, phase=Phase.RUNNING, backend="ssh",
-                                             hosts=hosts or ("localhost",) * nodes))
+    write_state(
+        run / "state.json",
+        RunState(run_id=run.name, phase=Phase.RUNNING, backend="ssh", hosts=hosts or ("localhost",) * nodes),
+    )
     return run
 
 
 def write_heartbeat(run: Path, rank: int, *, step: int, pid: int, host: str = "localhost") -> None:
     (run / "heartbeat").mkdir(exist_ok=True)
     (run / "heartbeat" / f"rank-{rank}.json").write_text(
-        json.dumps({"step": step, "time": time.time(), "pid": pid, "host": host}))
+        json.dumps({"step": step, "time": time.time(), "pid": pid, "host": host})
+    )
 
 
 def sigstop(pid: int, timeout: float = 10.0) -> None:

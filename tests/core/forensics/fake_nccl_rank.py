@@ -39,7 +39,7 @@ def main() -> None:
             out.write(data[: len(data) // 2])
             out.flush()
             time.sleep(0.05)
-            out.write(data[len(data) // 2:])
+            out.write(data[len(data) // 2 :])
 
 
 if __name__ == "__main__":

@@ -118,8 +118,9 @@ def record_flight_recorder() -> None:
     shutil.copy(dumps / "trace_rank_0", only0)
     res = subprocess.run([*analyser, str(only0)], capture_output=True, text=True, timeout=120)
     (HERE / "fr_analysis_no_dump_strict.txt").write_text(res.stdout + res.stderr)
-    res = subprocess.run([*analyser, "--allow-incomplete-ranks", str(only0)], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [*analyser, "--allow-incomplete-ranks", str(only0)], capture_output=True, text=True, timeout=120
+    )
     (HERE / "fr_analysis_no_dump_incomplete.txt").write_text(res.stdout + res.stderr)
     shutil.rmtree(raw, ignore_errors=True)
     shutil.rmtree(only0, ignore_errors=True)

@@ -25,10 +25,18 @@ from tests.core.forensics.conftest import FIXTURES, make_run, sigstop, write_hea
 FAKE_RANK = Path(__file__).with_name("fake_nccl_rank.py")
 DUMPS = FIXTURES / "fr_dumps"
 # found without importing torch (seconds of start-up for a path)
-C10D_HEADERS = Path(importlib.util.find_spec("torch").origin).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+C10D_HEADERS = (
+    Path(importlib.util.find_spec("torch").origin).parent
+    / "include"
+    / "torch"
+    / "csrc"
+    / "distributed"
+    / "c10d"
+)
 
 
 # --------------------------------------------------------------------------------- environment
+
 
 def test_env_sets_the_legacy_buffer_dump_on_timeout_and_run_dir_paths(tmp_path):
     run = tmp_path / "20261123-0500-16gpu-h100"
@@ -41,7 +49,9 @@ def test_env_sets_the_legacy_buffer_dump_on_timeout_and_run_dir_paths(tmp_path):
     assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/tmp/taehv-fr-20261123-0500-16gpu-h100-rank_"
 
 
-@pytest.mark.skipif(not (C10D_HEADERS / "ProcessGroupNCCL.hpp").is_file(), reason="torch ships no c10d headers")
+@pytest.mark.skipif(
+    not (C10D_HEADERS / "ProcessGroupNCCL.hpp").is_file(), reason="torch ships no c10d headers"
+)
 def test_the_names_are_the_ones_installed_torch_reads():
     nccl = (C10D_HEADERS / "ProcessGroupNCCL.hpp").read_text()
     recorder = (C10D_HEADERS / "FlightRecorder.hpp").read_text()
@@ -53,6 +63,7 @@ def test_the_names_are_the_ones_installed_torch_reads():
 
 
 # ------------------------------------------------------------------------- recorded analyser runs
+
 
 def test_parse_missing_rank_from_a_recorded_analysis():
     verdict = fr.parse_analysis((FIXTURES / "fr_analysis_missing_rank.txt").read_text())
@@ -68,13 +79,16 @@ def test_parse_a_rank_without_dump_strict_and_incomplete():
 
 
 def test_parse_culprits_of_a_mismatch():
-    text = ("Collective sequence number: 7 has errors\ninternal record id: 6\ngroup info: 0:default_pg\n"
-            "collective: nccl:all_gather\ncollective state: scheduled\n"
-            "Culprit rank 3; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes: '[[4]]' does not match "
-            "found input sizes: '[[5]]'\n")
+    text = (
+        "Collective sequence number: 7 has errors\ninternal record id: 6\ngroup info: 0:default_pg\n"
+        "collective: nccl:all_gather\ncollective state: scheduled\n"
+        "Culprit rank 3; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes: '[[4]]' does not match "
+        "found input sizes: '[[5]]'\n"
+    )
     (line,) = fr.parse_analysis(text)
-    assert line.startswith("collective 7 (all_gather, group 0:default_pg): Culprit rank 3; Error type: "
-                           "SIZE_OR_SYNTAX_MISMATCH")
+    assert line.startswith(
+        "collective 7 (all_gather, group 0:default_pg): Culprit rank 3; Error type: SIZE_OR_SYNTAX_MISMATCH"
+    )
 
 
 def test_nothing_found_is_not_a_verdict():
@@ -82,6 +96,7 @@ def test_nothing_found_is_not_a_verdict():
 
 
 # ------------------------------------------------------------------------------ the real analyser
+
 
 def test_real_analyser_on_real_recorder_dumps(tmp_path):
     verdict, raw = fr.analyse(DUMPS)
@@ -103,6 +118,7 @@ def test_an_analyser_that_cannot_run_is_a_verdict_line(tmp_path):
 
 # ----------------------------------------------------------------------------- the pipe trigger
 
+
 @pytest.fixture
 def fake_ranks(tmp_path):
     """fake_ranks(run_dir, {rank: dump}) -> Popen per rank, each with the run's FR environment."""
@@ -114,8 +130,12 @@ def fake_ranks(tmp_path):
         env = {**os.environ, **flight_recorder_env(run)}
         procs = {}
         for rank, dump in dumps.items():
-            p = subprocess.Popen([sys.executable, str(FAKE_RANK), str(rank), str(dump)], env=env,
-                                 stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                [sys.executable, str(FAKE_RANK), str(rank), str(dump)],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             started.append(p)
             assert p.stdout.readline().strip() == "ready"
             procs[rank] = p
@@ -136,13 +156,17 @@ def test_trigger_copies_each_dump_away(tmp_path, fake_ranks):
     run.mkdir()
     fake_ranks(run, {0: DUMPS / "trace_rank_0", 1: DUMPS / "trace_rank_1"})
     paths = paths_for(run)
-    first = fr.dump_through_pipes(paths.pipe_stem, paths.trace_stem, [0, 1], str(run / "fr" / "a"), timeout=20)
+    first = fr.dump_through_pipes(
+        paths.pipe_stem, paths.trace_stem, [0, 1], str(run / "fr" / "a"), timeout=20
+    )
     assert first["kind"] == "ok", first
     assert set(first["copied"]) == {"0", "1"} and first["missing"] == {}
     for r in (0, 1):
         assert filecmp.cmp(first["copied"][str(r)], DUMPS / f"trace_rank_{r}", shallow=False)
     # a second dump rewrites the live files; the first copies stay as they were
-    second = fr.dump_through_pipes(paths.pipe_stem, paths.trace_stem, [0, 1], str(run / "fr" / "b"), timeout=20)
+    second = fr.dump_through_pipes(
+        paths.pipe_stem, paths.trace_stem, [0, 1], str(run / "fr" / "b"), timeout=20
+    )
     assert set(second["copied"]) == {"0", "1"}
     assert Path(first["copied"]["0"]).exists() and Path(first["copied"]["0"]).parent.name == "a"
 
@@ -154,8 +178,9 @@ def test_trigger_says_why_a_rank_gave_nothing(tmp_path, fake_ranks):
     sigstop(procs[1].pid)  # a stopped rank cannot dump
     paths = paths_for(run)
     os.mkfifo(f"{paths.pipe_stem}3.pipe")  # a pipe nobody reads: its rank is gone
-    reply = fr.dump_through_pipes(paths.pipe_stem, paths.trace_stem, [0, 1, 2, 3], str(run / "fr" / "x"),
-                                  timeout=3)
+    reply = fr.dump_through_pipes(
+        paths.pipe_stem, paths.trace_stem, [0, 1, 2, 3], str(run / "fr" / "x"), timeout=3
+    )
     assert set(reply["copied"]) == {"0"}
     assert "no dump within 3 s" in reply["missing"]["1"]
     assert "no pipe" in reply["missing"]["2"] and "TORCH_NCCL_TRACE_BUFFER_SIZE" in reply["missing"]["2"]
@@ -170,8 +195,11 @@ def test_collect_on_an_nccl_run_names_the_missing_rank(tmp_path, fake_ranks):
     with SshPool(SshSettings.from_env()) as pool:
         f = StallForensics(run, pool, fr_wait=20)
         partial = []
-        report = f.collect(RankRef(1, 0, "localhost", procs[1].pid), RankRef(0, 0, "localhost", procs[0].pid),
-                           on_partial=partial.append)
+        report = f.collect(
+            RankRef(1, 0, "localhost", procs[1].pid),
+            RankRef(0, 0, "localhost", procs[0].pid),
+            on_partial=partial.append,
+        )
     assert report.flight_recorder == ("collective 4 (all_reduce, group 0:default_pg): missing ranks {1}",)
     fr_dir = Path(report.fr_dir)
     assert fr_dir.parent == run / "forensics" / "fr" and fr_dir.name.endswith("-rank1")
@@ -185,11 +213,13 @@ def test_collect_on_an_nccl_run_names_the_missing_rank(tmp_path, fake_ranks):
 
 
 def test_flight_recorder_off_in_the_config_is_a_note(tmp_path):
-    run = make_run(tmp_path, device="cuda", nodes=1, gpus_per_node=2,
-                   nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    run = make_run(
+        tmp_path, device="cuda", nodes=1, gpus_per_node=2, nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    )
     with SshPool(SshSettings.from_env()) as pool:
-        report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", os.getpid()), None,
-                                                   communicators_ready=False)
+        report = StallForensics(run, pool).collect(
+            RankRef(1, 0, "localhost", os.getpid()), None, communicators_ready=False
+        )
     assert report.flight_recorder == ()
     assert any("Flight Recorder is off" in n for n in report.notes)
     assert any("NCCL RAS not asked" in n and "communicator init" in n for n in report.notes)
@@ -201,8 +231,10 @@ def test_collect_with_a_stopped_rank_says_it_wrote_no_dump(tmp_path, fake_ranks)
     sigstop(procs[1].pid)
     with SshPool(SshSettings.from_env()) as pool:
         report = StallForensics(run, pool, fr_wait=3).collect(
-            RankRef(1, 0, "localhost", procs[1].pid), RankRef(0, 0, "localhost", procs[0].pid),
-            communicators_ready=False)
+            RankRef(1, 0, "localhost", procs[1].pid),
+            RankRef(0, 0, "localhost", procs[0].pid),
+            communicators_ready=False,
+        )
     assert report.flight_recorder == ("no Flight Recorder dump from ranks {1}",)
     assert any("ranks [1] on node 0: no dump within 3 s" in n for n in report.notes)
     stalled = next(d for d in report.dumps if d.role == "stalled")
@@ -215,7 +247,8 @@ def test_fr_dump_over_ssh_for_a_remote_node(sshd, tmp_path, fake_ranks):
     procs = fake_ranks(run, {0: DUMPS / "trace_rank_0", 1: DUMPS / "trace_rank_1"})
     with SshPool(sshd.settings()) as pool:
         report = StallForensics(run, pool, fr_wait=20).collect(
-            RankRef(1, 0, host, procs[1].pid), None, communicators_ready=False)
+            RankRef(1, 0, host, procs[1].pid), None, communicators_ready=False
+        )
         assert host in pool._conns
     assert report.flight_recorder == ("collective 4 (all_reduce, group 0:default_pg): missing ranks {1}",)
     assert {d.host for d in report.dumps} == {host}

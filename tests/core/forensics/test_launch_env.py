@@ -17,8 +17,12 @@ from taehv_console.core.run.backends import NodeCommand, RunnerBackend, flight_r
 from taehv_console.core.run.rundir import RunDir
 from tests.core.forensics.conftest import make_run
 
-FR_VARS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+FR_VARS = (
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+)
 
 
 def _cfg(device: str, **nccl):
@@ -66,10 +70,15 @@ def test_backend_env_for_a_run(tmp_path):
 def test_a_launched_node_gets_the_variables(tmp_path):
     run = RunDir(make_run(tmp_path, device="cuda"))
     out = tmp_path / "env.txt"
-    command = NodeCommand(index=0, host="localhost",
-                          argv=(sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(repr(dict(os.environ)))"),
-                          env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "1234"}, log=str(run.node_log(0)),
-                          status=str(run.node_status_path(0)), cwd=str(run.path))
+    command = NodeCommand(
+        index=0,
+        host="localhost",
+        argv=(sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(repr(dict(os.environ)))"),
+        env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "1234"},
+        log=str(run.node_log(0)),
+        status=str(run.node_status_path(0)),
+        cwd=str(run.path),
+    )
     run.logs.mkdir(exist_ok=True)
     with SshPool(SshSettings.from_env()) as pool:
         started = RunnerBackend("local", pool).start(run, [command], attempt=1)
@@ -79,7 +88,9 @@ def test_a_launched_node_gets_the_variables(tmp_path):
         assert time.monotonic() < deadline, "the launched process never wrote its environment"
         time.sleep(0.05)
     env = ast.literal_eval(out.read_text())
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(run.path / "forensics" / "fr" / "live" / "trace_rank_")
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(
+        run.path / "forensics" / "fr" / "live" / "trace_rank_"
+    )
     assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"/tmp/taehv-fr-{run.path.name}-rank_"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "1234"  # the command's own value wins

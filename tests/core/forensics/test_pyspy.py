@@ -26,12 +26,17 @@ needs_pyspy = pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy not installed be
 
 # ------------------------------------------------------------------------------ recorded output
 
+
 def test_parse_dump_reads_threads_and_innermost_first_frames():
     dump = pyspy.parse_dump((FIXTURES / "pyspy_two_threads.txt").read_text())
     assert [t.name for t in dump.threads] == ["MainThread", "loader-0"]
     main = dump.main_thread()
     assert main is not None and main.tid == dump.pid
-    assert main.frames == ("wait_for_batch (<string>:9)", "train_step (<string>:11)", "<module> (<string>:12)")
+    assert main.frames == (
+        "wait_for_batch (<string>:9)",
+        "train_step (<string>:11)",
+        "<module> (<string>:12)",
+    )
     assert dump.threads[1].frames[0] == "loader_worker (<string>:5)"
     assert main.status == "idle"
 
@@ -48,20 +53,25 @@ def test_parse_dump_refuses_an_error_report():
         pyspy.parse_dump((FIXTURES / "pyspy_stopped_blocking.txt").read_text())
 
 
-@pytest.mark.parametrize("fixture, kind", [
-    ("pyspy_denied_no_sys_ptrace.txt", pyspy.DENIED),
-    ("pyspy_gone.txt", pyspy.GONE),
-    ("pyspy_stopped_blocking.txt", pyspy.FAILED),
-])
+@pytest.mark.parametrize(
+    "fixture, kind",
+    [
+        ("pyspy_denied_no_sys_ptrace.txt", pyspy.DENIED),
+        ("pyspy_gone.txt", pyspy.GONE),
+        ("pyspy_stopped_blocking.txt", pyspy.FAILED),
+    ],
+)
 def test_failures_are_told_apart(fixture, kind):
     assert pyspy.classify_failure((FIXTURES / fixture).read_text()) == kind
 
 
 def test_pyspys_own_container_hint_counts_as_not_permitted():
     # both strings are in the py-spy 0.4.3 binary; seccomp-blocked process_vm_readv prints them
-    text = ("Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
-            "It looks like you are running in a docker container. Please make sure you started your container "
-            "with the SYS_PTRACE capability.")
+    text = (
+        "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
+        "It looks like you are running in a docker container. Please make sure you started your container "
+        "with the SYS_PTRACE capability."
+    )
     assert pyspy.classify_failure(text) == pyspy.DENIED
 
 
@@ -72,6 +82,7 @@ def test_error_summary_drops_the_rust_backtrace():
 
 
 # ------------------------------------------------------------------------------- the real tool
+
 
 @needs_pyspy
 def test_dump_of_a_running_process(stuck_process):
@@ -114,7 +125,8 @@ def test_missing_pyspy_is_said(stuck_process, monkeypatch, tmp_path):
 
 needs_root_caps = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("capsh") or not shutil.which("setpriv") or not HAVE_PYSPY,
-    reason="needs root, capsh and setpriv to drop CAP_SYS_PTRACE for real")
+    reason="needs root, capsh and setpriv to drop CAP_SYS_PTRACE for real",
+)
 
 
 @needs_root_caps
@@ -125,9 +137,19 @@ def test_node_helper_without_sys_ptrace_says_not_permitted(stuck_process, capfd)
     import json
     import subprocess
 
-    res = subprocess.run(["capsh", "--drop=cap_sys_ptrace", "--", "-c",
-                          f"exec {sys.executable} -m taehv_console.core.forensics.node pyspy --pid {p.pid}"],
-                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[3])
+    res = subprocess.run(
+        [
+            "capsh",
+            "--drop=cap_sys_ptrace",
+            "--",
+            "-c",
+            f"exec {sys.executable} -m taehv_console.core.forensics.node pyspy --pid {p.pid}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[3],
+    )
     reply = json.loads(res.stdout.strip().splitlines()[-1])
     assert reply["kind"] == pyspy.DENIED, reply
     assert "Permission denied" in reply["error"]
@@ -142,14 +164,16 @@ def test_node_helper_prints_one_json_object(stuck_process, capsys):
 
 # ----------------------------------------------------------------------- StallForensics, local
 
+
 @needs_pyspy
 def test_collect_dumps_stalled_and_peer_into_the_run_dir(stuck_process, tmp_path):
     stalled, peer = stuck_process(), stuck_process()
     sigstop(stalled.pid)
     run = make_run(tmp_path)
     with SshPool(SshSettings.from_env()) as pool:
-        report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", stalled.pid),
-                                                   RankRef(0, 0, "localhost", peer.pid))
+        report = StallForensics(run, pool).collect(
+            RankRef(1, 0, "localhost", stalled.pid), RankRef(0, 0, "localhost", peer.pid)
+        )
     assert report.stalled_rank == 1
     roles = {d.role: d for d in report.dumps}
     assert set(roles) == {"stalled", "peer"}
@@ -186,6 +210,7 @@ def test_collect_says_once_when_pyspy_is_missing_and_carries_on(stuck_process, t
 
 # ------------------------------------------------------------------------ through the loopback sshd
 
+
 @needs_pyspy
 def test_collect_over_ssh_for_a_remote_node(sshd, stuck_process, tmp_path):
     stalled = stuck_process()
@@ -206,17 +231,21 @@ def test_remote_node_without_sys_ptrace_is_noted_once(sshd, stuck_process, tmp_p
     other = stuck_process("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
     other2 = stuck_process("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
     wrapper = tmp_path / "python-no-ptrace"
-    wrapper.write_text(textwrap.dedent(f"""\
+    wrapper.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         cd {Path(__file__).parents[3]}
         exec capsh --drop=cap_sys_ptrace -- -c 'exec "$0" "$@"' {sys.executable} "$@"
-        """))
+        """)
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     shutil.copy(Path(sys.executable).parent / "py-spy", tmp_path / "py-spy")  # found beside the python
     host = sshd.hosts[1].host
     run = make_run(tmp_path, nodes=1, gpus_per_node=2, hosts=(host,))
     with SshPool(sshd.settings(python=str(wrapper))) as pool:
-        report = StallForensics(run, pool).collect(RankRef(1, 0, host, other.pid), RankRef(0, 0, host, other2.pid))
+        report = StallForensics(run, pool).collect(
+            RankRef(1, 0, host, other.pid), RankRef(0, 0, host, other2.pid)
+        )
     assert report.dumps == ()
     denied = [n for n in report.notes if "not permitted" in n]
     assert len(denied) == 1, report.notes
@@ -231,6 +260,8 @@ def test_a_report_reads_back_from_its_json(stuck_process, tmp_path):
 
     stalled = stuck_process()
     with SshPool(SshSettings.from_env()) as pool:
-        report = StallForensics(make_run(tmp_path), pool).collect(RankRef(1, 0, "localhost", stalled.pid), None)
+        report = StallForensics(make_run(tmp_path), pool).collect(
+            RankRef(1, 0, "localhost", stalled.pid), None
+        )
     # what `status` in another process reads back from the run directory is the same value
     assert ForensicsReport.from_json(json.loads(json.dumps(report.to_json()))) == report

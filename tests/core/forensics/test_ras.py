@@ -23,15 +23,19 @@ RAS = FIXTURES / "ras"
 
 # ------------------------------------------------------------------------------- version policy
 
-@pytest.mark.parametrize("version, allowed, why", [
-    ((2, 21, 5), False, "no RAS service"),
-    ((2, 24, 3), False, "#1669"),
-    ((2, 26, 5), False, "#1718"),
-    ((2, 27, 3), False, "#1762"),
-    ((2, 29, 1), False, "corrupts memory"),
-    ((2, 29, 2), True, "no known crash"),
-    ((2, 30, 4), True, "no known crash"),
-])
+
+@pytest.mark.parametrize(
+    "version, allowed, why",
+    [
+        ((2, 21, 5), False, "no RAS service"),
+        ((2, 24, 3), False, "#1669"),
+        ((2, 26, 5), False, "#1718"),
+        ((2, 27, 3), False, "#1762"),
+        ((2, 29, 1), False, "corrupts memory"),
+        ((2, 29, 2), True, "no known crash"),
+        ((2, 30, 4), True, "no known crash"),
+    ],
+)
 def test_version_policy(version, allowed, why):
     ok, reason = ras.may_query(version)
     assert ok is allowed and why in reason
@@ -68,12 +72,14 @@ def test_loaded_nccl_reads_the_process_maps(tmp_path):
     (pid_dir / "maps").write_text(
         "7f0000000000-7f0000001000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
         "7f1000000000-7f1000100000 r-xp 00000000 08:01 5678 "
-        "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2\n")
+        "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2\n"
+    )
     assert ras.loaded_nccl(4242, proc_root=str(tmp_path)).endswith("nvidia/nccl/lib/libnccl.so.2")
     assert ras.loaded_nccl(os.getpid()) == ""  # this test process has no NCCL
 
 
 # ------------------------------------------------------------------------------------ verdicts
+
 
 def test_healthy_report():
     v = ras.parse_status((RAS / "healthy.txt").read_text())
@@ -83,8 +89,10 @@ def test_healthy_report():
 
 def test_stopped_process_report_names_the_missing_rank():
     v = ras.parse_status((RAS / "stopped_incomplete.txt").read_text())
-    assert v.incomplete == ("no answer from process 48213 on node 10.0.0.12 (GPU 1)",
-                            "communicator #0-0: missing ranks 5")
+    assert v.incomplete == (
+        "no answer from process 48213 on node 10.0.0.12 (GPU 1)",
+        "communicator #0-0: missing ranks 5",
+    )
     assert v.dead == () and v.mismatch == ()
     assert v.statuses == ("group 0: RUNNING/INCOMPLETE",)
     assert v.line().startswith("INCOMPLETE no answer from process 48213")
@@ -94,8 +102,9 @@ def test_dead_report():
     v = ras.parse_status((RAS / "dead.txt").read_text())
     assert v.dead == ("process 48213 on node 10.0.0.12 (GPU 1)",)
     assert v.incomplete == ("communicator #0-0: missing ranks 5",)
-    assert v.line() == ("DEAD process 48213 on node 10.0.0.12 (GPU 1) | "
-                        "INCOMPLETE communicator #0-0: missing ranks 5")
+    assert v.line() == (
+        "DEAD process 48213 on node 10.0.0.12 (GPU 1) | INCOMPLETE communicator #0-0: missing ranks 5"
+    )
 
 
 def test_mismatch_report_names_the_rank_behind():
@@ -109,6 +118,7 @@ def test_not_a_report():
 
 
 # ------------------------------------------------------------------------------------ protocol
+
 
 class RasServer:
     """Answers as NCCL's RAS client socket does: CLIENT PROTOCOL -> SERVER PROTOCOL, TIMEOUT -> OK,
@@ -203,6 +213,7 @@ def test_node_side_refuses_an_unsafe_version(monkeypatch):
 
 # ------------------------------------------------------------------------------------- gating
 
+
 def _allow_version(monkeypatch, port: int):
     """The node helper, run in-process, sees a safe NCCL and asks our server's port."""
     monkeypatch.setattr(ras, "loaded_nccl", lambda pid: "/x/nvidia/nccl/lib/libnccl.so.2")
@@ -220,7 +231,9 @@ def _allow_version(monkeypatch, port: int):
 def test_ras_in_collect_at_most_every_15_s(tmp_path, ras_server, monkeypatch):
     server = ras_server((RAS / "stopped_incomplete.txt").read_text())
     _allow_version(monkeypatch, server.port)
-    run = make_run(tmp_path, device="cuda", nodes=1, gpus_per_node=2, nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    run = make_run(
+        tmp_path, device="cuda", nodes=1, gpus_per_node=2, nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    )
     write_heartbeat(run, 0, step=3, pid=os.getpid())
     now = [1000.0]
     with SshPool(SshSettings.from_env()) as pool:
@@ -231,8 +244,10 @@ def test_ras_in_collect_at_most_every_15_s(tmp_path, ras_server, monkeypatch):
         second = f.collect(RankRef(1, 0, "localhost", 999999), peer)
         now[0] += 6
         third = f.collect(RankRef(1, 0, "localhost", 999999), peer)
-    assert first.ras == "INCOMPLETE no answer from process 48213 on node 10.0.0.12 (GPU 1); " \
-                        "communicator #0-0: missing ranks 5"
+    assert (
+        first.ras == "INCOMPLETE no answer from process 48213 on node 10.0.0.12 (GPU 1); "
+        "communicator #0-0: missing ranks 5"
+    )
     assert second.ras == first.ras  # 10 s later: the last verdict, not a new query
     assert third.ras == first.ras
     assert server.asked.count("VERBOSE STATUS") == 2  # at 0 s and 16 s
@@ -241,11 +256,14 @@ def test_ras_in_collect_at_most_every_15_s(tmp_path, ras_server, monkeypatch):
 def test_ras_not_asked_before_the_first_step(tmp_path, ras_server, monkeypatch):
     server = ras_server((RAS / "healthy.txt").read_text())
     _allow_version(monkeypatch, server.port)
-    run = make_run(tmp_path, device="cuda", nodes=1, gpus_per_node=2, nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    run = make_run(
+        tmp_path, device="cuda", nodes=1, gpus_per_node=2, nccl_env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    )
     write_heartbeat(run, 0, step=0, pid=os.getpid())
     with SshPool(SshSettings.from_env()) as pool:
-        report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", 999999),
-                                                   RankRef(0, 0, "localhost", os.getpid()))
+        report = StallForensics(run, pool).collect(
+            RankRef(1, 0, "localhost", 999999), RankRef(0, 0, "localhost", os.getpid())
+        )
     assert report.ras is None and server.asked == []
     assert any("communicator init" in n for n in report.notes)
 
@@ -256,7 +274,10 @@ def test_ras_on_a_gloo_run_is_unavailable_and_never_asked(tmp_path, ras_server, 
     run = make_run(tmp_path, device="cpu")
     write_heartbeat(run, 0, step=3, pid=os.getpid())
     with SshPool(SshSettings.from_env()) as pool:
-        report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", 999999),
-                                                   RankRef(0, 0, "localhost", os.getpid()))
+        report = StallForensics(run, pool).collect(
+            RankRef(1, 0, "localhost", 999999), RankRef(0, 0, "localhost", os.getpid())
+        )
     assert report.ras is None and server.asked == []
-    assert [n for n in report.notes if "RAS" in n] == ["NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"]
+    assert [n for n in report.notes if "RAS" in n] == [
+        "NCCL RAS unavailable: this run uses gloo (CPU), not NCCL"
+    ]

@@ -40,15 +40,20 @@ def test_stopped_rank_and_waiting_peer(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), port], env=env, stdout=subprocess.PIPE,
-                              text=True) for r in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(r), port], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for r in (0, 1)
+    ]
     try:
         assert ranks[1].stdout.readline().strip() == "loading"
         sigstop(ranks[1].pid)
         run = make_run(tmp_path, device="cpu", nodes=1, gpus_per_node=2)
         with SshPool(SshSettings.from_env()) as pool:
-            report = StallForensics(run, pool).collect(RankRef(1, 0, "localhost", ranks[1].pid),
-                                                       RankRef(0, 0, "localhost", ranks[0].pid))
+            report = StallForensics(run, pool).collect(
+                RankRef(1, 0, "localhost", ranks[1].pid), RankRef(0, 0, "localhost", ranks[0].pid)
+            )
         by_role = {d.role: d for d in report.dumps}
         stalled = by_role["stalled"].frames
         assert stalled[0].startswith("load_batch (<string>:") and stalled[1] == "train_step (<string>:10)"

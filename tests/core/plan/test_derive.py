@@ -97,8 +97,11 @@ def test_published_topologies_derive_back_to_published_values(h100, name):
     assert values(got)[:6] == values(pub)[:6]
     assert values(got)[7] == values(pub)[7]
     # derived configs wait minutes, not the published hours: the console names a stall in ~30 s
-    assert got.distributed.collective_timeout_s == derived_collective_timeout_s(pub.topology.nodes) < \
-        pub.distributed.collective_timeout_s
+    assert (
+        got.distributed.collective_timeout_s
+        == derived_collective_timeout_s(pub.topology.nodes)
+        < pub.distributed.collective_timeout_s
+    )
     assert got.deepspeed.zero_stage == 2
     if pub.deepspeed.zero_stage == 3:
         d, p = got.deepspeed, pub.deepspeed
@@ -153,7 +156,14 @@ def test_rules_in_isolation():
         14400,
         14400,
     ]
-    assert [derived_collective_timeout_s(n) for n in (1, 10, 11, 16, 40, 64)] == [600, 600, 630, 780, 1500, 1800]
+    assert [derived_collective_timeout_s(n) for n in (1, 10, 11, 16, 40, 64)] == [
+        600,
+        600,
+        630,
+        780,
+        1500,
+        1800,
+    ]
     assert [lr_for(b) for b in (128, 240, 256, 192)] == [1e-4, 1.8e-4, 2e-4, 1.5e-4]
     assert gpu_family("NVIDIA H100 80GB HBM3") == "H100" and gpu_family("NVIDIA A800-SXM4-80GB") == "A800"
     assert gpu_family("NVIDIA A100-SXM4-40GB") == "A800" and gpu_family("NVIDIA L40S") is None

@@ -76,8 +76,9 @@ def test_plan_derived_topology_json(capsys):
 def test_plan_json_carries_the_whole_resolved_config_with_a_matched_presets_timeout(capsys):
     # auto picks the published 16gpu-h100 for 2 x 8 H100: nothing is derived, and its timeout
     # (the published 7200 s for 2 nodes) is in the output with the planner's explanation
-    code, data = run_json(capsys, "plan", "--preset", "auto", "--nodes", "2", "--gpus-per-node", "8",
-                          "--gpu", "H100", "--json")
+    code, data = run_json(
+        capsys, "plan", "--preset", "auto", "--nodes", "2", "--gpus-per-node", "8", "--gpu", "H100", "--json"
+    )
     assert code == 0 and data["derived"] is False and data["preset"] == "16gpu-h100"
     cfg = data["config"]
     assert set(cfg) >= {"run", "topology", "model", "data", "optim", "schedule", "deepspeed", "distributed"}
@@ -88,8 +89,9 @@ def test_plan_json_carries_the_whole_resolved_config_with_a_matched_presets_time
 
 
 def test_a_derived_config_waits_minutes_not_hours_and_says_why(capsys):
-    code, data = run_json(capsys, "plan", "--preset", "auto", "--nodes", "3", "--gpus-per-node", "8",
-                          "--gpu", "H100", "--json")
+    code, data = run_json(
+        capsys, "plan", "--preset", "auto", "--nodes", "3", "--gpus-per-node", "8", "--gpu", "H100", "--json"
+    )
     assert code == 0 and data["derived"] is True
     assert data["config"]["distributed"]["collective_timeout_s"] == 600
     why = data["plan"]["collective_timeout"]["why"]

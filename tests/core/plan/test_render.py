@@ -184,7 +184,13 @@ def test_deepspeed_accepts_every_rendered_value(name, tmp_path):
     same("gradient_clipping", ds.gradient_clipping)
     same("steps_per_print", ds.steps_per_print)
     same("wall_clock_breakdown", ds.wall_clock_breakdown)
-    same("bf16", {"enabled": ds.bfloat16_config.enabled, "check_grad_overflow": ds.bfloat16_config.check_grad_overflow})
+    same(
+        "bf16",
+        {
+            "enabled": ds.bfloat16_config.enabled,
+            "check_grad_overflow": ds.bfloat16_config.check_grad_overflow,
+        },
+    )
     fp16 = ds.float16_config
     same(
         "fp16",

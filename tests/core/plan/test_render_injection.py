@@ -22,11 +22,15 @@ EVIL_VALUE = "x; touch {m}/PWNED_SEMI $(touch {m}/PWNED_SUBST) `touch {m}/PWNED_
 def write_preset(tmp_path: Path, env: dict[str, str]) -> Path:
     lines = "\n".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in env.items())
     path = tmp_path / "evil.toml"
-    path.write_text(textwrap.dedent('''\
+    path.write_text(
+        textwrap.dedent("""\
         [preset]
         base = "cpu-smoke"
         [distributed.nccl_env]
-        ''') + lines + "\n")  # fmt: skip
+        """)
+        + lines
+        + "\n"
+    )
     return path
 
 
@@ -73,7 +77,9 @@ def test_a_value_with_metacharacters_is_quoted_and_never_executed(tmp_path):
     for s in shims.iterdir():
         s.chmod(0o755)
     env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost"}
-    done = subprocess.run(["bash", str(run / "sbatch.sh")], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(run / "sbatch.sh")], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     assert list(marks.iterdir()) == []  # nothing in the value ran
     assert (tmp_path / "seen").read_text() == value + "\n"

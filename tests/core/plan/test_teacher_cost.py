@@ -30,7 +30,9 @@ def test_online_teacher_costs_its_encode_in_step_time_and_gpu_hours():
     assert cached.time.step_s == pytest.approx(compute * (1 + 3 * 1.413 / 6.1) + comm)
     assert online.time.gpu_hours == pytest.approx(t.online_gpu_hours)
     assert cached.time.gpu_hours == pytest.approx(t.cached_gpu_hours)
-    assert online.time.gpu_hours / cached.time.gpu_hours == pytest.approx((1 + 4.9016 + 0.6949) / 1.6949, rel=1e-3)
+    assert online.time.gpu_hours / cached.time.gpu_hours == pytest.approx(
+        (1 + 4.9016 + 0.6949) / 1.6949, rel=1e-3
+    )
     # the one-off build: 100k windows x 4.9 student steps at 4 clips/s per GPU
     assert t.cache_build_gpu_hours == pytest.approx(100_000 * 29.9 / 6.1 / 4.0 / 3600)
     assert student.time.step_s == pytest.approx(compute + comm)  # not distilling: student only

@@ -24,11 +24,24 @@ from tests.core.run.fake_launcher import fake_commands
 FAKE = Path(__file__).with_name("fake_launcher.py")
 
 
-def make_run(runs: Path, nodes: int = 2, per_node: int = 1, max_steps: int = 1000, env: dict | None = None) -> RunDir:
-    cfg = load_preset("cpu-smoke", overrides=[f"topology.nodes={nodes}", f"topology.gpus_per_node={per_node}",
-                                              f"optim.max_steps={max_steps}"]).config
-    spec = LaunchSpec(backend=BackendKind.LOCAL, hosts=("localhost",) * nodes, master_addr="127.0.0.1",
-                      master_port=29999, env=env or {})
+def make_run(
+    runs: Path, nodes: int = 2, per_node: int = 1, max_steps: int = 1000, env: dict | None = None
+) -> RunDir:
+    cfg = load_preset(
+        "cpu-smoke",
+        overrides=[
+            f"topology.nodes={nodes}",
+            f"topology.gpus_per_node={per_node}",
+            f"optim.max_steps={max_steps}",
+        ],
+    ).config
+    spec = LaunchSpec(
+        backend=BackendKind.LOCAL,
+        hosts=("localhost",) * nodes,
+        master_addr="127.0.0.1",
+        master_port=29999,
+        env=env or {},
+    )
     return create_run(runs, cfg, spec)
 
 
@@ -101,13 +114,31 @@ def step_of(ctrl: RunController) -> int:
     return ctrl._tail().progress.step
 
 
-def start_console(run: RunDir, max_steps: int = 1000, step_s: float = 0.2, ranks: int = 1) -> subprocess.Popen:
+def start_console(
+    run: RunDir, max_steps: int = 1000, step_s: float = 0.2, ranks: int = 1
+) -> subprocess.Popen:
     """A separate console process that launches and follows `run` (tests SIGKILL it)."""
     root = Path(__file__).resolve().parents[3]
-    return subprocess.Popen([sys.executable, str(FAKE), "console", "--run", str(run.path), "--ranks", str(ranks),
-                             "--max-steps", str(max_steps), "--step-s", str(step_s)],
-                            stdout=subprocess.PIPE, text=True, cwd=root, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(root)})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(FAKE),
+            "console",
+            "--run",
+            str(run.path),
+            "--ranks",
+            str(ranks),
+            "--max-steps",
+            str(max_steps),
+            "--step-s",
+            str(step_s),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
 
 
 def launch_then_kill_console(run: RunDir, max_steps: int, step_s: float) -> None:
@@ -116,7 +147,9 @@ def launch_then_kill_console(run: RunDir, max_steps: int, step_s: float) -> None
     console = start_console(run, max_steps=max_steps, step_s=step_s)
     try:
         assert console.stdout.readline().strip() == "launched"
-        wait_for(lambda: run.event_file(0).exists() and '"step"' in run.event_file(0).read_text(), 30, "a step")
+        wait_for(
+            lambda: run.event_file(0).exists() and '"step"' in run.event_file(0).read_text(), 30, "a step"
+        )
     finally:
         kill_console(console)
 

@@ -96,14 +96,33 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
             emit(run, rank, "error", message="ValueError: injected failure", traceback="Traceback ...")
             emit(run, rank, "stop", step=step, reason="error", exit_status=1)
             return 1
-        emit(run, rank, "step", step=step, loss=1.0 / step, psnr=10.0 + step, samples_per_s=4.0,
-             step_time_s=step_s, lr=1e-3)
+        emit(
+            run,
+            rank,
+            "step",
+            step=step,
+            loss=1.0 / step,
+            psnr=10.0 + step,
+            samples_per_s=4.0,
+            step_time_s=step_s,
+            lr=1e-3,
+        )
         beat = run / "heartbeat" / f"rank-{rank}.json"
         tmp = beat.with_name(f".{beat.name}.tmp")  # replaced whole, as the trainer does: never read half
         # the trainer's heartbeat fields: the step time is what the console's stall threshold scales with
-        tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
-                                   "host": socket.gethostname(), "step_time_s": step_s, "wait_s": 0.0,
-                                   "data_wait_s": 0.0}))  # fmt: skip
+        tmp.write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "time": time.time(),
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "step_time_s": step_s,
+                    "wait_s": 0.0,
+                    "data_wait_s": 0.0,
+                }
+            )
+        )
         os.replace(tmp, beat)
         if stop["asked"] and not agreed.exists():
             # the trainer's all-reduce of the stop flag, in files: the first rank to be asked
@@ -120,8 +139,14 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
                 time.sleep(float(slow_s))
             saved = save_checkpoint(run, rank, world, step)
             if rank == 0:
-                emit(run, rank, "checkpoint", step=step, status="complete" if saved else "failed",
-                     path=str(run / f"checkpoints/step-{step}"))
+                emit(
+                    run,
+                    rank,
+                    "checkpoint",
+                    step=step,
+                    status="complete" if saved else "failed",
+                    path=str(run / f"checkpoints/step-{step}"),
+                )
             emit(run, rank, "stop", step=step, reason="signal", exit_status=0, signal="SIGTERM")
             return 0
     emit(run, rank, "stop", step=step, reason="done", exit_status=0)
@@ -154,9 +179,23 @@ def launcher_main(args: argparse.Namespace) -> int:
     ranks = []
     for local in range(args.ranks):
         rank = args.node * args.ranks + local
-        cmd = [sys.executable, __file__, "rank", "--run", str(args.run), "--rank", str(rank),
-               "--world", str(args.world), "--max-steps", str(args.max_steps), "--step-s", str(args.step_s),
-               "--start-step", str(args.start_step)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "rank",
+            "--run",
+            str(args.run),
+            "--rank",
+            str(rank),
+            "--world",
+            str(args.world),
+            "--max-steps",
+            str(args.max_steps),
+            "--step-s",
+            str(args.step_s),
+            "--start-step",
+            str(args.start_step),
+        ]
         ranks.append((rank, local, subprocess.Popen(cmd, start_new_session=True)))
     signalled = {"sig": None}
 
@@ -198,13 +237,36 @@ def fake_commands(ctrl, ranks_per_node: int, max_steps: int, step_s: float, star
 
     def commands(attempt: int, resume, weights_only):
         world = ctrl.cfg.topology.world_size
-        return [NodeCommand(index=i, host="localhost",
-                            argv=(sys.executable, __file__, "launcher", "--run", str(ctrl.run.path), "--node", str(i),
-                                  "--ranks", str(ranks_per_node), "--world", str(world), "--max-steps",
-                                  str(max_steps), "--step-s", str(step_s), "--start-step", str(start_step)),
-                            env=dict(ctrl.state.env), log=str(ctrl.run.node_log(i)),
-                            status=str(ctrl.run.node_status_path(i)), cwd=str(ctrl.run.path))
-                for i in ctrl.state.controlled]
+        return [
+            NodeCommand(
+                index=i,
+                host="localhost",
+                argv=(
+                    sys.executable,
+                    __file__,
+                    "launcher",
+                    "--run",
+                    str(ctrl.run.path),
+                    "--node",
+                    str(i),
+                    "--ranks",
+                    str(ranks_per_node),
+                    "--world",
+                    str(world),
+                    "--max-steps",
+                    str(max_steps),
+                    "--step-s",
+                    str(step_s),
+                    "--start-step",
+                    str(start_step),
+                ),
+                env=dict(ctrl.state.env),
+                log=str(ctrl.run.node_log(i)),
+                status=str(ctrl.run.node_status_path(i)),
+                cwd=str(ctrl.run.path),
+            )
+            for i in ctrl.state.controlled
+        ]
 
     ctrl.commands = commands
 

@@ -46,7 +46,10 @@ def test_status_of_one_run_and_of_all_runs(finished, launch_fake, capsys):
 
     assert main(["status", "--runs", runs, "--json"]) == 0
     listing = _json_out(capsys)
-    assert [(i["run"], i["phase"]) for i in listing] == [(live.run.run_id, "running"), (finished.run_id, "done")]
+    assert [(i["run"], i["phase"]) for i in listing] == [
+        (live.run.run_id, "running"),
+        (finished.run_id, "done"),
+    ]
     assert listing[0]["live"] is True and "live" not in listing[1]
 
 

@@ -63,7 +63,8 @@ def test_a_stop_reports_the_verified_checkpoint_not_the_step_the_stop_events_cla
 
 
 def test_stop_checkpoints_the_current_step_and_leaves_nothing_but_spares_other_processes(
-        launch_fake, unrelated_sleeper):
+    launch_fake, unrelated_sleeper
+):
     ctrl = launch_fake(nodes=2, step_s=0.3)
     wait_for(lambda: step_of(ctrl) >= 2, 30, "two steps")
     ranks = [rank_pid(ctrl.run, r) for r in (0, 1)]
@@ -80,7 +81,8 @@ def test_stop_checkpoints_the_current_step_and_leaves_nothing_but_spares_other_p
 
 
 def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_in_their_own_sessions(
-        launch_fake, unrelated_sleeper):
+    launch_fake, unrelated_sleeper
+):
     ctrl = launch_fake(nodes=1, per_node=2, step_s=0.2, env={"FAKE_IGNORE_TERM": "1"})
     wait_for(lambda: step_of(ctrl) >= 1, 30, "a step")
     ranks = [rank_pid(ctrl.run, r) for r in (0, 1)]
@@ -212,16 +214,27 @@ def test_a_platform_pod_judges_its_own_ranks_when_a_peers_stop_is_late(tmp_path,
     base = dataclasses.replace(run.read_state(), backend="platform")
     pods = []
     for rank in (0, 1):
-        state = dataclasses.replace(base, controlled=(rank,)) if rank else dataclasses.replace(base, controlled=(0,))
-        ctrl = RunController.open(run, pool, purpose=f"pod {rank}", state=state,
-                                  lock_name=None if rank == 0 else f"lock.node-{rank}")
+        state = (
+            dataclasses.replace(base, controlled=(rank,))
+            if rank
+            else dataclasses.replace(base, controlled=(0,))
+        )
+        ctrl = RunController.open(
+            run,
+            pool,
+            purpose=f"pod {rank}",
+            state=state,
+            lock_name=None if rank == 0 else f"lock.node-{rank}",
+        )
         fake_commands(ctrl, 1, 1000, 0.2)
         ctrl.launch()
         pods.append(ctrl)
     try:
         results = {}
-        threads = [threading.Thread(target=lambda c=c, i=i: results.update({i: c.follow(interval=0.1)}))
-                   for i, c in enumerate(pods)]
+        threads = [
+            threading.Thread(target=lambda c=c, i=i: results.update({i: c.follow(interval=0.1)}))
+            for i, c in enumerate(pods)
+        ]
         for t in threads:
             t.start()
         wait_for(lambda: step_of(pods[0]) >= 2, 30, "two steps")
@@ -241,12 +254,14 @@ def test_a_platform_pod_judges_its_own_ranks_when_a_peers_stop_is_late(tmp_path,
 
 # --------------------------------------------------------------------------------- resume checks
 
+
 def _fake_checkpoint(run, step: int, world: int) -> None:
     d = run.checkpoints / f"step-{step}"
     d.mkdir(parents=True)
     (d / "weights.safetensors").write_bytes(b"abc")
-    (d / "manifest.json").write_text(json.dumps({"step": step, "world_size": world, "zero_stage": 2,
-                                                 "files": {"weights.safetensors": 3}}))
+    (d / "manifest.json").write_text(
+        json.dumps({"step": step, "world_size": world, "zero_stage": 2, "files": {"weights.safetensors": 3}})
+    )
     (d / "COMPLETE").write_text(f"{step}\n")
 
 
@@ -275,5 +290,7 @@ def test_resume_takes_the_newest_complete_checkpoint_and_reports_skipped_ones(tm
 
 
 def _rank0_step(run) -> int:
-    steps = [json.loads(line)["step"] for line in run.event_file(0).read_text().splitlines() if '"step"' in line]
+    steps = [
+        json.loads(line)["step"] for line in run.event_file(0).read_text().splitlines() if '"step"' in line
+    ]
     return max(steps, default=0)

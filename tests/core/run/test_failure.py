@@ -45,8 +45,10 @@ def test_the_killed_rank_is_the_cause_even_when_its_peer_failed_first():
 
 def test_a_ranks_own_error_beats_launcher_exit_order():
     nodes = [NodeEvidence(0, "a", 1, 10.0, None), NodeEvidence(1, "b", 1, 11.0, None)]
-    errors = {3: {"message": "CUDA error: invalid device ordinal", "time": 12.0},
-              0: {"message": "Connection closed by peer [10.0.0.2]:1234", "time": 9.0}}
+    errors = {
+        3: {"message": "CUDA error: invalid device ordinal", "time": 12.0},
+        0: {"message": "Connection closed by peer [10.0.0.2]:1234", "time": 9.0},
+    }
     f = choose_failure(nodes, errors, gpus_per_node=2, now=20.0)
     assert (f.rank, f.node, f.host, f.local_rank) == (3, 1, "b", 1)
     assert "invalid device ordinal" in f.reason
@@ -67,9 +69,11 @@ def test_a_vanished_launcher_and_no_failure_at_all():
 
 def test_only_this_attempts_part_of_a_log_is_read(tmp_path):
     log = tmp_path / "node-0.log"
-    log.write_text("[taehv-console] t node 0 attempt 1 on h (pid 1): x\nRoot Cause (first observed failure):\n"
-                   "  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 5)\n=========\n"
-                   "[taehv-console] t node 0 attempt 2 on h (pid 2): x\nall fine\n")
+    log.write_text(
+        "[taehv-console] t node 0 attempt 1 on h (pid 1): x\nRoot Cause (first observed failure):\n"
+        "  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 5)\n=========\n"
+        "[taehv-console] t node 0 attempt 2 on h (pid 2): x\nall fine\n"
+    )
     assert parse_root_cause(attempt_log_text(log, 0, 2)) is None  # attempt 1's failure is history
     assert parse_root_cause(attempt_log_text(log, 0, 1)).exit_code == -9
 

@@ -31,9 +31,29 @@ time.sleep(300)
 
 def test_wrapper_records_identity_and_the_launchers_exit_code(tmp_path):
     status = tmp_path / "node-3.status.json"
-    proc = subprocess.run([sys.executable, "-m", "taehv_console.core.run.node", "launch", "--status", str(status),
-                           "--node", "3", "--attempt", "2", "--", "sh", "-c", "echo hello; exit 7"],
-                          capture_output=True, text=True, timeout=30, start_new_session=True, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.core.run.node",
+            "launch",
+            "--status",
+            str(status),
+            "--node",
+            "3",
+            "--attempt",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo hello; exit 7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        start_new_session=True,
+        check=False,
+    )
     assert proc.returncode == 7
     st = json.loads(status.read_text())
     assert (st["node"], st["attempt"], st["exit_code"]) == (3, 2, 7)
@@ -43,8 +63,22 @@ def test_wrapper_records_identity_and_the_launchers_exit_code(tmp_path):
 
 def test_wrapper_survives_the_group_sigterm_and_records_the_signal(tmp_path):
     status = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "taehv_console.core.run.node", "launch", "--status", str(status),
-                             "--node", "0", "--", "sleep", "60"], start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.core.run.node",
+            "launch",
+            "--status",
+            str(status),
+            "--node",
+            "0",
+            "--",
+            "sleep",
+            "60",
+        ],
+        start_new_session=True,
+    )
     wait_for(lambda: status.exists(), 20, "the status file")
     os.killpg(proc.pid, signal.SIGTERM)  # what a stop sends: the launcher dies, the wrapper reports it
     assert proc.wait(20) == 128 + signal.SIGTERM
@@ -52,7 +86,9 @@ def test_wrapper_survives_the_group_sigterm_and_records_the_signal(tmp_path):
 
 
 def test_tree_reaches_a_child_in_its_own_session_and_nothing_unrelated(tmp_path):
-    leader = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         ranked = int(leader.stdout.readline())
@@ -75,9 +111,25 @@ def test_orphans_of_a_dead_launcher_stay_in_the_wrappers_tree(tmp_path):
     # the wrapper is a child subreaper: when the launcher dies first (SIGTERM to the group, a
     # crash), its ranks are re-parented to the wrapper, so a later SIGKILL still finds them
     status = tmp_path / "s.json"
-    wrapper = subprocess.Popen([sys.executable, "-m", "taehv_console.core.run.node", "launch", "--status",
-                                str(status), "--node", "0", "--", sys.executable, "-c", TREE],
-                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+    wrapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.core.run.node",
+            "launch",
+            "--status",
+            str(status),
+            "--node",
+            "0",
+            "--",
+            sys.executable,
+            "-c",
+            TREE,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         line = wrapper.stdout.readline()
@@ -87,7 +139,9 @@ def test_orphans_of_a_dead_launcher_stay_in_the_wrappers_tree(tmp_path):
         wait_for(lambda: len(node.run_tree(wrapper.pid)) >= 4, 10, "the whole tree")
         members = list(node.run_tree(wrapper.pid))
         os.killpg(wrapper.pid, signal.SIGTERM)
-        wait_for(lambda: json.loads(status.read_text()).get("exit_code") is not None, 10, "the launcher's exit")
+        wait_for(
+            lambda: json.loads(status.read_text()).get("exit_code") is not None, 10, "the launcher's exit"
+        )
         tree = node.run_tree(wrapper.pid, json.loads(status.read_text())["start_ticks"])
         assert ranked in tree and wrapper.pid in tree  # orphaned, not lost
         assert node.kill_tree(wrapper.pid)["left"] == []
@@ -99,7 +153,9 @@ def test_orphans_of_a_dead_launcher_stay_in_the_wrappers_tree(tmp_path):
 
 
 def test_kill_takes_the_whole_tree_while_the_leader_lives(tmp_path):
-    leader = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         ranked = int(leader.stdout.readline())

@@ -19,9 +19,11 @@ def test_node_tool_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import json, sys; from taehv_console.core.run import node; node.tree_command("
-            "node.build_parser().parse_args(['pids', '--pgid', '999999'])); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "{'torch', 'deepspeed', 'accelerate', 'paramiko', 'pydantic', 'rich'})))")
+    code = (
+        "import json, sys; from taehv_console.core.run import node; node.tree_command("
+        "node.build_parser().parse_args(['pids', '--pgid', '999999'])); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'torch', 'deepspeed', 'accelerate', 'paramiko', 'pydantic', 'rich'})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == []

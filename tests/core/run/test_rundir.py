@@ -51,10 +51,16 @@ def test_resolve_run_by_path_id_prefix_and_newest(tmp_path):
 
 
 def test_state_round_trips_and_ignores_fields_it_does_not_know(tmp_path):
-    state = RunState(run_id="r", phase=Phase.FAILED, backend="ssh", hosts=("a", "b"),
-                     attempts=(Attempt(1, 5.0, (NodeLauncher(0, "a", 10, 10, "/l"),), event_offsets=((0, 7),)),),
-                     failure=Failure("boom", node=1, rank=3, log_lines=("x", "y")), env=(("K", "V"),),
-                     controlled=(0, 1))
+    state = RunState(
+        run_id="r",
+        phase=Phase.FAILED,
+        backend="ssh",
+        hosts=("a", "b"),
+        attempts=(Attempt(1, 5.0, (NodeLauncher(0, "a", 10, 10, "/l"),), event_offsets=((0, 7),)),),
+        failure=Failure("boom", node=1, rank=3, log_lines=("x", "y")),
+        env=(("K", "V"),),
+        controlled=(0, 1),
+    )
     path = tmp_path / "state.json"
     written = write_state(path, state)
     assert written.updated > 0 and not list(tmp_path.glob(".*tmp"))  # replaced, no temp left behind
@@ -96,8 +102,10 @@ def test_a_second_lock_is_refused_with_the_holder_named(tmp_path):
 
 def test_a_killed_holder_never_leaves_a_stale_lock(tmp_path):
     path = tmp_path / "lock"
-    code = ("import sys, time; from taehv_console.core.run.lock import RunLock; "
-            f"RunLock({str(path)!r}, 'console').acquire(); print('held', flush=True); time.sleep(300)")
+    code = (
+        "import sys, time; from taehv_console.core.run.lock import RunLock; "
+        f"RunLock({str(path)!r}, 'console').acquire(); print('held', flush=True); time.sleep(300)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

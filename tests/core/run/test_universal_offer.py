@@ -21,7 +21,9 @@ def test_the_offered_conversion_is_the_trainers_and_a_converted_checkpoint_resum
         with pytest.raises(WorldSizeChangedError) as err:
             ctrl.resume_point()
         assert shlex.join(ckpt.universal_command(step4)) in str(err.value)
-        assert "--inject_missing_state" in str(err.value) and f"taehv-console resume {run.run_id}" in str(err.value)
+        assert "--inject_missing_state" in str(err.value) and f"taehv-console resume {run.run_id}" in str(
+            err.value
+        )
         # what ds_to_universal leaves when it has finished (its last file is the common optimizer state)
         (step4 / "universal" / "zero").mkdir(parents=True)
         (step4 / "universal" / "mp_rank_00_model_states.pt").write_bytes(b"x")

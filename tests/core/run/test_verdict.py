@@ -11,21 +11,30 @@ from taehv_console.core.run.state import Phase
 
 
 def _stops(**reasons: str) -> dict[int, dict]:
-    return {int(r[1:]): {"kind": "stop", "reason": why, "step": 26, "time": 1.0} for r, why in reasons.items()}
+    return {
+        int(r[1:]): {"kind": "stop", "reason": why, "step": 26, "time": 1.0} for r, why in reasons.items()
+    }
 
 
-@pytest.mark.parametrize(("stops", "requested", "expected"), [
-    (_stops(r0="done", r1="done"), False, Phase.DONE),
-    (_stops(r0="done", r1="done"), True, Phase.DONE),  # it finished on its own while being stopped
-    (_stops(r0="signal", r1="signal"), False, Phase.STOPPED),  # a signal from outside the console
-    (_stops(r0="signal", r1="signal"), True, Phase.STOPPED),
-    (_stops(r0="signal", r1="error"), True, Phase.FAILED),  # a rank failed on the way out
-    (_stops(r0="done", r1="error"), False, Phase.FAILED),
-    (_stops(r0="signal"), True, Phase.STOPPED),  # rank 1's last words never came, but we asked
-    (_stops(r0="done"), False, Phase.FAILED),  # rank 1 ended without a word
-    ({}, False, Phase.FAILED),
-    (_stops(r0="done", r1="done", r5="error"), False, Phase.DONE),  # another node's rank: not ours to judge
-])
+@pytest.mark.parametrize(
+    ("stops", "requested", "expected"),
+    [
+        (_stops(r0="done", r1="done"), False, Phase.DONE),
+        (_stops(r0="done", r1="done"), True, Phase.DONE),  # it finished on its own while being stopped
+        (_stops(r0="signal", r1="signal"), False, Phase.STOPPED),  # a signal from outside the console
+        (_stops(r0="signal", r1="signal"), True, Phase.STOPPED),
+        (_stops(r0="signal", r1="error"), True, Phase.FAILED),  # a rank failed on the way out
+        (_stops(r0="done", r1="error"), False, Phase.FAILED),
+        (_stops(r0="signal"), True, Phase.STOPPED),  # rank 1's last words never came, but we asked
+        (_stops(r0="done"), False, Phase.FAILED),  # rank 1 ended without a word
+        ({}, False, Phase.FAILED),
+        (
+            _stops(r0="done", r1="done", r5="error"),
+            False,
+            Phase.DONE,
+        ),  # another node's rank: not ours to judge
+    ],
+)
 def test_verdict(stops, requested, expected):
     assert verdict(stops, {0, 1}, stop_requested=requested) is expected
 

@@ -55,7 +55,9 @@ def test_a_gpu_that_fell_off_the_bus_is_reported_with_nvmls_error():
 def test_thermal_slowdown_and_unsupported_power_fields():
     gpus = gpu_samples(nvml_fixture("a100x8_gpu2_thermal.json"))
     assert gpus[2].throttle == ("sw_thermal", "hw_thermal") and gpus[2].temp_c == 91.0
-    assert gpus[7].power_w is None and gpus[7].power_limit_w is None and not gpus[7].error  # NotSupported != lost
+    assert (
+        gpus[7].power_w is None and gpus[7].power_limit_w is None and not gpus[7].error
+    )  # NotSupported != lost
 
 
 def test_container_without_process_visibility_and_idle_gpu():
@@ -152,12 +154,24 @@ class _ScriptedNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         # NVML's "not available" memory is a huge sentinel (~2^64): the agent must turn it into null
-        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory"] if p["used_memory"] is not None
-                                else 18446744073709551615) for p in self._dev(h, "processes")]  # fmt: skip
+        return [
+            SimpleNamespace(
+                pid=p["pid"],
+                usedGpuMemory=p["used_memory"] if p["used_memory"] is not None else 18446744073709551615,
+            )
+            for p in self._dev(h, "processes")
+        ]
 
 
-@pytest.mark.parametrize("fixture", ["h100x8_training.json", "h100x8_gpu5_lost.json",
-                                     "a100x8_gpu2_thermal.json", "a800x1_idle_container.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "h100x8_training.json",
+        "h100x8_gpu5_lost.json",
+        "a100x8_gpu2_thermal.json",
+        "a800x1_idle_container.json",
+    ],
+)
 def test_nvml_sampler_reads_what_the_recorded_readings_hold(fixture):
     recorded = nvml_fixture(fixture)
     nv = _ScriptedNvml(recorded)
@@ -177,15 +191,20 @@ def test_nvml_missing_gives_a_reason_not_an_exception():
             raise RuntimeError("NVML Shared Library Not Found")
 
     s = NvmlSampler(Broken())
-    assert not s.ok and s.read() == {"ok": False, "reason": "NVML unavailable: NVML Shared Library Not Found",
-                                     "devices": []}  # fmt: skip
+    assert not s.ok and s.read() == {
+        "ok": False,
+        "reason": "NVML unavailable: NVML Shared Library Not Found",
+        "devices": [],
+    }
 
 
 def _has_gpu() -> bool:
     return NvmlSampler().ok
 
 
-@pytest.mark.skipif(not _has_gpu(), reason="no NVIDIA GPU/NVML on this machine: live NVML is checked on GPU hosts")
+@pytest.mark.skipif(
+    not _has_gpu(), reason="no NVIDIA GPU/NVML on this machine: live NVML is checked on GPU hosts"
+)
 def test_live_nvml_reading_on_a_gpu_host():
     sampler = NvmlSampler()
     reading = sampler.read()
@@ -200,8 +219,14 @@ def test_live_nvml_reading_on_a_gpu_host():
 
 
 def _agent(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "taehv_console.core.watch.agent", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "taehv_console.core.watch.agent", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_agent_prints_cpu_only_samples_here_and_exits_when_stdin_closes(tmp_path):
@@ -229,11 +254,13 @@ def test_agent_reports_the_runs_processes_from_heartbeats(tmp_path):
     other_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         host = socket.gethostname()
-        (run / "heartbeat" / "rank-3.json").write_text(json.dumps({"step": 5, "time": time.time(), "pid": child.pid,
-                                                                     "host": host}))  # fmt: skip
+        (run / "heartbeat" / "rank-3.json").write_text(
+            json.dumps({"step": 5, "time": time.time(), "pid": child.pid, "host": host})
+        )
         # a rank on another machine: its pid means nothing here and must not be looked up
-        (run / "heartbeat" / "rank-4.json").write_text(json.dumps({"step": 5, "time": time.time(),
-                                                                     "pid": other_host.pid, "host": "elsewhere"}))  # fmt: skip
+        (run / "heartbeat" / "rank-4.json").write_text(
+            json.dumps({"step": 5, "time": time.time(), "pid": other_host.pid, "host": "elsewhere"})
+        )
         proc = _agent("--interval", "0.2", "--run", str(run))
         try:
             s = parse_sample(proc.stdout.readline())
@@ -267,8 +294,9 @@ def beat(tmp_path):
     beats.mkdir(parents=True)
 
     def write(rank: int, pid: int, host: str) -> None:
-        (beats / f"rank-{rank}.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": pid,
-                                                             "host": host}))  # fmt: skip
+        (beats / f"rank-{rank}.json").write_text(
+            json.dumps({"step": 1, "time": time.time(), "pid": pid, "host": host})
+        )
 
     return write
 
@@ -421,20 +449,55 @@ def test_an_agent_takes_its_nodes_ranks_from_the_workers_environments(tmp_path, 
 
 def test_agent_count_mode_ignores_a_closed_stdin_and_stops_by_itself():
     # what snapshot_once runs through runner.run: stdin is closed from the start
-    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "2", "--interval", "0.1"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0
     assert [parse_sample(ln).seq for ln in r.stdout.splitlines()] == [0, 1]
 
 
 def test_agent_replays_recorded_readings_for_synthetic_nodes(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
-                        "node-07", "--replay", str((tmp_path / ".." / "x").resolve())],
-                       capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.core.watch.agent",
+            "--count",
+            "1",
+            "--host-name",
+            "node-07",
+            "--replay",
+            str((tmp_path / ".." / "x").resolve()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode != 0  # a missing replay file is an error, not silently a CPU sample
     path = tmp_path / "rec.json"
     path.write_text(json.dumps(nvml_fixture("h100x8_training.json")))
-    r = subprocess.run([sys.executable, "-m", "taehv_console.core.watch.agent", "--count", "1", "--host-name",
-                        "node-07", "--replay", str(path)], capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taehv_console.core.watch.agent",
+            "--count",
+            "1",
+            "--host-name",
+            "node-07",
+            "--replay",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     s = parse_sample(r.stdout)
     assert s.host == "node-07" and s.gpu_ok and len(s.gpus) == 8

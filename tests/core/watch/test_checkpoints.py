@@ -53,8 +53,12 @@ def test_complete_checkpoints_with_size_age_latest_and_next_due(tmp_path):
     assert [c.name for c in s.items] == ["step-1000", "step-500"]  # newest first
     c = s.items[0]
     assert c.state is CheckpointState.COMPLETE and c.is_latest and s.latest == "step-1000"
-    assert c.bytes == sum(f.stat().st_size for f in (root / "step-1000").rglob("*.pt")) + \
-        (root / "step-1000" / "weights.safetensors").stat().st_size + (root / "step-1000" / "trainer/state.json").stat().st_size  # fmt: skip
+    assert (
+        c.bytes
+        == sum(f.stat().st_size for f in (root / "step-1000").rglob("*.pt"))
+        + (root / "step-1000" / "weights.safetensors").stat().st_size
+        + (root / "step-1000" / "trainer/state.json").stat().st_size
+    )
     assert c.world_size == 2 and c.zero_stage == 2 and 9 < c.age_s < 60
     assert s.newest_complete_step == 1000 and s.next_due_step == 2000 and s.every == 1000 and not s.problems
 
@@ -71,14 +75,19 @@ def test_half_written_directory_of_a_dead_run_is_incomplete(tmp_path):
     assert c.bytes > 0
     # the same directory while the run lives and its save has started: being written
     writing = RunActivity(live=True, step=2000, every=1000, events={2000: {"status": "started"}})
-    assert by_name(CheckpointWatcher(root).summary(writing))["step-2000.tmp"].state is CheckpointState.IN_PROGRESS
+    assert (
+        by_name(CheckpointWatcher(root).summary(writing))["step-2000.tmp"].state
+        is CheckpointState.IN_PROGRESS
+    )
 
 
 def test_tmp_dir_states_while_the_run_lives(tmp_path):
     root = tmp_path / "checkpoints"
     write_rank_files(root / "step-3000.tmp")
     w = CheckpointWatcher(root)
-    failed = RunActivity(live=True, step=3000, every=1000, events={3000: {"status": "failed", "message": "disk full"}})
+    failed = RunActivity(
+        live=True, step=3000, every=1000, events={3000: {"status": "failed", "message": "disk full"}}
+    )
     c = by_name(w.summary(failed))["step-3000.tmp"]
     assert c.state is CheckpointState.INCOMPLETE and c.problems[0] == "save failed: disk full"
     # no events from this run (attached to another tool's run): judged by how long it sat untouched
@@ -166,7 +175,9 @@ def _no_torch_threads():
     torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage\x81", b"not a checkpoint\n"], ids=["binary", "text"])
+@pytest.mark.parametrize(
+    "content", [b"\xff\xfe\x00garbage\x81", b"not a checkpoint\n"], ids=["binary", "text"]
+)
 def test_garbage_in_latest_is_a_problem_and_the_checkpoints_still_show(tmp_path, content):
     root = tmp_path / "checkpoints"
     complete(root, 1000)

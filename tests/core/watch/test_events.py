@@ -14,13 +14,24 @@ from trainer.events import EventWriter
 
 def _line(**ev) -> bytes:
     # the trainer's own format: compact separators
-    return json.dumps({"v": 1, "time": ev.pop("time", 1.0), "rank": ev.pop("rank", 0), **ev},
-                      separators=(",", ":")).encode()  # fmt: skip
+    return json.dumps(
+        {"v": 1, "time": ev.pop("time", 1.0), "rank": ev.pop("rank", 0), **ev}, separators=(",", ":")
+    ).encode()
 
 
 def _step(step: int, **kw) -> bytes:
-    return _line(kind="step", step=step, loss=1 / step, recon_loss=1 / step, psnr=20 + step / 1000, lr=1e-4,
-                 samples_per_s=100.0 + step % 7, step_time_s=0.5, nonfinite_skipped=kw.pop("nonfinite", 0), **kw)  # fmt: skip
+    return _line(
+        kind="step",
+        step=step,
+        loss=1 / step,
+        recon_loss=1 / step,
+        psnr=20 + step / 1000,
+        lr=1e-4,
+        samples_per_s=100.0 + step % 7,
+        step_time_s=0.5,
+        nonfinite_skipped=kw.pop("nonfinite", 0),
+        **kw,
+    )
 
 
 def _slow_fold(lines: list[bytes], history_len: int) -> EventFold:
@@ -36,18 +47,42 @@ def _slow_fold(lines: list[bytes], history_len: int) -> EventFold:
 
 
 def _view(f: EventFold) -> dict:
-    return {"loss": list(f.loss), "psnr": list(f.psnr), "lr": list(f.lr), "clips": list(f.clips),
-            "val": list(f.val), "last": f.last_step, "ranks": {r: asdict(e) for r, e in f.ranks.items()},
-            "ckpt": f.checkpoints, "best": f.best_val_psnr, "data": f.data_skipped}  # fmt: skip
+    return {
+        "loss": list(f.loss),
+        "psnr": list(f.psnr),
+        "lr": list(f.lr),
+        "clips": list(f.clips),
+        "val": list(f.val),
+        "last": f.last_step,
+        "ranks": {r: asdict(e) for r, e in f.ranks.items()},
+        "ckpt": f.checkpoints,
+        "best": f.best_val_psnr,
+        "data": f.data_skipped,
+    }
 
 
 def test_the_trainers_own_files_fold_into_header_values(tmp_path):
     w0, w1 = EventWriter(tmp_path, 0), EventWriter(tmp_path, 1)
-    w0.emit("start", world_size=2, node="n", local_rank=0, preset="p", resumed_from=None, max_steps=10, step=0)
-    w1.emit("start", world_size=2, node="n", local_rank=1, preset="p", resumed_from=None, max_steps=10, step=0)
+    w0.emit(
+        "start", world_size=2, node="n", local_rank=0, preset="p", resumed_from=None, max_steps=10, step=0
+    )
+    w1.emit(
+        "start", world_size=2, node="n", local_rank=1, preset="p", resumed_from=None, max_steps=10, step=0
+    )
     for s in (1, 2, 3):
-        w0.emit("step", step=s, loss=1 / s, recon_loss=1 / s, psnr=10 + s, lr=1e-3, grad_norm=1.0,
-                samples_per_s=4.0, step_time_s=0.5, gpu_mem_gb=None, nonfinite_skipped=0)  # fmt: skip
+        w0.emit(
+            "step",
+            step=s,
+            loss=1 / s,
+            recon_loss=1 / s,
+            psnr=10 + s,
+            lr=1e-3,
+            grad_norm=1.0,
+            samples_per_s=4.0,
+            step_time_s=0.5,
+            gpu_mem_gb=None,
+            nonfinite_skipped=0,
+        )
     w0.emit("val", step=3, psnr=15.5, ssim=0.5, n_clips=4)
     w0.emit("checkpoint", step=3, path="x", status="started", reason="interval")
     w0.emit("checkpoint", step=3, path="x", seconds=1.5, bytes=10, status="complete", reason="interval")
@@ -68,13 +103,21 @@ def test_the_trainers_own_files_fold_into_header_values(tmp_path):
     assert f.data_skipped == 1 and f.ranks[1].error == "boom" and f.ranks[0].error is None
     texts = [n.text for n in f.notices]
     assert any("started: world size 2" in t for t in texts) and any("rank 1: boom" in t for t in texts)
-    assert any("skipped /d/bad.mp4" in t for t in texts) and any("checkpoint step 3 complete" in t for t in texts)
+    assert any("skipped /d/bad.mp4" in t for t in texts) and any(
+        "checkpoint step 3 complete" in t for t in texts
+    )
 
 
 def test_a_new_start_begins_a_new_attempt_for_that_rank():
     f = EventFold()
-    f.feed(1, [_line(rank=1, kind="start", world_size=2), _line(rank=1, kind="error", message="oom"),
-               _line(rank=1, kind="stop", reason="error", step=5)])  # fmt: skip
+    f.feed(
+        1,
+        [
+            _line(rank=1, kind="start", world_size=2),
+            _line(rank=1, kind="error", message="oom"),
+            _line(rank=1, kind="stop", reason="error", step=5),
+        ],
+    )
     assert f.ranks[1].error == "oom" and f.ranks[1].stop["reason"] == "error"
     f.feed(1, [_line(rank=1, kind="start", world_size=2, resumed_from="/r/checkpoints/step-4", step=4)])
     assert f.ranks[1].error is None and f.ranks[1].stop is None and f.ranks[1].attempts == 2
@@ -147,8 +190,10 @@ def test_step_lines_of_other_ranks_do_not_feed_the_histories():
 
 
 def test_a_writer_with_spaces_takes_the_full_path_and_gives_the_same_result():
-    spaced = [json.dumps({"v": 1, "time": 1.0, "rank": 0, "kind": "step", "step": s, "loss": 1.0 / s}).encode()
-              for s in range(1, 2000)]  # fmt: skip
+    spaced = [
+        json.dumps({"v": 1, "time": 1.0, "rank": 0, "kind": "step", "step": s, "loss": 1.0 / s}).encode()
+        for s in range(1, 2000)
+    ]
     f = EventFold(history_len=10)
     f.feed(0, spaced)
     assert [x for x, _ in f.loss] == [float(s) for s in range(1990, 2000)] and f.last_step["step"] == 1999
@@ -164,6 +209,11 @@ def test_a_stop_read_twice_is_one_notice_but_a_second_stop_is_another():
     f.feed(0, [stop])  # the same line again (a re-read)
     texts = [n.text for n in f.notices]
     assert texts.count("rank 0 stopped at step 26: signal") == 1
-    f.feed(0, [_line(kind="start", world_size=2, max_steps=40, time=60.0),
-               _line(kind="stop", step=26, reason="signal", time=61.0)])
+    f.feed(
+        0,
+        [
+            _line(kind="start", world_size=2, max_steps=40, time=60.0),
+            _line(kind="stop", step=26, reason="signal", time=61.0),
+        ],
+    )
     assert [n.text for n in f.notices].count("rank 0 stopped at step 26: signal") == 2

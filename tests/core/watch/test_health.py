@@ -16,12 +16,30 @@ NOW = 10_000.0
 POL = HealthPolicy(stall_floor_s=5.0)
 
 
-def obs(rank: int, *, age: float = 0.5, step: int = 100, times=(1.0,) * 8, busy=None, status: str | None = "running",
-        node: str = "n0", **kw) -> RankObservation:  # fmt: skip
+def obs(
+    rank: int,
+    *,
+    age: float = 0.5,
+    step: int = 100,
+    times=(1.0,) * 8,
+    busy=None,
+    status: str | None = "running",
+    node: str = "n0",
+    **kw,
+) -> RankObservation:
     proc = ProcessSample(pid=1000 + rank, rank=rank, status=status) if status else None
-    return RankObservation(rank=rank, node=node, step=step, progress_time=NOW - age, step_times=tuple(times),
-                           busy=tuple(busy if busy is not None else times), pid=1000 + rank, process=proc,
-                           process_time=NOW - 0.3 if status else None, **kw)  # fmt: skip
+    return RankObservation(
+        rank=rank,
+        node=node,
+        step=step,
+        progress_time=NOW - age,
+        step_times=tuple(times),
+        busy=tuple(busy if busy is not None else times),
+        pid=1000 + rank,
+        process=proc,
+        process_time=NOW - 0.3 if status else None,
+        **kw,
+    )
 
 
 def states(ranks):
@@ -49,9 +67,13 @@ def test_stall_threshold_is_k_times_the_median_step_with_a_floor():
 
 def test_before_the_first_step_the_startup_grace_applies():
     pol = HealthPolicy(startup_grace_s=300)
-    ranks, coll = assess_ranks([obs(0, age=200, times=(), busy=()), obs(1, age=200, times=(), busy=())], pol, NOW)
+    ranks, coll = assess_ranks(
+        [obs(0, age=200, times=(), busy=()), obs(1, age=200, times=(), busy=())], pol, NOW
+    )
     assert states(ranks) == [RankState.STARTING] * 2 and coll is None
-    ranks, coll = assess_ranks([obs(0, age=301, times=(), busy=()), obs(1, age=301, times=(), busy=())], pol, NOW)
+    ranks, coll = assess_ranks(
+        [obs(0, age=301, times=(), busy=()), obs(1, age=301, times=(), busy=())], pol, NOW
+    )
     assert states(ranks) == [RankState.STALLED] * 2 and coll is not None and coll.laggard_rank is None
 
 
@@ -65,8 +87,12 @@ def test_a_validation_or_checkpoint_step_may_pause_longer():
 
 def test_stopped_process_is_the_laggard_and_the_others_are_blocked_not_stalled():
     # SIGSTOP on rank 1: every heartbeat stops (rank 0 waits in the all-reduce), rank 1's process is 'stopped'
-    ranks, coll = assess_ranks([obs(0, age=12), obs(1, age=12.2, status="stopped"), obs(2, age=12)], POL, NOW,
-                               collective_timeout_s=600)  # fmt: skip
+    ranks, coll = assess_ranks(
+        [obs(0, age=12), obs(1, age=12.2, status="stopped"), obs(2, age=12)],
+        POL,
+        NOW,
+        collective_timeout_s=600,
+    )
     assert states(ranks) == [RankState.HEALTHY, RankState.STALLED, RankState.HEALTHY]
     assert ranks[0].blocked_by == 1 and ranks[2].blocked_by == 1 and ranks[1].blocked_by is None
     assert ranks[1].process == "stopped" and "stopped" in ranks[1].detail
@@ -84,12 +110,21 @@ def test_watchdog_counts_name_the_laggard_when_heartbeats_cannot():
     a = [obs(r, age=40, status=None) for r in range(4)]
     ranks, coll = assess_ranks(a, POL, NOW, watchdog={0: 6462, 1: 6462, 2: 6461, 3: 6462})
     assert coll.laggard_rank == 2 and "6461" in coll.evidence
-    assert [r.state for r in ranks] == [RankState.HEALTHY, RankState.HEALTHY, RankState.STALLED, RankState.HEALTHY]
+    assert [r.state for r in ranks] == [
+        RankState.HEALTHY,
+        RankState.HEALTHY,
+        RankState.STALLED,
+        RankState.HEALTHY,
+    ]
 
 
 def test_nobody_stands_out_means_everyone_stalled_and_the_laggard_unknown():
     ranks, coll = assess_ranks([obs(0, age=40), obs(1, age=40)], POL, NOW)
-    assert states(ranks) == [RankState.STALLED] * 2 and coll.laggard_rank is None and coll.waiting_ranks == (0, 1)
+    assert (
+        states(ranks) == [RankState.STALLED] * 2
+        and coll.laggard_rank is None
+        and coll.waiting_ranks == (0, 1)
+    )
 
 
 def test_a_stale_agent_view_is_not_trusted_for_the_laggard():
@@ -99,8 +134,16 @@ def test_a_stale_agent_view_is_not_trusted_for_the_laggard():
 
 
 def test_failed_by_process_death_error_event_or_log_line():
-    sig = LogSignal("root_cause", "error", "node-0.log", 60, "root cause: rank 1", rank=1, fields=(("pid", 1001),),
-                    seen=NOW - 1)  # fmt: skip
+    sig = LogSignal(
+        "root_cause",
+        "error",
+        "node-0.log",
+        60,
+        "root cause: rank 1",
+        rank=1,
+        fields=(("pid", 1001),),
+        seen=NOW - 1,
+    )
     cases = [
         (obs(1, status="gone"), "process 1001 is gone"),
         (obs(1, status="zombie"), "zombie"),
@@ -113,7 +156,9 @@ def test_failed_by_process_death_error_event_or_log_line():
 
 
 def test_a_log_line_about_another_attempt_does_not_fail_the_rank():
-    old = LogSignal("root_cause", "error", "node-0.log", 60, "x", rank=1, fields=(("pid", 999),), seen=NOW - 1)
+    old = LogSignal(
+        "root_cause", "error", "node-0.log", 60, "x", rank=1, fields=(("pid", 999),), seen=NOW - 1
+    )
     ranks, _ = assess_ranks([obs(0), obs(1, signals=(old,))], POL, NOW)
     assert ranks[1].state is RankState.HEALTHY  # pid 999 is not this rank's process (1001)
     # no pid in the line: disbelieved once the rank visibly went on after it was read
@@ -127,13 +172,20 @@ def test_a_log_line_about_another_attempt_does_not_fail_the_rank():
 
 def test_a_dead_rank_makes_the_waiting_ones_blocked_by_it():
     ranks, coll = assess_ranks([obs(0, age=30), obs(1, age=31, status="gone")], POL, NOW)
-    assert ranks[1].state is RankState.FAILED and ranks[0].state is RankState.HEALTHY and ranks[0].blocked_by == 1
+    assert (
+        ranks[1].state is RankState.FAILED
+        and ranks[0].state is RankState.HEALTHY
+        and ranks[0].blocked_by == 1
+    )
     assert coll.laggard_rank == 1
 
 
 def test_stopped_ranks_are_not_faults():
-    ranks, coll = assess_ranks([obs(0, age=999, finished="done", status="gone"),
-                                obs(1, age=999, finished="signal", status="gone")], POL, NOW)  # fmt: skip
+    ranks, coll = assess_ranks(
+        [obs(0, age=999, finished="done", status="gone"), obs(1, age=999, finished="signal", status="gone")],
+        POL,
+        NOW,
+    )
     assert states(ranks) == [RankState.STOPPED] * 2 and coll is None
     ranks, _ = assess_ranks([obs(0, finished="error", error="boom")], POL, NOW)
     assert ranks[0].state is RankState.FAILED and ranks[0].detail == "boom"
@@ -141,8 +193,9 @@ def test_stopped_ranks_are_not_faults():
 
 def test_straggler_score_against_the_fastest_rank():
     # rank 1 sleeps 2 s per step before its forward: its own work is 4.6 s vs 2.6 s (live figures)
-    ranks, _ = assess_ranks([obs(0, times=[4.6] * 8, busy=[2.6] * 8), obs(1, times=[4.6] * 8, busy=[4.6] * 8)],
-                            POL, NOW)  # fmt: skip
+    ranks, _ = assess_ranks(
+        [obs(0, times=[4.6] * 8, busy=[2.6] * 8), obs(1, times=[4.6] * 8, busy=[4.6] * 8)], POL, NOW
+    )
     assert ranks[1].state is RankState.STRAGGLER and ranks[1].score == pytest.approx(2.6 / 4.6, abs=1e-3)
     assert ranks[0].state is RankState.HEALTHY and ranks[0].score == 1.0
     assert f"(score {ranks[1].score:.2f})" in ranks[1].detail and "2.60 s on the fastest" in ranks[1].detail
@@ -163,8 +216,9 @@ def test_no_straggler_on_jitter_one_odd_step_or_too_few_steps():
 
 
 def test_a_blocked_rank_is_not_called_a_straggler():
-    ranks, _ = assess_ranks([obs(0, age=30, busy=[9.0] * 8), obs(1, age=30, status="stopped", busy=[1.0] * 8)],
-                            POL, NOW)  # fmt: skip
+    ranks, _ = assess_ranks(
+        [obs(0, age=30, busy=[9.0] * 8), obs(1, age=30, status="stopped", busy=[1.0] * 8)], POL, NOW
+    )
     assert ranks[0].state is RankState.HEALTHY and ranks[0].blocked_by == 1
 
 
@@ -176,7 +230,9 @@ def sample(fixture: str):
 
 
 def test_node_state_from_its_ranks_worst_first():
-    ranks, _ = assess_ranks([obs(0, age=30), obs(1, age=30, status="stopped"), obs(2, status="gone")], POL, NOW)
+    ranks, _ = assess_ranks(
+        [obs(0, age=30), obs(1, age=30, status="stopped"), obs(2, status="gone")], POL, NOW
+    )
     state, detail = assess_node("n0", ranks, None, None, POL, agent_expected=False)
     assert state is NodeState.FAILED and detail.startswith("rank 2 failed") and "+" not in detail
     ranks, _ = assess_ranks([obs(0, age=30), obs(1, age=30, status="stopped")], POL, NOW)
@@ -190,10 +246,24 @@ def test_node_lost_when_its_agent_is_silent_past_the_timeout():
     state, detail = assess_node("g2", [], s, 5.1, pol, agent_expected=True)
     assert state is NodeState.LOST and "silent for 5 s" in detail
     # never heard from: a starting agent gets the start timeout, one that cannot start only the agent timeout
-    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6)[0] is NodeState.UNKNOWN
-    assert assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=31)[0] is NodeState.LOST
-    state, detail = assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6,
-                                agent_down="restarting in 10 s: cannot start: Connection refused")  # fmt: skip
+    assert (
+        assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=6)[0]
+        is NodeState.UNKNOWN
+    )
+    assert (
+        assess_node("g2", [], None, None, pol, agent_expected=True, agent_running_for_s=31)[0]
+        is NodeState.LOST
+    )
+    state, detail = assess_node(
+        "g2",
+        [],
+        None,
+        None,
+        pol,
+        agent_expected=True,
+        agent_running_for_s=6,
+        agent_down="restarting in 10 s: cannot start: Connection refused",
+    )
     assert state is NodeState.LOST and detail.endswith("Connection refused")
 
 
@@ -203,7 +273,10 @@ def test_node_degraded_by_gpu_problems_from_recorded_readings():
     from taehv_console.core.watch.agent import gpu_samples
 
     lost = replace(base, gpus=gpu_samples(nvml_fixture("h100x8_gpu5_lost.json")))
-    assert assess_node("g2", [], lost, 0.5, POL, agent_expected=True) == (NodeState.DEGRADED, "GPU 5: GPU is lost")
+    assert assess_node("g2", [], lost, 0.5, POL, agent_expected=True) == (
+        NodeState.DEGRADED,
+        "GPU 5: GPU is lost",
+    )
     hot = replace(base, gpus=gpu_samples(nvml_fixture("a100x8_gpu2_thermal.json")))
     state, detail = assess_node("g2", [], hot, 0.5, POL, agent_expected=True)
     assert state is NodeState.DEGRADED and detail == "GPU 2 at 91 C"
@@ -219,9 +292,15 @@ def test_node_degraded_by_a_straggler():
 def test_the_rank_not_waiting_in_a_collective_holds_up_those_that_are(status):
     """A rank stuck in data loading or compute (its process running, or no agent at all): every
     heartbeat is stale at the same step, but the peers' heartbeats say they wait in an all-reduce."""
-    ranks, coll = assess_ranks([obs(0, age=30, status=status, waiting_since=NOW - 28),
-                                obs(1, age=30, status=status),
-                                obs(2, age=30, status=status, waiting_since=NOW - 27)], POL, NOW)  # fmt: skip
+    ranks, coll = assess_ranks(
+        [
+            obs(0, age=30, status=status, waiting_since=NOW - 28),
+            obs(1, age=30, status=status),
+            obs(2, age=30, status=status, waiting_since=NOW - 27),
+        ],
+        POL,
+        NOW,
+    )
     assert states(ranks) == [RankState.HEALTHY, RankState.STALLED, RankState.HEALTHY]
     assert ranks[0].blocked_by == 1 and ranks[2].blocked_by == 1 and ranks[0].waiting_s == 28.0
     assert coll is not None and coll.laggard_rank == 1 and coll.waiting_ranks == (0, 2)

@@ -32,8 +32,16 @@ def live_config() -> MonitorConfig:
     fast = PollerConfig(0.2, 10.0, 2.0)
     # thresholds as a user would set them for ~3 s steps: stalled after 2 step times, floor 1 s
     policy = HealthPolicy(stall_factor=2.0, stall_floor_s=1.0, startup_grace_s=180.0, agent_timeout_s=3.0)
-    return MonitorConfig(events=fast, heartbeats=fast, logs=fast, agents=fast, checkpoints=PollerConfig(1.0, 30.0),
-                         publish_interval_s=0.2, agent_interval_s=0.5, health=policy)  # fmt: skip
+    return MonitorConfig(
+        events=fast,
+        heartbeats=fast,
+        logs=fast,
+        agents=fast,
+        checkpoints=PollerConfig(1.0, 30.0),
+        publish_interval_s=0.2,
+        agent_interval_s=0.5,
+        health=policy,
+    )
 
 
 @dataclass
@@ -89,8 +97,10 @@ def clips(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def stop_cont_kill(tmp_path_factory, clips) -> Record:
     """8 healthy steps, SIGSTOP rank 1 until reported, SIGCONT until healthy, then kill -9 rank 1."""
-    run = write_run(tmp_path_factory.mktemp("stall") / "run",
-                    base_config(clips, optim={"max_steps": 400}, schedule={"val_every": 1000, "checkpoint_every": 1000}))  # fmt: skip
+    run = write_run(
+        tmp_path_factory.mktemp("stall") / "run",
+        base_config(clips, optim={"max_steps": 400}, schedule={"val_every": 1000, "checkpoint_every": 1000}),
+    )
     rec = Record(run)
     _node_log(run)
     launch = Launch(run, 2)
@@ -110,8 +120,16 @@ def stop_cont_kill(tmp_path_factory, clips) -> Record:
             time.sleep(1.0)  # a second more of the stall on record
             os.kill(pid1, signal.SIGCONT)
             rec.marks["sigcont"] = time.time()
-            _until(mon, lambda s: all(r.state is RankState.HEALTHY and r.blocked_by is None for r in s.ranks)
-                   and s.nodes[0].state is NodeState.OK and s.collective is None, 60, launch)  # fmt: skip
+            _until(
+                mon,
+                lambda s: (
+                    all(r.state is RankState.HEALTHY and r.blocked_by is None for r in s.ranks)
+                    and s.nodes[0].state is NodeState.OK
+                    and s.collective is None
+                ),
+                60,
+                launch,
+            )
             rec.marks["recovered"] = time.time()
             time.sleep(0.5)
             pid1 = _pid(run, 1)
@@ -134,8 +152,10 @@ def stop_cont_kill(tmp_path_factory, clips) -> Record:
 @pytest.fixture(scope="module")
 def straggler_run(tmp_path_factory, clips) -> Record:
     """STEPS steps with rank 1 sleeping 1 s before each forward (2 micro-batches: 2 s per step)."""
-    run = write_run(tmp_path_factory.mktemp("straggler") / "run",
-                    base_config(clips, optim={"max_steps": STEPS}, schedule={"val_every": 1000, "checkpoint_every": 4}))  # fmt: skip
+    run = write_run(
+        tmp_path_factory.mktemp("straggler") / "run",
+        base_config(clips, optim={"max_steps": STEPS}, schedule={"val_every": 1000, "checkpoint_every": 4}),
+    )
     rec = Record(run)
     _node_log(run)
     launch = Launch(run, 2, env={"TAEHV_FAULTS": "delay:1:*:1.0"})
@@ -187,9 +207,12 @@ def test_while_stopped_no_state_calls_the_waiting_rank_stalled(stop_cont_kill):
 
 def test_sigcont_makes_the_rank_and_node_healthy_again(stop_cont_kill):
     rec = stop_cont_kill
-    hit = rec.first(lambda s: s.rank(1).state is RankState.HEALTHY and s.nodes[0].state is NodeState.OK,
-                    after="sigcont")  # fmt: skip
-    assert hit is not None and hit[0] - rec.marks["sigcont"] < 3 * _heartbeat_interval(rec.between("start", "sigstop"))
+    hit = rec.first(
+        lambda s: s.rank(1).state is RankState.HEALTHY and s.nodes[0].state is NodeState.OK, after="sigcont"
+    )
+    assert hit is not None and hit[0] - rec.marks["sigcont"] < 3 * _heartbeat_interval(
+        rec.between("start", "sigstop")
+    )
     assert hit[1].collective is None and hit[1].run.phase == "running"
 
 
@@ -213,7 +236,9 @@ def test_kill_9_of_a_rank_is_failed_within_3_s(stop_cont_kill):
 
 
 def test_after_the_crash_the_log_names_the_root_cause(stop_cont_kill):
-    final = stop_cont_kill.between("end")[-1] if stop_cont_kill.between("end") else stop_cont_kill.states[-1][1]
+    final = (
+        stop_cont_kill.between("end")[-1] if stop_cont_kill.between("end") else stop_cont_kill.states[-1][1]
+    )
     roots = [s for s in final.signals if s.kind == "root_cause"]
     assert roots and roots[-1].rank == 1 and roots[-1].get("exitcode") == -9
     assert final.run.phase == "failed" and final.rank(1).state is RankState.FAILED
@@ -235,8 +260,10 @@ def test_rank_slowed_by_an_injected_delay_is_flagged_straggler(straggler_run):
 
 def test_real_checkpoints_of_the_run_are_complete_and_damaged_copies_are_not(straggler_run, tmp_path):
     final = straggler_run.states[-1][1]
-    assert [(c.step, c.state) for c in final.checkpoints.items] == [(8, CheckpointState.COMPLETE),
-                                                                     (4, CheckpointState.COMPLETE)]  # fmt: skip
+    assert [(c.step, c.state) for c in final.checkpoints.items] == [
+        (8, CheckpointState.COMPLETE),
+        (4, CheckpointState.COMPLETE),
+    ]
     assert final.checkpoints.latest == "step-8" and final.checkpoints.items[0].bytes > 1_000_000
     root = tmp_path / "checkpoints"
     shutil.copytree(straggler_run.run / "checkpoints", root)
@@ -253,6 +280,8 @@ def test_real_checkpoints_of_the_run_are_complete_and_damaged_copies_are_not(str
     s = CheckpointWatcher(root).summary(RunActivity(live=False, step=8, every=4))
     by = {c.name: c for c in s.items}
     assert by["step-12.tmp"].state is CheckpointState.INCOMPLETE
-    assert by["step-8"].state is CheckpointState.INCOMPLETE and any(shard.name in p for p in by["step-8"].problems)
+    assert by["step-8"].state is CheckpointState.INCOMPLETE and any(
+        shard.name in p for p in by["step-8"].problems
+    )
     assert by["step-4"].state is CheckpointState.COMPLETE
     assert s.problems and "latest names step-8" in s.problems[0]

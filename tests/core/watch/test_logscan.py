@@ -32,7 +32,9 @@ def test_watchdog_timeout_once_per_rank_with_its_numbers():
     # rank 8's line is printed three times (line, thread exception, terminate what()): one signal
     assert [(s.rank, s.line) for s in wd] == [(8, 2), (9, 7)]
     assert dict(wd[0].fields) == {"seq": 6463, "op": "ALLREDUCE", "timeout_ms": 7200000, "ran_ms": 7200081}
-    assert wd[0].severity == "error" and wd[0].seen == 5.0 and wd[0].source == "nccl_watchdog_16rank_node1.log"
+    assert (
+        wd[0].severity == "error" and wd[0].seen == 5.0 and wd[0].source == "nccl_watchdog_16rank_node1.log"
+    )
 
 
 def test_last_completed_work_per_rank_names_the_laggard():
@@ -49,7 +51,13 @@ def test_root_cause_block_names_rank_host_exit_and_signal():
     root = [s for s in sigs if s.kind == "root_cause"]
     assert len(root) == 1  # the "Failures:" block above it lists victims, not the cause
     r = root[0]
-    assert (r.rank, r.host, r.get("exitcode"), r.get("pid"), r.get("local_rank")) == (8, "gpu-node-2", -6, 24811, 0)
+    assert (r.rank, r.host, r.get("exitcode"), r.get("pid"), r.get("local_rank")) == (
+        8,
+        "gpu-node-2",
+        -6,
+        24811,
+        0,
+    )
     assert "SIGABRT" in r.text and r.line == 35
     child = next(s for s in sigs if s.kind == "child_failed")
     assert (child.get("exitcode"), child.get("local_rank"), child.get("pid")) == (-6, 0, 24811)
@@ -68,7 +76,9 @@ def test_nccl_warn_lines_and_nccl_out_of_memory():
     assert [s.kind for s in sigs] == ["nccl_warn", "nccl_warn", "cuda_oom"]
     ib = sigs[0]
     assert ib.host == "gpu-node-2" and ib.get("pid") == 24813 and ib.get("device") == 2
-    assert ib.get("where") == "transport/net_ib.cc:1295" and ib.get("message").startswith("NET/IB : Got completion")
+    assert ib.get("where") == "transport/net_ib.cc:1295" and ib.get("message").startswith(
+        "NET/IB : Got completion"
+    )
     assert sigs[2].severity == "error" and sigs[2].get("pid") == 24812
 
 
@@ -87,23 +97,30 @@ def test_noise_of_healthy_runs_raises_nothing(name):
     assert scan(name) == []
 
 
-@pytest.mark.parametrize("line", [
-    "gpu-node-1:24811:24811 [0] NCCL INFO NCCL_DEBUG set by environment to WARN",
-    "gpu-node-1:24811:25131 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.",
-    ("[rank0]:[W1003 17:59:58.612330918 ProcessGroupNCCL.cpp:4115] Warning: Environment variable "
-     "NCCL_ASYNC_ERROR_HANDLING is deprecated; use TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function operator())"),
-    "distributed.collective_timeout_s = 7200",
-    "[taehv-train] rank 5: skipped /data/videos/out_of_memory_test.mp4: corrupt video",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line",
+    [
+        "gpu-node-1:24811:24811 [0] NCCL INFO NCCL_DEBUG set by environment to WARN",
+        "gpu-node-1:24811:25131 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.",
+        (
+            "[rank0]:[W1003 17:59:58.612330918 ProcessGroupNCCL.cpp:4115] Warning: Environment variable "
+            "NCCL_ASYNC_ERROR_HANDLING is deprecated; use TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function operator())"
+        ),
+        "distributed.collective_timeout_s = 7200",
+        "[taehv-train] rank 5: skipped /data/videos/out_of_memory_test.mp4: corrupt video",
+    ],
+)
 def test_lines_that_look_alarming_but_are_not(line):
     assert scan_line(line) is None
 
 
 def test_watchdog_line_glued_to_the_previous_output_is_still_found():
     # seen in real logs: stderr of two threads interleaved without a newline between them
-    line = ("                      ^^^^^^^^^^^^^^^^^^^^^[rank1]:[E1003 18:37:01.832146912 ProcessGroupNCCL.cpp:607] "
-            "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, "
-            "NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800017 milliseconds before timing out.")  # fmt: skip
+    line = (
+        "                      ^^^^^^^^^^^^^^^^^^^^^[rank1]:[E1003 18:37:01.832146912 ProcessGroupNCCL.cpp:607] "
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800017 milliseconds before timing out."
+    )
     hit = scan_line(line)
     assert hit is not None and hit.kind == "watchdog_timeout" and hit.rank == 1
 
@@ -112,7 +129,7 @@ def test_a_rank_killed_in_the_second_torchrun_names_its_peer_is_the_root_cause()
     # recorded in CI: rank 1 kill -9'd, rank 0 exited 1 on the closed gloo connection, and torchrun
     # saw both in one poll, so its tie-break by rank called rank 0 the root cause
     lines = (LOGS / "torchrun_kill9_same_second_cpu.log").read_text().splitlines()
-    assert any("rank      : 0" in ln for ln in lines[lines.index("Root Cause (first observed failure):"):])
+    assert any("rank      : 0" in ln for ln in lines[lines.index("Root Cause (first observed failure):") :])
     (root,) = [s for s in scan("torchrun_kill9_same_second_cpu.log") if s.kind == "root_cause"]
     assert (root.rank, root.get("exitcode"), root.get("torchrun_root_rank")) == (1, -9, 0)
     assert "SIGKILL" in root.text and "torchrun named rank 0" in root.text

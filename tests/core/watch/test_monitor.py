@@ -30,10 +30,18 @@ def test_snapshot_once_reads_a_run(fake_run):
         fake_run.do_step(step_time=0.4)
     s = snapshot_once(fake_run.dir, config=fast_config(stall_floor_s=60))
     assert s.run.phase == "running" and s.run.step == 5 and s.run.max_steps == 100 and s.run.world_size == 2
-    assert s.run.loss == pytest.approx(0.2) and s.run.clips_per_s == pytest.approx(20.0) and s.run.preset == "test"
+    assert (
+        s.run.loss == pytest.approx(0.2)
+        and s.run.clips_per_s == pytest.approx(20.0)
+        and s.run.preset == "test"
+    )
     assert s.run.eta_s == pytest.approx(95 * 0.4)
     assert [r.state for r in s.ranks] == [RankState.HEALTHY] * 2 and [r.step for r in s.ranks] == [5, 5]
-    assert [n.name for n in s.nodes] == [HOST] and s.nodes[0].state is NodeState.OK and s.nodes[0].ranks == (0, 1)
+    assert (
+        [n.name for n in s.nodes] == [HOST]
+        and s.nodes[0].state is NodeState.OK
+        and s.nodes[0].ranks == (0, 1)
+    )
     assert s.history.loss.values == pytest.approx([1, 0.5, 1 / 3, 0.25, 0.2])
     assert {src.name for src in s.sources} == {"events", "heartbeats", "logs", "checkpoints"}
     assert all(src.ok for src in s.sources)
@@ -45,7 +53,9 @@ def test_snapshot_once_reads_a_run(fake_run):
 def test_snapshot_once_with_a_one_shot_agent_sample(fake_run):
     fake_run.start()
     fake_run.do_step()
-    s = snapshot_once(fake_run.dir, agents=True, config=fast_config(stall_floor_s=60))  # the sample takes ~1 s
+    s = snapshot_once(
+        fake_run.dir, agents=True, config=fast_config(stall_floor_s=60)
+    )  # the sample takes ~1 s
     n = s.nodes[0]
     assert n.sample is not None and n.sample.host == HOST and not n.sample.gpu_ok and n.state is NodeState.OK
     # this test process wrote the heartbeats: the agent found it as the run's process of both ranks
@@ -88,7 +98,9 @@ def test_subscribers_are_called_on_change_only(fake_run):
         fake_run.do_step()
         time.sleep(0.5)
         assert len(got) == n and mon.snapshot().run.step == 5
-    assert all(isinstance(s, ClusterState) for s in got) and [s.seq for s in got] == sorted(s.seq for s in got)
+    assert all(isinstance(s, ClusterState) for s in got) and [s.seq for s in got] == sorted(
+        s.seq for s in got
+    )
 
 
 def test_a_broken_subscriber_does_not_stop_the_others(fake_run):
@@ -107,8 +119,12 @@ def test_a_broken_subscriber_does_not_stop_the_others(fake_run):
         fake_run.do_step()
         wait_state(mon, lambda s: 2 in good, 5, "step 2 delivered")
         # reported in the notices of a following snapshot (the failing call came after this one was built)
-        wait_state(mon, lambda s: any("subscriber failed: RuntimeError('widget gone')" in n.text for n in s.notices),
-                   5, "the failure noted")  # fmt: skip
+        wait_state(
+            mon,
+            lambda s: any("subscriber failed: RuntimeError('widget gone')" in n.text for n in s.notices),
+            5,
+            "the failure noted",
+        )
 
 
 def test_polls_never_overlap_and_failures_back_off():
@@ -169,8 +185,13 @@ def test_a_source_read_by_hand_while_the_scheduler_polls_it_hands_each_line_over
             return super().read(*args)
 
     applied = []
-    poller = FilesPoller("events", PollerConfig(1.0, 5.0), Tailer(tmp_path, Meeting(), append=["events/*.jsonl"]),
-                         lambda res, now, reader: applied.append(res), "local")  # fmt: skip
+    poller = FilesPoller(
+        "events",
+        PollerConfig(1.0, 5.0),
+        Tailer(tmp_path, Meeting(), append=["events/*.jsonl"]),
+        lambda res, now, reader: applied.append(res),
+        "local",
+    )
     errors = []
 
     def poll():
@@ -198,14 +219,22 @@ def test_rank_behind_by_a_step_is_named_the_laggard_from_heartbeats_alone(fake_r
             time.sleep(0.2)
         fake_run.do_step(step_time=0.2, ranks=[0])  # rank 1 never finishes step 5; everyone then waits
         t0 = time.time()
-        s = wait_state(mon, lambda s: s.collective is not None and s.collective.laggard_rank == 1, 5,
-                       "a collective stall naming rank 1")  # fmt: skip
+        s = wait_state(
+            mon,
+            lambda s: s.collective is not None and s.collective.laggard_rank == 1,
+            5,
+            "a collective stall naming rank 1",
+        )
         assert time.time() - t0 < 3 * 0.2 + 1.0
         assert s.rank(1).state is RankState.STALLED and s.rank(0).state is RankState.HEALTHY
-        assert s.rank(0).blocked_by == 1 and s.run.phase == "stalled" and s.nodes[0].state is NodeState.STALLED
+        assert (
+            s.rank(0).blocked_by == 1 and s.run.phase == "stalled" and s.nodes[0].state is NodeState.STALLED
+        )
         assert any("collective stalled: waiting for rank 1" in n.text for n in s.notices)
         fake_run.do_step(step_time=0.2)  # it moves again
-        s = wait_state(mon, lambda s: s.collective is None and s.rank(1).state is RankState.HEALTHY, 5, "recovery")
+        s = wait_state(
+            mon, lambda s: s.collective is None and s.rank(1).state is RankState.HEALTHY, 5, "recovery"
+        )
         assert s.nodes[0].state is NodeState.OK and s.run.phase == "running"
 
 
@@ -237,8 +266,12 @@ def test_agent_killed_means_node_lost_then_restarted(fake_run):
     cfg = fast_config(agent_timeout_s=1.0, stall_floor_s=60)
     mon = Monitor(fake_run.dir, config=cfg)
     with mon:
-        s = wait_state(mon, lambda s: s.nodes[0].sample is not None and s.nodes[0].state is NodeState.OK, 10,
-                       "a first agent sample")  # fmt: skip
+        s = wait_state(
+            mon,
+            lambda s: s.nodes[0].sample is not None and s.nodes[0].state is NodeState.OK,
+            10,
+            "a first agent sample",
+        )
         pid = s.nodes[0].sample.agent_pid
         assert psutil.Process(pid).cmdline()[1:3] == ["-m", "taehv_console.core.watch.agent"]
         os.kill(pid, signal.SIGKILL)
@@ -263,10 +296,16 @@ def test_nodes_over_ssh_with_remote_agents_and_remote_files(sshd, tmp_path):
         run.start()
         run.do_step()
         with SshPool(sshd.settings()) as pool:
-            mon = Monitor(run.dir, hosts=hosts, pool=pool, remote_files=True, config=fast_config(stall_floor_s=60))
+            mon = Monitor(
+                run.dir, hosts=hosts, pool=pool, remote_files=True, config=fast_config(stall_floor_s=60)
+            )
             with mon:
-                s = wait_state(mon, lambda s: all(n.sample is not None for n in s.nodes) and s.run.step == 1, 20,
-                               "samples from both nodes and the events")  # fmt: skip
+                s = wait_state(
+                    mon,
+                    lambda s: all(n.sample is not None for n in s.nodes) and s.run.step == 1,
+                    20,
+                    "samples from both nodes and the events",
+                )
                 assert [n.name for n in s.nodes] == hosts and all(n.state is NodeState.OK for n in s.nodes)
                 # both "nodes" are this machine (same hostname): ranks are placed node by node
                 assert [(r.rank, r.node) for r in s.ranks] == [(0, hosts[0]), (1, hosts[1])]

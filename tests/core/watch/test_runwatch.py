@@ -29,13 +29,21 @@ def test_a_confirmed_stall_gets_one_forensics_report_with_the_stalled_ranks_stac
     try:
         now = time.time()
         for r, p in enumerate(procs):
-            beat = {"step": 7, "time": now - 40, "pid": p.pid, "host": socket.gethostname(), "step_time_s": 0.5, "wait_s": 0.1}
+            beat = {
+                "step": 7,
+                "time": now - 40,
+                "pid": p.pid,
+                "host": socket.gethostname(),
+                "step_time_s": 0.5,
+                "wait_s": 0.1,
+            }
             if r == 0:  # blocked in the all-reduce, waiting for rank 1
                 beat.update(time=now - 1, waiting_since=now - 38, waiting_op="all_reduce")
             (run / "heartbeat" / f"rank-{r}.json").write_text(json.dumps(beat))
         fast = PollerConfig(0.2, 10.0)
-        cfg = MonitorConfig(events=fast, heartbeats=fast, publish_interval_s=0.2,
-                            health=HealthPolicy(stall_floor_s=5.0))
+        cfg = MonitorConfig(
+            events=fast, heartbeats=fast, publish_interval_s=0.2, health=HealthPolicy(stall_floor_s=5.0)
+        )
         calls = []
         with SshPool(SshSettings.from_env()) as pool:
             watch = RunWatch(run, pool, BackendKind.LOCAL, ("localhost",), agents=False, config=cfg)

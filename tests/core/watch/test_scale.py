@@ -31,15 +31,27 @@ class HeartbeatDir:
     def __init__(self, run: Path):
         self.run = run
         (run / "heartbeat").mkdir(parents=True)
-        (run / "run.toml").write_text(f"[topology]\nnodes = {RANKS // GPUS_PER_NODE}\ngpus_per_node = {GPUS_PER_NODE}\n")
+        (run / "run.toml").write_text(
+            f"[topology]\nnodes = {RANKS // GPUS_PER_NODE}\ngpus_per_node = {GPUS_PER_NODE}\n"
+        )
         self.steps = dict.fromkeys(range(RANKS), 0)
 
     def beat(self, ranks, at: float) -> None:
         for r in ranks:
             self.steps[r] += 1
-            atomic_write_text(self.run / "heartbeat" / f"rank-{r}.json", json.dumps(
-                {"step": self.steps[r], "time": at, "pid": 10_000 + r, "host": f"node-{r // GPUS_PER_NODE:03d}",
-                 "step_time_s": 0.5, "wait_s": 0.05}))  # fmt: skip
+            atomic_write_text(
+                self.run / "heartbeat" / f"rank-{r}.json",
+                json.dumps(
+                    {
+                        "step": self.steps[r],
+                        "time": at,
+                        "pid": 10_000 + r,
+                        "host": f"node-{r // GPUS_PER_NODE:03d}",
+                        "step_time_s": 0.5,
+                        "wait_s": 0.05,
+                    }
+                ),
+            )
 
 
 class Reads:

@@ -112,7 +112,9 @@ def test_remote_helper_gives_the_same_chunks_through_a_runner(tmp_path):
     (tmp_path / "state.json").write_text("{}")
     known = {}
     local = read_chunks(tmp_path, ["logs/*.log"], ["state.json"], known)
-    remote = RemoteFiles(LocalRunner("localhost")).read(str(tmp_path), ["logs/*.log"], ["state.json"], known, 1 << 20)
+    remote = RemoteFiles(LocalRunner("localhost")).read(
+        str(tmp_path), ["logs/*.log"], ["state.json"], known, 1 << 20
+    )
     assert sorted(local, key=lambda c: c.path) == sorted(remote, key=lambda c: c.path)
     # and it continues from an offset like the local reader
     t_local = Tailer(tmp_path, append=["logs/*.log"])
@@ -128,7 +130,9 @@ def test_a_failing_helper_is_an_error_with_the_nodes_words(tmp_path):
     (tmp_path / "python").write_text("#!/bin/sh\necho 'Traceback: no module taehv_console' >&2\nexit 1\n")
     (tmp_path / "python").chmod(0o755)
     with pytest.raises(NodeCallError, match="gpu7: tail: exit 1: Traceback: no module taehv_console"):
-        RemoteFiles(LocalRunner("gpu7", python=str(tmp_path / "python"))).read(str(tmp_path), ["*.log"], [], {}, 1024)
+        RemoteFiles(LocalRunner("gpu7", python=str(tmp_path / "python"))).read(
+            str(tmp_path), ["*.log"], [], {}, 1024
+        )
 
 
 def test_tail_over_real_ssh(sshd, tmp_path):
