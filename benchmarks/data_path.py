@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainer.bench_data import default_target_clips_per_s, measure_loader, report_lines  # noqa: E402
-from trainer.config import DataSection  # noqa: E402
-from trainer.data import find_videos  # noqa: E402
-from trainer.synthetic import make_synthetic  # noqa: E402
+from trainer.bench_data import default_target_clips_per_s, measure_loader, report_lines
+from trainer.config import DataSection
+from trainer.data import find_videos
+from trainer.synthetic import make_synthetic
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.model import TAEHV, reconstruction_target  # noqa: E402
+from trainer.model import TAEHV, reconstruction_target
 
 FLOP_PER_CLIP_STEP = 6.1e12  # one training step of one 12x480x720 clip
 REFERENCE_VOXELS = 12 * 480 * 720

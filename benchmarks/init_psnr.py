@@ -24,9 +24,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.metrics import psnr_from_mse  # noqa: E402
-from trainer.model import TAEHV, reconstruction_target  # noqa: E402
-from trainer.synthetic import make_photo_clips, make_synthetic  # noqa: E402
+from trainer.metrics import psnr_from_mse
+from trainer.model import TAEHV, reconstruction_target
+from trainer.synthetic import make_photo_clips, make_synthetic
 
 
 def old_init(model: TAEHV) -> TAEHV:

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. Tests that need sshd or tmux start them themselves.
+# Runs the checks, then the whole test suite. Tests that need sshd or tmux start them themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DS_ACCELERATOR=cpu
+SOURCES=(taehv_console trainer tests benchmarks scripts)
+echo "== ruff format --check"
+.venv/bin/ruff format --check -q "${SOURCES[@]}"
+echo "== ruff check"
+.venv/bin/ruff check -q "${SOURCES[@]}"
+echo "== pytest"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests

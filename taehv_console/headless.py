@@ -50,7 +50,6 @@ from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  #
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
 
-
 # --------------------------------------------------------------------------------------- views
 # Every view renders the RunView of the run's one watch pipeline (core/watch): phase, progress,
 # ETA, stalls and their forensics read the same here as in the TUI and `status`. The controller's

@@ -201,15 +201,15 @@ class LoopbackSshd:
         """SshSettings pointing at this server's files only (no ~/.ssh, no system known_hosts)."""
         from taehv_console.core.cluster.ssh import SshSettings
 
-        base = dict(
-            config_path=self.ssh_config,
-            known_hosts_path=self.known_hosts,
-            system_known_hosts_path=None,
-            connect_timeout_s=10.0,
-            command_timeout_s=60.0,
-            allow_agent=False,
-            python=sys.executable,
-        )
+        base = {
+            "config_path": self.ssh_config,
+            "known_hosts_path": self.known_hosts,
+            "system_known_hosts_path": None,
+            "connect_timeout_s": 10.0,
+            "command_timeout_s": 60.0,
+            "allow_agent": False,
+            "python": sys.executable,
+        }
         base.update(overrides)
         return SshSettings(**base)
 

@@ -73,7 +73,7 @@ def _describe(path: Path) -> str:
         with av.open(str(path)) as c:
             s = c.streams.video[0]
             return f"{s.codec_context.name} {s.height}x{s.width}"
-    except Exception as err:  # only a label: the benchmark itself reports unusable videos
+    except Exception as err:  # noqa: BLE001 - only a label: the benchmark itself reports unusable videos
         return f"unreadable ({type(err).__name__})"
 
 
@@ -133,14 +133,20 @@ def report_lines(
     lines = [
         f"{cost.clips} clips of {cost.frames}x{cost.height}x{cost.width} from {cost.source} sources"
         + (f" ({cost.crops_per_clip} crops per decoded clip)" if cost.crops_per_clip > 1 else ""),
-        f"  loader (decode, crop, resize; uint8): {cost.load_cpu_s:.3f} CPU-s per clip "
-        f"(decode and RGB {cost.decode_cpu_s:.3f}, crop/resize/flip {crop_s:.3f}), "
-        f"{cost.wall_s:.3f} s wall",
-        f"  jitter (float + colour; on the GPU in training, here on the CPU): "
-        f"{cost.jitter_cpu_s:.3f} CPU-s per clip",
+        (
+            f"  loader (decode, crop, resize; uint8): {cost.load_cpu_s:.3f} CPU-s per clip "
+            f"(decode and RGB {cost.decode_cpu_s:.3f}, crop/resize/flip {crop_s:.3f}), "
+            f"{cost.wall_s:.3f} s wall"
+        ),
+        (
+            "  jitter (float + colour; on the GPU in training, here on the CPU): "
+            f"{cost.jitter_cpu_s:.3f} CPU-s per clip"
+        ),
         f"  one worker: {cost.clips_per_s_per_worker:.1f} clips/s",
-        f"  at {target_clips_per_s:.1f} clips/s per GPU ({target_why}): {need} loader worker(s) per GPU "
-        f"(data.num_workers = {need})",
+        (
+            f"  at {target_clips_per_s:.1f} clips/s per GPU ({target_why}): {need} loader worker(s) per GPU "
+            f"(data.num_workers = {need})"
+        ),
     ]
     if workers is not None:
         rate = workers * cost.clips_per_s_per_worker

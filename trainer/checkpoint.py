@@ -1,4 +1,4 @@
-"""The checkpoint protocol of DESIGN.md: no partial checkpoint is ever taken for a good one.
+"""The checkpoint protocol of docs/design.md: no partial checkpoint is ever taken for a good one.
 
 step-<N>.tmp/ while ranks write; rank 0 checks the file set, writes manifest.json and COMPLETE,
 fsyncs, renames to step-<N>/, replaces `latest`, and only then prunes (keeping >= 2 complete, and
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-
 import json
 import math
 import os

@@ -54,7 +54,7 @@ class ModelSection(_Section):
     compile: bool = False
 
     @model_validator(mode="after")
-    def _time_scales_agree(self) -> "ModelSection":
+    def _time_scales_agree(self) -> ModelSection:
         if sum(self.encoder_time_downscale) != sum(self.decoder_time_upscale):
             raise ValueError(
                 "encoder_time_downscale and decoder_time_upscale must scale time by the same factor "
@@ -111,7 +111,7 @@ class DataSection(_Section):
         return v
 
     @model_validator(mode="after")
-    def _deltas_ordered(self) -> "DataSection":
+    def _deltas_ordered(self) -> DataSection:
         if self.max_delta < self.min_delta:
             raise ValueError(f"max_delta ({self.max_delta}) is below min_delta ({self.min_delta})")
         if 0 < self.frame_height < self.height:
@@ -242,7 +242,7 @@ class TrainConfig(_Section):
     distributed: DistributedSection = DistributedSection()
 
     @model_validator(mode="after")
-    def _adversarial_has_frame_groups(self) -> "TrainConfig":
+    def _adversarial_has_frame_groups(self) -> TrainConfig:
         # T = 4k frames decode to T - 3, and the discriminator judges groups of 3 of them
         if self.adversarial.weight > 0 and self.data.frames < 8:
             raise ValueError(
@@ -252,7 +252,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _crops_fill_the_batch(self) -> "TrainConfig":
+    def _crops_fill_the_batch(self) -> TrainConfig:
         k = self.data.crops_per_clip
         if k > 1 and self.optim.batch_per_gpu % k:
             raise ValueError(

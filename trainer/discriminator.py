@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 GROUP = 3  # frames per discriminator sample
 WEIGHTS = "trainer/discriminator.safetensors"
@@ -55,7 +55,7 @@ def frame_groups(video: torch.Tensor, latents: torch.Tensor) -> tuple[torch.Tens
     """Decoded frames N x T' x 3 x H x W (aligned with input frames [0, T')) and latents
     N x k x C x h x w -> (B x 9 x H x W groups of 3 consecutive frames, B x C x h x w the mean of the
     latents those frames decode from: frame t comes from latent ceil(t/4), the causal convention)."""
-    n, t = video.shape[:2]
+    t = video.shape[1]
     groups = t // GROUP
     if groups == 0:
         raise ValueError(f"{t} decoded frames: the discriminator needs at least {GROUP}")

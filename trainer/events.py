@@ -1,6 +1,6 @@
 """Trainer events (`events/rank-<r>.jsonl`) and heartbeats (`heartbeat/rank-<r>.json`).
 
-The contract is DESIGN.md's: every event line carries v, time, rank, kind; readers ignore
+The contract is docs/design.md's: every event line carries v, time, rank, kind; readers ignore
 unknown kinds and fields, so fields are only ever added, never renamed.
 """
 
@@ -47,7 +47,7 @@ class EventWriter:
         self.path = run_dir / "events" / f"rank-{rank}.jsonl"
         self.heartbeat_path = run_dir / "heartbeat" / f"rank-{rank}.json"
         # line-buffered append: a crash loses at most the line being written, never earlier ones
-        self._f = open(self.path, "a", buffering=1)
+        self._f = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the writer's life
         self._beat_lock = threading.Lock()  # the collective watch writes heartbeats from its thread
         self._last_beat: dict[str, Any] = {}
 

@@ -143,7 +143,7 @@ def open_cache(cache_dir: str | Path, cfg) -> dict:
 
     cache_dir = Path(cache_dir).expanduser()
     manifest = read_manifest(cache_dir)
-    rebuild = f"; run `taehv-train cache-latents --run RUN` to update it (it re-encodes only what changed)"
+    rebuild = "; run `taehv-train cache-latents --run RUN` to update it (it re-encodes only what changed)"
     if manifest.get("version") != CACHE_VERSION:
         raise CacheError(
             f"{cache_dir}: cache format {manifest.get('version')}, this trainer reads {CACHE_VERSION}"

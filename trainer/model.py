@@ -223,7 +223,7 @@ class TAEHV(nn.Module):
             stages.append(_Stage(current))
         return stages
 
-    def use_channels_last(self) -> "TAEHV":
+    def use_channels_last(self) -> TAEHV:
         """NHWC activations: faster convolutions on tensor-core GPUs, same results.
 
         Only the activations change layout. A convolution whose input is channels_last runs

@@ -1,7 +1,7 @@
 """TAEHV training with accelerate + DeepSpeed (ZeRO-2/3): what `taehv-train --run RUN` runs on every rank.
 
 Reads RUN/run.toml, writes events, heartbeats, TensorBoard scalars and checkpoints into RUN by
-DESIGN.md's contracts. Every decision several ranks must share (skip a non-finite step, stop on
+docs/design.md's contracts. Every decision several ranks must share (skip a non-finite step, stop on
 a signal, checkpoint outcome) is agreed by a collective, never taken by one rank alone.
 """
 
@@ -1014,7 +1014,7 @@ def _recipe_inputs(cfg: TrainConfig):
     (None, None) without a teacher. Raises TeacherError/CacheError: a distilling run never falls back
     to reconstruction-only."""
     from trainer.latent_cache import open_cache
-    from trainer.teacher import load_teacher, probe_teacher, TeacherError
+    from trainer.teacher import TeacherError, load_teacher, probe_teacher
 
     if cfg.loss.teacher_cache:
         return None, open_cache(cfg.loss.teacher_cache, cfg)

@@ -17,12 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import paramiko
 import pytest
 import tomli_w
+import tomllib
 
 from taehv_console.cli import main
 from taehv_console.core.cluster import preflight as pf
@@ -34,13 +34,13 @@ from taehv_console.core.cluster.ssh import (
     SshPool,
     connect,
 )
+from taehv_console.core.logscan import LogScanner
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.failure import choose_failure
 from taehv_console.core.run.state import Phase
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
-from taehv_console.core.logscan import LogScanner
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig, PollerConfig
 from taehv_console.core.watch.state import CheckpointState, RankState
 from tests.core.cluster.conftest import build_facts
@@ -326,7 +326,7 @@ def _fill(fs: Path) -> Path:
 @pytest.mark.timeout(180)
 def test_07b_disk_full_under_the_console_stops_the_nodes_and_records_the_failure_once_space_allows(
     tmp_path, pool
-):  # noqa: F811 - pool is the fixture imported above
+):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     runs = tmp_path / "runs"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import tomli_w
 
-
 BIN = Path(sys.executable).parent
 
 

@@ -4,7 +4,6 @@ latent-aligned crops it serves, and the discriminator's pieces. In-process, on r
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -87,8 +86,8 @@ def test_a_distilling_run_refuses_a_bad_teacher_before_any_process_group(tmp_pat
 
 
 def test_cache_build_is_resumable_and_its_latents_are_the_teachers(tmp_path, clips, teacher_dir):
-    from trainer.latent_cache import CachedLatentDataset, build_cache, open_cache, read_manifest, to_canvas
     from trainer.data import find_videos, read_frames
+    from trainer.latent_cache import CachedLatentDataset, build_cache, open_cache, read_manifest, to_canvas
     from trainer.teacher import encode, load_teacher
 
     cache = tmp_path / "cache"
@@ -136,7 +135,7 @@ def test_a_cache_out_of_step_with_the_data_is_refused_then_rebuilt(
     raw = _cfg(clips, cache=cache)
     cfg = config_from_dict(_cfg(clips, teacher=teacher_dir, cache=cache))
     build_cache(cfg, cache, log=lambda _m: None)
-    victim = sorted(clips.glob("*.mp4"))[0]
+    victim = min(clips.glob("*.mp4"))
     if change == "added":
         make_synthetic(tmp_path / "more", clips=1, frames=12, height=64, width=80, seed=9)
         victim = clips / "extra.mp4"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
 import pytest
 import tomli_w
 

@@ -7,10 +7,10 @@ import asyncio
 
 from textual.widgets import Input, Static
 
-from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.flow.config import ChosenConfig, check_overrides
 from taehv_console.core.flow.preflight import PreflightResult
 from taehv_console.core.models import BackendKind
+from taehv_console.core.plan.presets import load_preset
 from tests.ui import samples
 from tests.ui.conftest import sample_app
 

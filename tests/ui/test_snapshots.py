@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from taehv_console.core.plan.derive import auto_select
-from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.launch import review as make_review
 from taehv_console.core.flow.preflight import PreflightResult
 from taehv_console.core.flow.runs import RunEntry
 from taehv_console.core.models import BackendKind
+from taehv_console.core.plan.derive import auto_select
+from taehv_console.core.plan.presets import load_preset
 from taehv_console.ui.messages import LogChunk, LogRead
 from tests.ui import samples
 from tests.ui.conftest import sample_app

@@ -8,6 +8,7 @@ well under a second per node, and versions are read from package metadata instea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -41,14 +42,14 @@ def read_nvml() -> NvmlReading:
         return {"ok": False, "reason": f"nvidia-ml-py is not installed ({err})", "devices": []}
     try:
         pynvml.nvmlInit()
-    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return {"ok": False, "reason": f"NVML unavailable: {_nvml_error_text(err)}", "devices": []}
     try:
         reading: NvmlReading = {"ok": True, "reason": "", "devices": []}
         reading["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
         try:
             reading["cuda_driver_version"] = int(pynvml.nvmlSystemGetCudaDriverVersion())
-        except Exception:
+        except pynvml.NVMLError:
             reading["cuda_driver_version"] = 0
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -60,17 +61,15 @@ def read_nvml() -> NvmlReading:
             try:
                 dev["uuid"] = _text(pynvml.nvmlDeviceGetUUID(h))
                 dev["pci_bus_id"] = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
-            except Exception:
-                pass
+            except pynvml.NVMLError:
+                pass  # older drivers: the device is still listed, without its identity
             reading["devices"].append(dev)
         return reading
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any NVML failure is a finding, not a crash
         return {"ok": False, "reason": f"NVML query failed: {_nvml_error_text(err)}", "devices": []}
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _nvml_error_text(err: Exception) -> str:
@@ -150,7 +149,7 @@ def torch_cuda_version() -> str | None:
     for loc in spec.submodule_search_locations:
         version_py = Path(loc) / "version.py"
         if version_py.is_file():
-            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version_py.read_text(), re.M)
+            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version_py.read_text(), re.MULTILINE)
             return m.group(1) if m else None
     return None
 
@@ -171,7 +170,7 @@ def nccl_version(torch_version: str | None, cuda: str | None) -> tuple[str | Non
 
         v = torch.cuda.nccl.version()
         return (".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)), ""
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a broken CUDA install is reported, not raised
         return None, f"torch could not report its NCCL version ({err})"
 
 

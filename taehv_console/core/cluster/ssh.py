@@ -29,10 +29,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FuturesTimeout
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from taehv_console.core.cluster.hosts import InvalidHostError, is_local_host, validate_host
 from taehv_console.core.cluster.nodecall import (
@@ -48,6 +49,9 @@ from taehv_console.core.cluster.nodecall import (
     parse_reply,
 )
 from taehv_console.core.models import CommandResult
+
+if TYPE_CHECKING:  # 3.10 has no typing.Self
+    from typing_extensions import Self
 
 T = TypeVar("T")
 SPAWN = "taehv_console.core.cluster.spawn"
@@ -184,7 +188,7 @@ def resolve_target(alias: str, settings: SshSettings) -> HostTarget:
     if settings.config.is_file():
         try:
             cfg = paramiko.SSHConfig.from_path(str(settings.config)).lookup(alias)
-        except Exception as err:  # a syntax error in the user's file
+        except Exception as err:  # noqa: BLE001 - paramiko raises several kinds for a bad file
             raise SshConfigError(
                 alias,
                 f"{settings.config}: cannot be read ({err})",
@@ -279,7 +283,7 @@ def known_keys(settings: SshSettings, known_name: str) -> dict[str, Any]:
         if path and os.path.isfile(os.path.expanduser(path)):
             keys = paramiko.HostKeys(os.path.expanduser(path)).lookup(known_name)
             if keys:
-                out.update({t: keys[t] for t in keys.keys()})
+                out.update({t: keys[t] for t in keys})
     return out
 
 
@@ -823,7 +827,7 @@ def fan_out(
                 out[item] = fut.result(timeout=None if end is None else max(0.0, end - time.monotonic()))
             except FuturesTimeout:
                 out[item] = TimeoutError(f"{item}: no answer within {deadline_s:g} s")
-            except Exception as err:  # returned, not raised: the caller reports per node
+            except Exception as err:  # noqa: BLE001 - returned, not raised: the caller reports per node
                 out[item] = err
     finally:
         ex.shutdown(wait=end is None, cancel_futures=True)
@@ -841,10 +845,10 @@ class SshPool:
         self._guard = threading.Lock()
         self._down: dict[str, _Down] = {}  # unreachable nodes, reconnected in the background
 
-    def __enter__(self) -> SshPool:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def runner(self, host: str) -> NodeRunner:
@@ -899,7 +903,7 @@ class SshPool:
         def attempt() -> None:
             try:
                 conn = connect(host, self.settings, self._mark_down)
-            except Exception:  # still down: try again later
+            except Exception:  # noqa: BLE001 - still down, for whatever reason: try again later
                 with self._guard:
                     down.trying = False
                     down.next_try = time.monotonic() + self.settings.retry_unreachable_s

@@ -125,7 +125,9 @@ def run_analyser(
     if allow_incomplete:
         argv.insert(3, "--allow-incomplete-ranks")
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         return -1, f"the Flight Recorder analyser took longer than {timeout:g} s"
     except OSError as err:

@@ -182,7 +182,7 @@ def dump_process(
         argv = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if nonblocking else [])
         try:
             res = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+                argv, check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
             )
         except subprocess.TimeoutExpired:
             reply.update(

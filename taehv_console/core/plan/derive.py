@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from taehv_console.core.plan.planner import estimate_memory, gpu_family
+from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from taehv_console.core.plan.timeouts import (
     DERIVED_TIMEOUT_RULE,
     collective_timeout_s,
     derived_collective_timeout_s,
 )
-from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from trainer.config import ConfigError, TrainConfig, config_from_dict
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)

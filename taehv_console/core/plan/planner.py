@@ -665,8 +665,13 @@ def teacher_lines(t: TeacherCost, hours) -> list[str]:
     }[t.mode]
     return [
         f"{head}:",
-        f"  teacher online  {t.online_step_s:.3g} s/step, {hours(t.online_hours)}, {t.online_gpu_hours:,.0f} GPU-hours"
-        f" (encode = {t.encode_ratio:.1f}x a student step)",
-        f"  cached latents  {t.cached_step_s:.3g} s/step, {hours(t.cached_hours)}, {t.cached_gpu_hours:,.0f} GPU-hours"
-        f" + {t.cache_build_gpu_hours:,.0f} GPU-hours once per {CACHE_BUILD_WINDOWS:,} clip windows (cache-latents)",
+        (
+            f"  teacher online  {t.online_step_s:.3g} s/step, {hours(t.online_hours)}, "
+            f"{t.online_gpu_hours:,.0f} GPU-hours (encode = {t.encode_ratio:.1f}x a student step)"
+        ),
+        (
+            f"  cached latents  {t.cached_step_s:.3g} s/step, {hours(t.cached_hours)}, "
+            f"{t.cached_gpu_hours:,.0f} GPU-hours + {t.cache_build_gpu_hours:,.0f} GPU-hours once per "
+            f"{CACHE_BUILD_WINDOWS:,} clip windows (cache-latents)"
+        ),
     ]

@@ -16,7 +16,6 @@ it), never a process name.
 
 from __future__ import annotations
 
-
 import re
 import sys
 import time

@@ -199,7 +199,7 @@ def choose_failure(
 
 
 # What a full disk looks like in a rank's words: Python's OSError, or torch.save's stream writer.
-_DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC", re.I)
+_DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC", re.IGNORECASE)
 _QUOTED_PATH = re.compile(r"""['"](/[^'"]+)['"]""")
 
 

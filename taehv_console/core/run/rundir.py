@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md's single source of truth for a run): where every file of a run
+"""The run directory (docs/design.md's single source of truth for a run): where every file of a run
 lives, how a run gets its readable unique id, and how a run is found again by id or path.
 """
 

@@ -16,6 +16,7 @@ when something changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -37,7 +38,7 @@ from taehv_console.core.watch.tail import LocalFiles, RemoteFiles, Tailer
 from taehv_console.core.watch.tbscalars import TensorBoardScalars
 from taehv_console.core.watch.view import ViewBuilder
 
-__all__ = ["Monitor", "MonitorConfig", "PollerConfig", "LocalLineStream", "snapshot_once"]
+__all__ = ["LocalLineStream", "Monitor", "MonitorConfig", "PollerConfig", "snapshot_once"]
 
 
 @dataclass(frozen=True)
@@ -278,10 +279,8 @@ class Monitor:
         the scheduler may still be running."""
         for p in self._pollers:
             if p.name.startswith(sources):
-                try:
+                with contextlib.suppress(Exception):  # recorded on the source, as the scheduler would
                     p.run_once()
-                except Exception:  # noqa: BLE001 - recorded on the source, as the scheduler would
-                    pass
         with self._lock:
             return self._build(time.time())
 

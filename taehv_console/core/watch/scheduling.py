@@ -78,7 +78,7 @@ class Poller:
             self.backoff = 0.0
             self.last_ok = time.time()
             return more
-        except Exception as err:  # noqa: BLE001 - a poll failure is reported on its source and retried
+        except Exception as err:  # a poll failure is reported on its source and retried
             self.error = f"{type(err).__name__}: {err}"[:400]
             self.backoff = min(max(self.backoff * 2, self.interval_s), self.cfg.backoff_max_s)
             raise

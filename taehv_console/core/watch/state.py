@@ -11,8 +11,8 @@ import enum
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from taehv_console.core.logscan import LogSignal  # the view carries the signals it was given
@@ -214,7 +214,7 @@ class ForensicsSummary:
     def from_report(cls, data: Any, path: str = "") -> ForensicsSummary:
         """From a ForensicsReport's to_json() dict; unknown keys are ignored, missing ones empty."""
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: a forensics report is a JSON object")
+            raise ValueError(f"{path}: a forensics report is a JSON object")  # noqa: TRY004 - callers catch ValueError for bad files
         stalled = data.get("stalled_rank")
         ref = data.get("stalled") if isinstance(data.get("stalled"), dict) else {"rank": stalled}
         if not isinstance(ref.get("rank"), int) and isinstance(stalled, int):
@@ -384,7 +384,7 @@ class Series:
     fifth of the view's cost while only a node's drill-down ever reads them. `points` flattens on
     first use and keeps the result."""
 
-    __slots__ = ("name", "_points", "_blocks", "_limit")
+    __slots__ = ("_blocks", "_limit", "_points", "name")
 
     def __init__(self, name: str, points: Iterable[tuple[float, float]] = ()):
         object.__setattr__(self, "name", name)

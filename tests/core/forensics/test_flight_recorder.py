@@ -6,13 +6,12 @@ ProcessGroupNCCL's DumpPipe does (fake_nccl_rank.py; NCCL itself cannot run here
 from __future__ import annotations
 
 import filecmp
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-
-import importlib.util
 
 import pytest
 

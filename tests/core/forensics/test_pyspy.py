@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
-from taehv_console.core.forensics import RankRef, StallForensics
-from taehv_console.core.forensics import pyspy
+from taehv_console.core.forensics import RankRef, StallForensics, pyspy
 from taehv_console.core.forensics.node import main as node_main
 from tests.core.forensics.conftest import FIXTURES, make_run, sigstop
 

@@ -5,17 +5,16 @@ StallForensics: never before the first step, never on a gloo run, at most every 
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
-from pathlib import Path
 
 import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
-from taehv_console.core.forensics import RankRef, StallForensics
+from taehv_console.core.forensics import RankRef, StallForensics, ras
 from taehv_console.core.forensics import node as forensics_node
-from taehv_console.core.forensics import ras
 from tests.core.forensics.conftest import FIXTURES, make_run, write_heartbeat
 
 RAS = FIXTURES / "ras"
@@ -48,7 +47,7 @@ def test_unknown_version_is_refused():
 def test_policy_rows_cover_every_version_once():
     rules = ras.RAS_VERSION_POLICY
     assert rules[0].first == (0, 0, 0)
-    assert all(a.last == b.first for a, b in zip(rules, rules[1:]))
+    assert all(a.last == b.first for a, b in itertools.pairwise(rules))
     assert all(r.reason for r in rules)
 
 

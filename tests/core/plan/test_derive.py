@@ -12,8 +12,8 @@ from taehv_console.core.plan.derive import (
     lr_for,
 )
 from taehv_console.core.plan.planner import gpu_family
-from taehv_console.core.plan.timeouts import derived_collective_timeout_s
 from taehv_console.core.plan.presets import list_presets, load_preset
+from taehv_console.core.plan.timeouts import derived_collective_timeout_s
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from taehv_console.core.watch.health import watchdog_counts
 from taehv_console.core.logscan import LogScanner, scan_line
+from taehv_console.core.watch.health import watchdog_counts
 from tests.core.watch.conftest import FIXTURES
 
 LOGS = FIXTURES / "logs"
