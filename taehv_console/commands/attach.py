@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
                 return ExitCode.USAGE
             try:
                 if ctrl.reconcile() == "live":
-                    view.note(
-                        f"attached to {target.run_id}: " + "; ".join(ctrl.backend.describe(ctrl.attempt))
-                    )
+                    attempt = ctrl.attempt
+                    assert attempt is not None  # a live run has launched an attempt
+                    view.note(f"attached to {target.run_id}: " + "; ".join(ctrl.backend.describe(attempt)))
                     return int(follow(ctrl, view, args.grace))
                 view.note(f"{target.run_id} is not running")
                 return int(report_ended(ctrl, view))

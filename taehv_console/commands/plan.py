@@ -116,9 +116,9 @@ def _comparison(args: argparse.Namespace) -> int:
     listing = list_presets()
     presets = [p for p in listing.presets if p.config.topology.device == "cuda"]
     plans = []
-    for p in presets:
-        kwargs = _plan_kwargs(args, args.bandwidth or p.meta.network or None)
-        plans.append(make_plan(p.config, name=p.name, gpu=p.meta.gpu, **kwargs))
+    for preset in presets:
+        kwargs = _plan_kwargs(args, args.bandwidth or preset.meta.network or None)
+        plans.append(make_plan(preset.config, name=preset.name, gpu=preset.meta.gpu, **kwargs))
     plans.sort(key=lambda pl: (pl.config.topology.world_size, pl.name))
     baseline = next(pl for pl in plans if pl.name == BASELINE)
     rows = compare_plans(plans, baseline)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from taehv_console.core.cluster.nodecall import NodeReply
 from taehv_console.core.cluster.ssh import SshError, fan_out
 from taehv_console.core.models import BandwidthResult
 
@@ -111,7 +112,7 @@ def measure_bandwidth(
     world = len(runners)
     nbytes = int(megabytes * 1e6)
 
-    def one(i: str):
+    def one(i: str) -> NodeReply:
         r = runners[int(i)]
         args = [
             "--rank",
@@ -153,7 +154,9 @@ def measure_bandwidth(
             "all-reduce test failed: " + "; ".join(failures),
             "check that the master port is reachable and the NCCL/GLOO socket settings",
         )
-    return BandwidthResult(**{k: results["0"].data[k] for k in _RESULT_KEYS})
+    leader = results["0"]
+    assert not isinstance(leader, Exception)  # any failure raised above
+    return BandwidthResult(**{k: leader.data[k] for k in _RESULT_KEYS})
 
 
 def main(argv: list[str] | None = None) -> int:

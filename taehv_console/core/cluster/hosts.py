@@ -91,7 +91,9 @@ def expand_slurm_hostlist(expr: str) -> tuple[str, ...]:
 
 
 def _split_top_level(expr: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for c in expr:
         if c == "[":
             depth += 1

@@ -19,7 +19,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import paramiko
 
 TAIL_CHARS = 400
 
@@ -165,6 +168,7 @@ def parse_reply(
             detail + (f"; stderr: {err_tail}" if err_tail else ""),
             "check the node's login scripts (they must not print to stdout), or run the helper by hand",
         )
+    assert line is not None  # data was parsed from it
     missing = [k for k in require if k not in data]
     if status != 0 or (missing and "error" in data):
         why = str(data.get("error") or f"exit {status}")
@@ -265,7 +269,7 @@ class NodeStream:
 class ChannelStream(NodeStream):
     """A command on a node over SSH, its stdout streamed."""
 
-    def __init__(self, channel: Any):
+    def __init__(self, channel: paramiko.Channel):
         super().__init__()
         self._chan = channel
 

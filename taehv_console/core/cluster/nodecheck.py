@@ -8,6 +8,7 @@ clip on this node's CPUs and videos. Run as
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import select
@@ -15,6 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 BANNER = b"taehv-preflight\n"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{8,64}")
@@ -80,7 +82,7 @@ def listen(port: int, seconds: float) -> int:
     watch = [srv, sys.stdin]
     while time.monotonic() < deadline:
         r, _, _ = select.select(watch, [], [], max(0.0, deadline - time.monotonic()))
-        if sys.stdin in r and not sys.stdin.buffer.read1(1):
+        if sys.stdin in r and not cast(io.BufferedReader, sys.stdin.buffer).read1(1):
             break
         if srv in r:
             conn, _ = srv.accept()

@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from taehv_console.core.cluster.bandwidth import measure_bandwidth
 from taehv_console.core.cluster.gather import node_path, probe_hosts
@@ -147,10 +148,10 @@ def check_processes_vs_gpus(
                 )
     # Hostfile slots say how many processes a node takes; more than its devices cannot start.
     for node in topology.nodes:
-        f = facts.get(node.host)
-        if f is None or node.slots is None:
+        nf = facts.get(node.host)
+        if nf is None or node.slots is None:
             continue
-        devices = f.visible_gpu_count if cfg.topology.device == "cuda" else f.cpu_count
+        devices = nf.visible_gpu_count if cfg.topology.device == "cuda" else nf.cpu_count
         kind = "GPU(s) visible" if cfg.topology.device == "cuda" else "CPU(s)"
         if devices == 0:
             continue  # "no-gpu" already says it; "slots=0" would be no fix
@@ -783,7 +784,9 @@ def run_preflight(
             pool.close()
 
 
-def _reusable(probes: Sequence[ProbeResult] | None, hosts: list[str], paths: Mapping[str, str]) -> bool:
+def _reusable(
+    probes: Sequence[ProbeResult] | None, hosts: list[str], paths: Mapping[str, str]
+) -> TypeGuard[Sequence[ProbeResult]]:
     if not probes or [p.host for p in probes] != hosts:
         return False
     for p in probes:

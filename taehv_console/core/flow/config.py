@@ -8,11 +8,10 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.models import ProbeResult, Topology
-from taehv_console.core.plan.derive import auto_select
+from taehv_console.core.plan.derive import ResolvedConfig, auto_select
 from taehv_console.core.plan.planner import estimate_memory
 from taehv_console.core.plan.presets import list_presets, load_preset, override_config
 from taehv_console.core.run.rundir import RunDir
@@ -30,7 +29,7 @@ class ChosenConfig:
 
 def _auto(
     options: FlowOptions, topology: Topology, probes: Sequence[ProbeResult], overrides: list[str]
-) -> Any:
+) -> ResolvedConfig:
     facts = [p.facts for p in probes if p.facts is not None]
     gpus = [f.visible_gpu_count for f in facts]
     device = "cuda" if facts and all(gpus) else "cpu"
@@ -192,8 +191,8 @@ def preset_choices(
                 p.name, p.name, p.config, (t.nodes, t.gpus_per_node, t.device) == want, p.meta.description
             )
         )
-    for err in listing.errors:
-        out.append(_failed_choice("?", "user preset", err))
+    for error in listing.errors:
+        out.append(_failed_choice("?", "user preset", error))
     return tuple(out)
 
 

@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from taehv_console.core.cluster.ssh import NodeRunner, SshError, fan_out
+from taehv_console.core.cluster.ssh import NodeRunner, SshError, SshPool, fan_out
 from taehv_console.core.forensics import flight_recorder as fr
 from taehv_console.core.forensics import pyspy, ras
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
@@ -28,6 +27,7 @@ from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackD
 from taehv_console.core.plan import flight_recorder as fr_launch
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import RunState, StateError
+from trainer.config import TrainConfig
 from trainer.events import atomic_write_text
 
 FORENSICS_DIR = "forensics"
@@ -50,7 +50,7 @@ class StallForensics:
     def __init__(
         self,
         run_dir: Path,
-        pool: Any,
+        pool: SshPool,
         *,
         analyser_python: str = sys.executable,
         pyspy_timeout: float = pyspy.DUMP_TIMEOUT_S,
@@ -100,7 +100,7 @@ class StallForensics:
     def _runner(self, host: str) -> NodeRunner:
         return self.pool.runner(host)
 
-    def _config(self) -> tuple[Any, str]:
+    def _config(self) -> tuple[TrainConfig | None, str]:
         try:
             return self.run.load_config(), ""
         except (OSError, ValueError) as err:  # a note: the stacks are still worth having
@@ -183,7 +183,7 @@ class StallForensics:
         return tuple(dumps), tuple(dict.fromkeys(notes))
 
     # ------------------------------------------------------------------------ Flight Recorder
-    def _fr_settings(self, cfg: Any) -> tuple[fr_launch.FlightRecorderPaths, int]:
+    def _fr_settings(self, cfg: TrainConfig) -> tuple[fr_launch.FlightRecorderPaths, int]:
         # what the ranks were launched with: the config's nccl_env, then the run's --env
         env = dict(cfg.distributed.nccl_env)
         state = self._state()
@@ -201,7 +201,7 @@ class StallForensics:
         return paths, size
 
     def flight_recorder(
-        self, cfg: Any, stalled: RankRef, when: float
+        self, cfg: TrainConfig, stalled: RankRef, when: float
     ) -> tuple[tuple[str, ...], tuple[str, ...], str]:
         """Trigger every rank's dump on its node, copy them, analyse. (verdict, notes, folder)."""
         paths, size = self._fr_settings(cfg)

@@ -165,7 +165,7 @@ def query(
             if ok.strip().upper() != "OK":
                 return {"kind": "failed", "text": ok, "error": f"RAS refused TIMEOUT: {ok.strip()[:80]!r}"}
             sock.sendall(b"VERBOSE STATUS\n" if verbose else b"STATUS\n")
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

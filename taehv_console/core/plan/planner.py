@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from taehv_console.core.plan.footprint import activation_elements, parameter_count
 from taehv_console.core.plan.timeouts import explain_collective_timeout
@@ -582,7 +583,7 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
     """A JSON-ready view of a plan (the CLI's --json and anything else that wants plain values)."""
     c = plan.config
     t = c.topology
-    out = {
+    out: dict[str, Any] = {
         "name": plan.name,
         "topology": {
             "nodes": t.nodes,
