@@ -21,7 +21,7 @@ import select
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ class NvmlSampler:
         dev: dict[str, Any] = {"index": index}
         errors: dict[str, str] = {}
 
-        def field(name: str, fn: Any) -> None:
+        def field(name: str, fn: Callable[[], Any]) -> None:
             try:
                 dev[name] = fn()
             except Exception as err:  # noqa: BLE001 - NotSupported on some boards; GpuIsLost off the bus
@@ -244,11 +244,13 @@ class RunProcesses:
 
     def _table(self, now: float) -> tuple[int, ...]:
         """_workers_ranks, looked at once per read (`now`)."""
+        assert self.dir is not None  # current() reads only with a run directory
         if self._table_at != now:
             self._table_at, self._table_ranks = now, _workers_ranks(self.dir.parent)
         return self._table_ranks
 
     def _files(self, ranks: tuple[int, ...]) -> list[Path]:
+        assert self.dir is not None  # current() reads only with a run directory
         return [self.dir / f"rank-{r}.json" for r in ranks]
 
     def _read(self, paths: list[Path]) -> tuple[dict[int, int], bool]:
@@ -522,12 +524,12 @@ def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = N
     """GpuSample per device of a raw NVML reading; `owners` (pid -> rank) picks the run's processes.
     On the console's hot path (64 nodes x 8 GPUs a second): plain type checks, no helpers per field."""
     owners = owners or {}
-    out = []
+    out: list[GpuSample] = []
     if not reading.get("ok"):
         return ()
     for d in reading.get("devices", ()):
-        util = d.get("utilization") or {}
-        mem = d.get("memory") or {}
+        util: Any = d.get("utilization") or {}  # JSON: the checks below look at each value
+        mem: Any = d.get("memory") or {}
         run_mem, run_pids = 0.0, []
         for p in d.get("processes") or ():
             if p.get("pid") in owners:

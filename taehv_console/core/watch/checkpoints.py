@@ -65,11 +65,11 @@ class CheckpointWatcher:
             if st.ok:
                 self._deep_done[e.name] = ident
             state = CheckpointState(st.state)
-            problems = st.problems
+            ckpt_problems = st.problems
             if state is CheckpointState.IN_PROGRESS:
                 why = _abandoned(step, e, activity, newest_complete, now)
                 if why:
-                    state, problems = CheckpointState.INCOMPLETE, (why, *problems[1:])
+                    state, ckpt_problems = CheckpointState.INCOMPLETE, (why, *ckpt_problems[1:])
             if state is CheckpointState.COMPLETE and newest_complete is None:
                 newest_complete = step
             nbytes = st.bytes or (_tree_bytes(Path(e.path)) if state is not CheckpointState.COMPLETE else 0)
@@ -80,7 +80,7 @@ class CheckpointWatcher:
                     state=state,
                     bytes=nbytes,
                     age_s=round(max(0.0, now - st.mtime), 1) if st.mtime else None,
-                    problems=tuple(problems),
+                    problems=tuple(ckpt_problems),
                     world_size=st.world_size,
                     zero_stage=st.zero_stage,
                     is_latest=(e.name == latest),

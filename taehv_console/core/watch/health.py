@@ -106,7 +106,7 @@ class _StepStats:
     and score against the fastest, and the ranks slow enough to be stragglers."""
 
     stall_after: float | None
-    busy_med: dict[int, float | None]
+    busy_med: dict[int, float]
     fastest: float | None
     scores: dict[int, float]
     slow: tuple[int, ...]
@@ -116,20 +116,22 @@ def _step_stats(obs: Sequence[RankObservation], policy: HealthPolicy) -> _StepSt
     window = policy.straggler_window
     median_step = _median([t for o in obs for t in o.step_times[-window:]])
     stall_after = max(policy.stall_floor_s, policy.stall_factor * median_step) if median_step else None
-    busy_med = {
-        o.rank: o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
-        for o in obs
-        if len(o.busy) >= policy.straggler_min_steps
-    }
+    busy_med: dict[int, float] = {}
+    for o in obs:
+        if len(o.busy) >= policy.straggler_min_steps:
+            med = o.busy_median if o.busy_median is not None else _median(o.busy[-window:])
+            if med is not None:
+                busy_med[o.rank] = med
     fastest = min(busy_med.values()) if busy_med else None
-    scores = (
-        {r: round(min(1.0, fastest / b), 3) for r, b in busy_med.items() if b} if fastest is not None else {}
-    )
-    slow = tuple(
-        r
-        for r, sc in scores.items()
-        if sc < policy.straggler_threshold and busy_med[r] - fastest >= policy.straggler_min_gap_s
-    )  # type: ignore[operator]
+    scores: dict[int, float] = {}
+    slow: tuple[int, ...] = ()
+    if fastest is not None:
+        scores = {r: round(min(1.0, fastest / b), 3) for r, b in busy_med.items() if b}
+        slow = tuple(
+            r
+            for r, sc in scores.items()
+            if sc < policy.straggler_threshold and busy_med[r] - fastest >= policy.straggler_min_gap_s
+        )
     return _StepStats(stall_after, busy_med, fastest, scores, slow)
 
 
@@ -289,7 +291,7 @@ def _collective(
     """Every live rank is stuck: find who the others wait for, mark it stalled, the rest blocked."""
     failed = [r for r, h in out.items() if h.state is RankState.FAILED]
     stopped = [r for r in stale if out[r].process in ("stopped", "tracing-stop")]
-    steps = {r: out[r].step for r in stale if out[r].step is not None}
+    steps = {r: rank_step for r in stale if (rank_step := out[r].step) is not None}
     # The trainer says in its heartbeat when it has been blocked in a collective for a while: the
     # ranks that are not (stuck in data loading or compute, or not running at all) hold the others.
     waiting = [r for r in stale if by_rank[r].waiting_since is not None]
@@ -347,14 +349,14 @@ def _collective(
             out[r] = replace(
                 out[r], blocked_by=laggard, detail=f"waiting in a collective for rank {laggard} ({age:.0f} s)"
             )
-    waiting = tuple(sorted(r for r in stale if r not in culprits))
+    blocked = tuple(sorted(r for r in stale if r not in culprits))
     return CollectiveStall(
         laggard,
         out[laggard].node,
         min(steps.values()) if steps else None,
         stalled_for,
         timeout_s,
-        waiting,
+        blocked,
         evidence,
     )
 

@@ -326,8 +326,8 @@ class Ingest:
 
     # ------------------------------------------------------------------ what the facts add up to
     def world_size(self) -> int | None:
-        sizes = [e.start.get("world_size") for e in self.fold.ranks.values() if e.start]
-        sizes = [s for s in sizes if isinstance(s, int)]
+        started = [e.start.get("world_size") for e in self.fold.ranks.values() if e.start]
+        sizes = [s for s in started if isinstance(s, int)]
         if sizes:
             return max(sizes)
         topo = self.run_cfg.get("topology") or {}

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
-from taehv_console.core.cluster.ssh import LocalRunner, SshPool
+from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshPool
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
 from taehv_console.core.watch.ingest import AgentState, Ingest, get
 from taehv_console.core.watch.scheduling import CallPoller, FilesPoller, Poller, PollerConfig, Scheduler
 from taehv_console.core.watch.state import Notice, RankState, RunView
 from taehv_console.core.watch.streams import LineStream, LocalLineStream, RemoteLineStream, agent_argv
-from taehv_console.core.watch.tail import LocalFiles, RemoteFiles, Tailer
+from taehv_console.core.watch.tail import ChunkSource, LocalFiles, RemoteFiles, Tailer
 from taehv_console.core.watch.tbscalars import TensorBoardScalars
 from taehv_console.core.watch.view import ViewBuilder
 
@@ -98,7 +98,7 @@ class Monitor:
         run_dir: str | Path,
         *,
         hosts: Sequence[str] | None = None,
-        pool: Any = None,
+        pool: SshPool | None = None,
         agents: bool = True,
         remote_files: bool = False,
         tensorboard: str | Path | None = None,
@@ -161,7 +161,7 @@ class Monitor:
             ps.append(CallPoller("tensorboard", c.tensorboard, self._poll_tensorboard))
         return ps
 
-    def _file_pollers(self, suffix: str, src: Any, nbytes: int) -> list[Poller]:
+    def _file_pollers(self, suffix: str, src: ChunkSource, nbytes: int) -> list[Poller]:
         c, d, ing = self.cfg, self.run_dir, self.ingest
         return [
             FilesPoller(
@@ -285,7 +285,7 @@ class Monitor:
             return self._build(time.time())
 
     # ------------------------------------------------------------------ runners
-    def pool(self) -> Any:
+    def pool(self) -> SshPool:
         if self._pool is None:
             self._pool = SshPool()
             self._own_pool = True
@@ -294,7 +294,7 @@ class Monitor:
     def _is_local(self, host: str) -> bool:
         return self.local_mode or is_local_host(host)
 
-    def _runner(self, host: str) -> Any:
+    def _runner(self, host: str) -> NodeRunner:
         if self._is_local(host):
             return LocalRunner(host)
         return self.pool().runner(host)
@@ -498,7 +498,7 @@ def snapshot_once(
     run_dir: str | Path,
     *,
     hosts: Sequence[str] | None = None,
-    pool: Any = None,
+    pool: SshPool | None = None,
     agents: bool = False,
     remote_files: bool = False,
     tensorboard: str | Path | None = None,

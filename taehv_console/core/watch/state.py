@@ -13,9 +13,14 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from taehv_console.core.logscan import LogSignal  # the view carries the signals it was given
+
+if TYPE_CHECKING:
+    from taehv_console.core.run.state import Failure, RunState
+
+_T = TypeVar("_T")
 
 
 class RankState(str, enum.Enum):
@@ -124,7 +129,7 @@ class NodeSample:
         return None
 
 
-def copy_replacing(obj: Any, **changes: Any) -> Any:
+def copy_replacing(obj: _T, **changes: Any) -> _T:
     """dataclasses.replace(obj, **changes) for a frozen dataclass without __post_init__ or
     __slots__ (RankHealth, RankObservation), without running __init__ again: a third of the cost,
     for values the monitor makes anew for each of 2,048 ranks on every tick."""
@@ -216,7 +221,8 @@ class ForensicsSummary:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a forensics report is a JSON object")  # noqa: TRY004 - callers catch ValueError for bad files
         stalled = data.get("stalled_rank")
-        ref = data.get("stalled") if isinstance(data.get("stalled"), dict) else {"rank": stalled}
+        stalled_ref = data.get("stalled")
+        ref: dict[str, Any] = stalled_ref if isinstance(stalled_ref, dict) else {"rank": stalled}
         if not isinstance(ref.get("rank"), int) and isinstance(stalled, int):
             ref = {**ref, "rank": stalled}
         dumps = [d for d in data.get("dumps") or () if isinstance(d, dict)]
@@ -385,6 +391,10 @@ class Series:
     first use and keeps the result."""
 
     __slots__ = ("_blocks", "_limit", "_points", "name")
+    name: str
+    _points: tuple[tuple[float, float], ...] | None  # None until the blocks are flattened
+    _blocks: tuple[tuple[tuple[float, float], ...], ...] | None  # None once flattened
+    _limit: int
 
     def __init__(self, name: str, points: Iterable[tuple[float, float]] = ()):
         object.__setattr__(self, "name", name)
@@ -404,11 +414,13 @@ class Series:
 
     @property
     def points(self) -> tuple[tuple[float, float], ...]:
-        if self._points is None:
-            flat = tuple(itertools.chain.from_iterable(self._blocks))
-            object.__setattr__(self, "_points", flat[-self._limit :] if len(flat) > self._limit else flat)
+        points = self._points
+        if points is None:
+            flat = tuple(itertools.chain.from_iterable(self._blocks or ()))
+            points = flat[-self._limit :] if len(flat) > self._limit else flat
+            object.__setattr__(self, "_points", points)
             object.__setattr__(self, "_blocks", None)
-        return self._points
+        return points
 
     @property
     def values(self) -> tuple[float, ...]:
@@ -417,7 +429,7 @@ class Series:
     @property
     def last(self) -> float | None:
         if self._points is None:  # the newest point, without flattening
-            return next((b[-1][1] for b in reversed(self._blocks) if b), None)
+            return next((b[-1][1] for b in reversed(self._blocks or ()) if b), None)
         return self._points[-1][1] if self._points else None
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -515,11 +527,13 @@ class RunView:
     signals: tuple[LogSignal, ...] = ()
     scalars: tuple[Series, ...] = ()  # TensorBoard scalars when a logdir is watched
     sources: tuple[SourceStatus, ...] = ()
-    console: Any = None  # the RunState from state.json (phase, attempts, failure, stop), when there is one
+    console: RunState | None = (
+        None  # the RunState from state.json (phase, attempts, failure, stop), when there is one
+    )
     forensics: tuple[ForensicsSummary, ...] = ()  # newest last
 
     @property
-    def failure(self) -> Any:
+    def failure(self) -> Failure | None:
         """The failure diagnosis the controlling console recorded (core/run/failure.py)."""
         return self.console.failure if self.console is not None else None
 

@@ -5,15 +5,17 @@ here or on a node over SSH through the runner's stream; closing it ends the agen
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol, cast
 
-from taehv_console.core.cluster.ssh import LocalRunner
+from taehv_console.core.cluster.nodecall import PipeStream
+from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner
 
 
 class LineStream(Protocol):
     """A running agent's output. read_lines never blocks for long; exited is True after EOF."""
 
-    exited: bool
+    @property
+    def exited(self) -> bool: ...
 
     def read_lines(self) -> list[str]: ...
     def close(self) -> None: ...
@@ -23,7 +25,7 @@ class RemoteLineStream:
     """An agent started through a node runner (runner.open): over SSH, or here. Its output is
     read by the runner's one line reader; closing it ends the agent."""
 
-    def __init__(self, runner: Any, argv: Sequence[str]):
+    def __init__(self, runner: NodeRunner, argv: Sequence[str]):
         self._stream = runner.open(list(argv))
 
     @property
@@ -49,7 +51,7 @@ class LocalLineStream(RemoteLineStream):
 
     @property
     def pid(self) -> int:
-        return self._stream.pid
+        return cast(PipeStream, self._stream).pid  # LocalRunner.open starts a PipeStream
 
 
 def agent_argv(python: str, run_dir: str, interval: float) -> list[str]:

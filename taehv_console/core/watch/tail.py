@@ -21,7 +21,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from taehv_console.core.cluster.ssh import NodeRunner
 
 TAIL_MODULE = "taehv_console.core.watch.tail"
 DEFAULT_MAX_BYTES = 8 << 20  # per poll and file: one huge backlog never blocks the other files
@@ -140,7 +143,7 @@ class LocalFiles:
 class RemoteFiles:
     """The run directory as one node sees it, read by the helper over that node's runner."""
 
-    def __init__(self, runner: Any, timeout_s: float = 30.0):
+    def __init__(self, runner: NodeRunner, timeout_s: float = 30.0):
         self.runner = runner
         self.name = runner.host
         self.timeout_s = timeout_s

@@ -22,6 +22,7 @@ from taehv_console.core.watch.state import (
     CollectiveStall,
     Histories,
     NodeSnapshot,
+    NodeState,
     Notice,
     RankHealth,
     RankState,
@@ -30,7 +31,7 @@ from taehv_console.core.watch.state import (
     Series,
     SourceStatus,
 )
-from taehv_console.core.watch.tbscalars import HISTORY_TAGS
+from taehv_console.core.watch.tbscalars import HISTORY_TAGS, TensorBoardScalars
 
 _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 # the console's verdict wins once it has one: the processes are gone, the record says how
@@ -108,8 +109,8 @@ class ViewBuilder:
         self.seq = 0
         self.memo = AssessMemo()
         # previous health states, to note transitions: rank -> state, node -> state, the collective's
-        self._prev_ranks: dict[int, str] = {}
-        self._prev_nodes: dict[str, str] = {}
+        self._prev_ranks: dict[int, RankState] = {}
+        self._prev_nodes: dict[str, NodeState] = {}
         self._prev_collective: str | None = None
         self._step_summary: tuple[int, tuple[float | None, bool, float | None]] | None = None
 
@@ -126,7 +127,12 @@ class ViewBuilder:
         )
 
     def build(
-        self, now: float, *, agents_on: bool, tb: Any = None, sources: tuple[SourceStatus, ...] = ()
+        self,
+        now: float,
+        *,
+        agents_on: bool,
+        tb: TensorBoardScalars | None = None,
+        sources: tuple[SourceStatus, ...] = (),
     ) -> RunView:
         ing, pol = self.ing, self.policy
         ranks, collective = self.ranks(now)
@@ -197,7 +203,8 @@ class ViewBuilder:
         max_steps = ing.max_steps()
         median_step, any_steps, updated = self._steps_summary()
         step_time = median_step if median_step is not None else last.get("step_time_s")
-        start0 = (fold.ranks.get(0).start if fold.ranks.get(0) else None) or {}
+        rank0 = fold.ranks.get(0)
+        start0 = (rank0.start if rank0 else None) or {}
         stops = [e.stop.get("reason") for e in fold.ranks.values() if e.stop]
         console_phase = ing.console.phase.value if ing.console is not None else None
         phase = run_phase(
@@ -223,7 +230,7 @@ class ViewBuilder:
             best_val_psnr=fold.best_val_psnr,
             started=fold.first_start,
             updated=updated,
-            stop_reason=(fold.ranks.get(0).stop or {}).get("reason") if fold.ranks.get(0) else None,
+            stop_reason=(rank0.stop or {}).get("reason") if rank0 else None,
             data_skipped=fold.data_skipped,
             nonfinite_skipped=int(last.get("nonfinite_skipped") or 0),
         )
@@ -247,7 +254,7 @@ class ViewBuilder:
         )
         return median, any_steps, updated
 
-    def _histories(self, tb: Any) -> Histories:
+    def _histories(self, tb: TensorBoardScalars | None) -> Histories:
         ing = self.ing
         fold = ing.fold
         gpu = []
