@@ -16,11 +16,16 @@ class ExitCode(enum.IntEnum):
     PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
     STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
     BUSY = 5  # another console controls the run, or it is already running (attach instead)
+    # failed in a way another try would repeat (a trainer error, bad data, a full disk), or the
+    # console's own restarts gave up: platforms should not retry (requeue) it
+    FAILED_FINAL = 6
     INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
 
 
-def exit_code_for(phase: Any) -> ExitCode:
+def exit_code_for(phase: Any, final: bool = False) -> ExitCode:
     value = getattr(phase, "value", phase)
+    if value == "failed" and final:
+        return ExitCode.FAILED_FINAL
     return {"done": ExitCode.DONE, "stopped": ExitCode.STOPPED, "failed": ExitCode.TRAINING_FAILED}.get(
         value, ExitCode.TRAINING_FAILED
     )

@@ -229,6 +229,45 @@ class DistributedSection(_Section):
         return env
 
 
+class RecoverySection(_Section):
+    """What the console does when a run fails or hangs (read by the console's supervisor; the
+    trainer ignores it). Restarts resume from the newest checkpoint that verifies."""
+
+    max_restarts: int = Field(
+        3, ge=0, description="automatic restarts after a failure that may not repeat (0 = none)"
+    )
+    stall_restart_after_s: float = Field(
+        0,
+        ge=0,
+        description="restart when a rank has been stalled this long (0 = auto: the larger of "
+        "180 s and 20 step times)",
+    )
+    exclude_after: int = Field(2, ge=1, description="strikes against one node before it is left out")
+    min_nodes: int = Field(1, ge=1, description="the fewest nodes a run continues on after leaving nodes out")
+    backoff_s: float = Field(10, ge=0, description="wait before the first restart; doubles each restart")
+    backoff_max_s: float = Field(360, ge=0, description="the longest wait between restarts")
+
+
+class NotifySection(_Section):
+    """Where the console tells a person what happened to a run (launched, failed, restarting,
+    recovered, done, gave up). Delivery never holds the run up."""
+
+    command: str = Field(
+        "", description="a command run with the event as JSON on its stdin ('' = none); not run through a shell"
+    )
+    webhook: str = Field(
+        "", description="a URL the event is POSTed to as JSON with a `text` field (Slack/Mattermost style)"
+    )
+    timeout_s: float = Field(10, gt=0, description="per delivery attempt")
+
+    @field_validator("webhook")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if url and not re.match(r"https?://[^\s/]+", url):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url
+
+
 class TrainConfig(_Section):
     run: RunSection = RunSection()
     topology: TopologySection = TopologySection()
@@ -240,6 +279,8 @@ class TrainConfig(_Section):
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     schedule: ScheduleSection = ScheduleSection()
     distributed: DistributedSection = DistributedSection()
+    recovery: RecoverySection = RecoverySection()
+    notify: NotifySection = NotifySection()
 
     @model_validator(mode="after")
     def _adversarial_has_frame_groups(self) -> TrainConfig:

@@ -13,6 +13,7 @@ Closing the console (or losing SSH) stops nothing: the launchers run detached.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -40,7 +41,17 @@ from taehv_console.core.run.failure import (
     write_failure_text,
 )
 from taehv_console.core.run.lock import RunBusyError, RunLock
+from taehv_console.core.run.notify import Notifier
 from taehv_console.core.run.progress import AttemptEvents, file_sizes
+from taehv_console.core.run.recovery import (
+    Action,
+    CauseKind,
+    PastAttempt,
+    Stall,
+    classify,
+    decide,
+    stall_bound_s,
+)
 from taehv_console.core.run.rundir import RunDir, create_run_dir
 from taehv_console.core.run.state import Attempt, Failure, NodeLauncher, Phase, RunState, StopRecord
 from trainer import checkpoint as ckpt
@@ -198,6 +209,8 @@ class Outcome:
     stop: StopRecord | None
     progress: Mapping[str, Any]
     final_weights: str | None = None
+    # failed in a way another try would repeat, or the console's restarts gave up: do not requeue
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,6 +257,9 @@ class RunController:
         self._write_error: OSError | None = None
         # set from another thread (a second Ctrl-C): the stop in progress skips the rest of its grace
         self.hurry = False
+        self.notifier = Notifier(cfg.notify, run.run_id, note=self._note)
+        self._pending_recovery: Attempt | None = None  # the failed attempt a relaunch recovers
+        self._fault_time: float | None = None
 
     # -- opening
     @classmethod
@@ -412,7 +428,9 @@ class RunController:
             )
         return out
 
-    def launch(self, resume: str | None = None, weights_only: bool = False) -> RunState:
+    def launch(
+        self, resume: str | None = None, weights_only: bool = False, restarted: int | None = None
+    ) -> RunState:
         """Start every controlled node's launcher (a resume when `resume` is given). Refuses a run
         whose processes are alive. On a node that cannot be started, the others are killed."""
         a = self.attempt
@@ -438,6 +456,8 @@ class RunController:
             resume=resume,
             weights_only=weights_only,
             event_offsets=tuple(sorted(file_sizes(self.run.events).items())),
+            from_step=restarted if restarted is not None else self._resume_step(resume),
+            restarted_by="recovery" if restarted is not None else "",
         )
         self._save(replace(self.state.with_attempt(attempt), phase=Phase.LAUNCHING, failure=None, stop=None))
         self._events = None
@@ -454,6 +474,7 @@ class RunController:
                 node=node if node >= 0 else None,
                 host=self._host(node),
                 detected=time.time(),
+                kind="launch",
             )
             if started.launchers:
                 self.backend.kill(self.run, attempt)
@@ -465,7 +486,16 @@ class RunController:
                 )
             )
             raise LaunchError(failure.summary())
+        if restarted is None:
+            self.notifier.send("launched", self._event_text(f"attempt {number} launched"), attempt=number)
         return self._save(replace(self.state, phase=Phase.RUNNING))
+
+    def _resume_step(self, resume: str | None) -> int:
+        """The step a launch starts from: 0 fresh, else its checkpoint's."""
+        if not resume:
+            return 0
+        st = ckpt.scan(self.run.checkpoints).newest if resume == "latest" else ckpt.verify(Path(resume))
+        return st.step if st is not None and st.ok else 0
 
     def _host(self, node: int) -> str | None:
         if 0 <= node < len(self.state.hosts):
@@ -540,11 +570,17 @@ class RunController:
         on_update: Callable[[RunSnapshot], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         interval: float = 0.5,
+        stalls: Callable[[], Sequence[Stall]] | None = None,
     ) -> Outcome:
         """Watch the run until it ends; stop it when should_stop() turns true or another console
-        asks (stop.request). Returns how it ended."""
+        asks (stop.request). A failed attempt is judged by the run's recovery policy and, where it
+        says so, relaunched from the newest verified checkpoint; `stalls` (the watch's stalled
+        ranks) lets a stall that outlasts the policy's bound end the attempt. Returns how it ended."""
         on_update = on_update or (lambda _s: None)
         should_stop = should_stop or (lambda: False)
+        if self.state.phase is Phase.RECOVERING and not self._relaunch(on_update, should_stop, 0.0):
+            on_update(self.snapshot())  # a console died during a restart's backoff: restart now
+            return self.outcome()
         if self.state.phase.ended:
             on_update(self.snapshot())
             return self.outcome()
@@ -574,13 +610,179 @@ class RunController:
                 self.run.stop_request_path.unlink(missing_ok=True)
                 return self.outcome()
             self.flush_state()
-            ended = self._check(now)
+            ended = self._check(now) or self._check_stalls(stalls, now)
+            self._check_recovered()
             if events or self._notes or ended or now - last_push >= 2.0:
                 on_update(self.snapshot(events))
                 last_push = now
             if ended:
+                if self.state.phase is Phase.FAILED and self._recover(on_update, should_stop):
+                    continue
+                self._announce_end()
                 return self.outcome()
             time.sleep(interval)
+
+    # -- recovery: judge a failed attempt (core/run/recovery.py), then carry the decision out
+    def _check_stalls(self, stalls: Callable[[], Sequence[Stall]] | None, now: float) -> bool:
+        """End the attempt when a rank has been stalled past the policy's bound (and its forensics
+        are in, or a minute more has passed): the collective timeout would end it hours later."""
+        if stalls is None or self.state.phase is not Phase.RUNNING:
+            return False
+        for st in stalls():
+            bound = stall_bound_s(self.cfg.recovery, st.step_time_s)
+            if st.stalled_s < bound or (not st.forensics and st.stalled_s < bound + 60):
+                continue
+            per = max(1, self.cfg.topology.gpus_per_node)
+            node = st.rank // per
+            failure = Failure(
+                reason=f"rank {st.rank} stalled for {st.stalled_s:.0f} s (the bound is {bound:.0f} s); "
+                "its stack is in the forensics report",
+                node=node,
+                host=self._host(node) or st.node,
+                rank=st.rank,
+                local_rank=st.rank % per,
+                detected=now,
+                kind="stall",
+            )
+            self.notifier.send("stalled", self._event_text(failure.summary()), rank=st.rank, node=node)
+            self._fail(failure)
+            return True
+        return False
+
+    def _restart_chain(self) -> list[Attempt]:
+        """The attempts since a person last started the run (a launch or a resume): the current
+        one and those the console relaunched before it."""
+        chain: list[Attempt] = []
+        for a in reversed(self.state.attempts):
+            chain.append(a)
+            if a.restarted_by != "recovery":
+                break
+        return chain[::-1]
+
+    def _recover(self, on_update: Callable[[RunSnapshot], None], should_stop: Callable[[], bool]) -> bool:
+        """Judge the attempt that just failed and act: relaunch after a backoff (True: a new
+        attempt runs), or end the run FAILED (final when the failure would repeat or the budget
+        is spent)."""
+        a, failure = self.attempt, self.state.failure
+        if a is None or failure is None:
+            return False
+        newest = ckpt.scan(self.run.checkpoints).newest
+        chain = self._restart_chain()
+        # each earlier failure in the chain was restarted; it added a checkpoint when the next
+        # attempt started from a newer one
+        history = [
+            PastAttempt(CauseKind.parse(p.cause), p.blamed_node, nxt.from_step > p.from_step)
+            for p, nxt in itertools.pairwise(chain)
+        ]
+        cause = classify(failure)
+        self._fault_time = self._tail().progress.last_step_time or failure.detected
+        decision = decide(
+            self.cfg.recovery,
+            cause,
+            added_checkpoint=(newest.step if newest else 0) > a.from_step,
+            history=history,
+            nodes=self.cfg.topology.nodes,
+            can_exclude=False,
+        )
+        a = replace(
+            a,
+            reached_step=self._tail().progress.step,
+            cause=cause.kind.value,
+            decision=decision.action.value,
+            why=decision.reason,
+            blamed_node=cause.node,
+        )
+        self._save(self.state.with_attempt(a))
+        if decision.action is not Action.RESTART:  # EXCLUDE needs can_exclude, which no backend has yet
+            word = "gave up" if decision.action is Action.GIVE_UP else "not restarted"
+            self._note(f"{word}: {decision.reason}")
+            return False
+        self._note(
+            f"restarting (restart {decision.restart} of {decision.of}) in {decision.delay_s:g} s: {decision.reason}"
+        )
+        self.notifier.send(
+            "restarting",
+            self._event_text(
+                f"restart {decision.restart} of {decision.of} in {decision.delay_s:g} s after {cause.why}"
+            ),
+            restart=decision.restart,
+            of=decision.of,
+            cause=cause.kind.value,
+            node=cause.node,
+        )
+        self._save(replace(self.state, phase=Phase.RECOVERING))
+        on_update(self.snapshot())
+        return self._relaunch(on_update, should_stop, decision.delay_s)
+
+    def _relaunch(
+        self, on_update: Callable[[RunSnapshot], None], should_stop: Callable[[], bool], delay_s: float
+    ) -> bool:
+        """After `delay_s` (a stop asked meanwhile cancels it: the run ends STOPPED at its newest
+        checkpoint), launch a new attempt from the newest verified checkpoint (fresh without one)."""
+        failed = self.attempt
+        deadline = time.time() + delay_s
+        while time.time() < deadline:
+            request = self._stop_request()
+            if should_stop() or request is not None:
+                self.run.stop_request_path.unlink(missing_ok=True)
+                newest = ckpt.scan(self.run.checkpoints).newest
+                record = StopRecord(
+                    requested=time.time(),
+                    by=(request or {}).get("by", _me()),
+                    reason="request",
+                    grace_s=0,
+                    checkpoint_step=newest.step if newest else None,
+                    verified=not self.live_nodes(),
+                    finished=time.time(),
+                )
+                self._note("the restart is cancelled: a stop was asked during its backoff")
+                self._save(replace(self.state, phase=Phase.STOPPED, stop=record))
+                return False
+            time.sleep(0.25)
+        newest = ckpt.scan(self.run.checkpoints).newest
+        self._pending_recovery = failed
+        try:
+            self.launch(resume="latest" if newest else None, restarted=newest.step if newest else 0)
+        except ControlError as err:
+            self._pending_recovery = None
+            self._note(f"the restart could not be launched: {err}")
+            if self.state.phase is Phase.RECOVERING:
+                self._save(replace(self.state, phase=Phase.FAILED))
+            return False
+        where = f"checkpoint step {newest.step}" if newest else "the start (no checkpoint verifies)"
+        self._note(f"attempt {self.attempt.number if self.attempt else '?'} launched from {where}")
+        on_update(self.snapshot())
+        return True
+
+    def _check_recovered(self) -> None:
+        """Once the relaunched attempt trains again: how long the failure cost (fault to first step)
+        and how many steps it redoes, recorded on the attempt, said, and sent."""
+        failed, a = self._pending_recovery, self.attempt
+        progress = self._tail().progress
+        if failed is None or a is None or progress.first_step_time is None:
+            return
+        self._pending_recovery = None
+        # the failed attempt's last step bounds the fault from below: lost_s errs long, never short
+        fault = self._fault_time or failed.ended or progress.first_step_time
+        lost = max(0.0, progress.first_step_time - fault)
+        redone = max(0, (failed.reached_step or 0) - a.from_step)
+        self._save(self.state.with_attempt(replace(a, lost_s=round(lost, 1), redone_steps=redone)))
+        text = f"recovered: training again {lost:.0f} s after the fault, {redone} step(s) redone"
+        self._note(text)
+        self.notifier.send("recovered", self._event_text(text), lost_s=round(lost, 1), redone_steps=redone)
+
+    def _announce_end(self) -> None:
+        phase, a = self.state.phase, self.attempt
+        if phase is Phase.DONE:
+            weights = self.run.final_weights
+            self.notifier.send("done", self._event_text(f"done; weights in {weights}"), weights=str(weights))
+        elif phase is Phase.FAILED and a is not None:
+            kind = "gave-up" if a.decision == Action.GIVE_UP.value else "failed"
+            why = a.why or (self.state.failure.summary() if self.state.failure else "failed")
+            self.notifier.send(kind, self._event_text(why), cause=a.cause)
+
+    def _event_text(self, text: str) -> str:
+        return f"taehv run {self.run.run_id}: {text}"
 
     def _stop_request(self) -> dict | None:
         path = self.run.stop_request_path
@@ -895,12 +1097,16 @@ class RunController:
         return True
 
     def outcome(self) -> Outcome:
+        a = self.attempt
         return Outcome(
             phase=self.state.phase,
             failure=self.state.failure,
             stop=self.state.stop,
             progress=self._tail().progress.snapshot(),
             final_weights=str(self.run.final_weights) if self.run.final_weights.is_file() else None,
+            final=self.state.phase is Phase.FAILED
+            and a is not None
+            and a.decision in (Action.FAIL.value, Action.GIVE_UP.value),
         )
 
     # -- attach

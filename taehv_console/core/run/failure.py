@@ -132,6 +132,7 @@ def choose_failure(
             exit_code=rc.exit_code,
             log_lines=rc.lines,
             detected=now,
+            kind="signal",
         )
     # 2. a rank's own error (not a peer's disappearance)
     own = {r: e for r, e in rank_errors.items() if not is_peer_symptom(str(e.get("message", "")))}
@@ -147,6 +148,7 @@ def choose_failure(
             now,
             tail=10,
             exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
+            kind="exception",
         )
     # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
     with_block = [n for n in failing if n.root_cause is not None]
@@ -163,6 +165,7 @@ def choose_failure(
             exit_code=n.exit_code,
             log_lines=rc.lines,
             detected=now,
+            kind="exit",
         )
     # 4. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
     #    are what its disappearance did to them
@@ -176,13 +179,22 @@ def choose_failure(
             host=host,
             log_lines=ev.log_tail if ev else (),
             detected=now,
+            kind="node-lost",
         )
     # 5. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
         ev = by_node.get(node_of(rank))
         return _rank_error(
-            rank, event, node_of(rank), ev, gpus_per_node, now, tail=6, exit_code=ev.exit_code if ev else None
+            rank,
+            event,
+            node_of(rank),
+            ev,
+            gpus_per_node,
+            now,
+            tail=6,
+            exit_code=ev.exit_code if ev else None,
+            kind="symptom",
         )
     # 6. a launcher exited non-zero and said nothing more
     if failing:
@@ -194,6 +206,7 @@ def choose_failure(
             exit_code=n.exit_code,
             log_lines=n.log_tail,
             detected=now,
+            kind="exit",
         )
     return None
 
@@ -237,6 +250,7 @@ def _rank_error(
     *,
     tail: int,
     exit_code: int | None,
+    kind: str,
 ) -> Failure:
     """A failure told by a rank's own `error` event: its message and the last `tail` traceback lines."""
     message = event.get("message", "")
@@ -248,6 +262,7 @@ def _rank_error(
         host = ev.host if ev and ev.host else None
         where = f"node {node}" + (f" ({host})" if host else "")
         reason = f"disk full on {where} at {full or 'an unnamed path'}: rank {rank} failed: {message}"
+        kind = "disk-full"
     return Failure(
         reason=reason[:500],
         node=node,
@@ -257,4 +272,5 @@ def _rank_error(
         exit_code=exit_code,
         log_lines=tuple(lines),
         detected=now,
+        kind=kind,
     )

@@ -67,6 +67,8 @@ class RunProgress:
     stops: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its stop event
     errors: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its first error event
     last_event_time: float | None = None
+    first_step_time: float | None = None  # rank 0's first `step` of this attempt: training again
+    last_step_time: float | None = None
 
     def add(self, event: dict[str, Any]) -> None:
         kind, rank = event.get("kind"), event.get("rank")
@@ -76,6 +78,9 @@ class RunProgress:
             self.step = max(self.step, int(event.get("step") or 0))
         elif kind == "step" and rank == 0:
             self.step = int(event.get("step", self.step))
+            self.last_step_time = self.last_event_time
+            if self.first_step_time is None:
+                self.first_step_time = self.last_event_time
         elif kind == "checkpoint" and rank == 0 and event.get("status") == "complete":
             self.checkpoint_step = event.get("step")
         elif kind == "error" and isinstance(rank, int):

@@ -25,6 +25,7 @@ class Phase(str, enum.Enum):
     LAUNCHING = "launching"  # node launchers being started
     RUNNING = "running"
     STOPPING = "stopping"  # SIGTERM sent, waiting for the checkpoint
+    RECOVERING = "recovering"  # an attempt failed; the console relaunches it after a backoff
     STOPPED = "stopped"  # ended by a stop; resumable
     DONE = "done"  # every rank reached max_steps
     FAILED = "failed"
@@ -58,6 +59,9 @@ class Failure:
     exit_code: int | None = None
     log_lines: tuple[str, ...] = ()
     detected: float = 0.0
+    # what kind of failure the diagnosis found: signal, exception, disk-full, exit, node-lost,
+    # symptom (only peers' complaints), launch, stall ("" in state files written before it existed)
+    kind: str = ""
 
     def summary(self) -> str:
         where = []
@@ -94,6 +98,16 @@ class Attempt:
     slurm_job: str | None = None
     # rank -> size of its events file when the attempt began: where this attempt's events start
     event_offsets: tuple[tuple[int, int], ...] = ()
+    # -- recovery (core/run/recovery.py): how a failed attempt was judged, and what it cost
+    from_step: int = 0  # the checkpoint step it resumed from (0: a fresh start)
+    reached_step: int | None = None  # the last step it trained (when it ended)
+    cause: str = ""  # CauseKind of its failure ("" unless it failed)
+    decision: str = ""  # Action taken about it: restart, exclude, fail, give-up ("" unless it failed)
+    why: str = ""  # the decision's reason, for a person
+    blamed_node: int | None = None  # the node struck for the failure
+    restarted_by: str = ""  # "recovery" when the console relaunched it after a failure
+    lost_s: float | None = None  # fault to training again, seconds (set on the attempt that recovered)
+    redone_steps: int | None = None  # steps trained again since the checkpoint it resumed from
 
 
 @dataclass(frozen=True)

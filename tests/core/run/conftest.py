@@ -25,7 +25,13 @@ FAKE = Path(__file__).with_name("fake_launcher.py")
 
 
 def make_run(
-    runs: Path, nodes: int = 2, per_node: int = 1, max_steps: int = 1000, env: dict | None = None
+    runs: Path,
+    nodes: int = 2,
+    per_node: int = 1,
+    max_steps: int = 1000,
+    env: dict | None = None,
+    # the console's restarts are off unless a test asks for them: these tests are about one attempt
+    overrides: tuple[str, ...] = ("recovery.max_restarts=0",),
 ) -> RunDir:
     cfg = load_preset(
         "cpu-smoke",
@@ -33,6 +39,7 @@ def make_run(
             f"topology.nodes={nodes}",
             f"topology.gpus_per_node={per_node}",
             f"optim.max_steps={max_steps}",
+            *overrides,
         ],
     ).config
     spec = LaunchSpec(
@@ -57,8 +64,16 @@ def launch_fake(tmp_path, pool):
     with its fake launchers started; every controller is closed and its processes killed at the end."""
     made: list[RunController] = []
 
-    def launch(nodes=2, per_node=1, max_steps=1000, step_s=0.2, env=None, grace_s=10.0) -> RunController:
-        run = make_run(tmp_path / "runs", nodes, per_node, max_steps, env)
+    def launch(
+        nodes=2,
+        per_node=1,
+        max_steps=1000,
+        step_s=0.2,
+        env=None,
+        grace_s=10.0,
+        overrides=("recovery.max_restarts=0",),
+    ) -> RunController:
+        run = make_run(tmp_path / "runs", nodes, per_node, max_steps, env, tuple(overrides))
         ctrl = RunController.open(run, pool, purpose="test")
         ctrl.grace_s = grace_s
         fake_commands(ctrl, per_node, max_steps, step_s)

@@ -19,7 +19,10 @@ FAKE_FAIL_AT=rank:step (that rank raises an error at that step), FAKE_STOP_FILE=
 stops once it exists: the trainer's collective stop agreement, across consoles), FAKE_SLOW_STOP=
 rank:seconds (that rank says `stop` late, as rank 0 does while it finalizes the checkpoint),
 FAKE_SAVE_FAIL=1 (the save fails, e.g. on a full disk: nothing is published, yet every rank still
-says `stop` at its step, as the trainer does).
+says `stop` at its step, as the trainer does), FAKE_CKPT_EVERY=n (every rank checkpoints every n
+steps, as schedule.checkpoint_every), FAKE_DIE_AT=rank:step (that rank SIGKILLs itself on reaching
+that step, on every attempt: a fault that comes back). A resumed attempt starts from the newest
+verified checkpoint, as `--resume latest` does.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
     fail_rank, _, fail_step = os.environ.get("FAKE_FAIL_AT", "-1:-1").partition(":")
     stop_file = Path(os.environ["FAKE_STOP_FILE"]) if os.environ.get("FAKE_STOP_FILE") else None
     slow_rank, _, slow_s = os.environ.get("FAKE_SLOW_STOP", "-1:0").partition(":")
+    die_rank, _, die_step = os.environ.get("FAKE_DIE_AT", "-1:-1").partition(":")
+    every = int(os.environ.get("FAKE_CKPT_EVERY", "0"))
     agreed = run / f"fake-stop-step-{start_step}"
     (run / "heartbeat").mkdir(parents=True, exist_ok=True)
     emit(run, rank, "start", world_size=world, step=start_step, max_steps=max_steps)
@@ -92,6 +97,8 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
         if step >= _peers_step(run, rank, world, started) - 1:
             time.sleep(step_s)
         step += 1
+        if rank == int(die_rank) and step == int(die_step):
+            os.kill(os.getpid(), signal.SIGKILL)
         if rank == int(fail_rank) and step == int(fail_step):
             emit(run, rank, "error", message="ValueError: injected failure", traceback="Traceback ...")
             emit(run, rank, "stop", step=step, reason="error", exit_status=1)
@@ -124,6 +131,10 @@ def rank_main(run: Path, rank: int, world: int, max_steps: int, step_s: float, s
             )
         )
         os.replace(tmp, beat)
+        if every and step % every == 0 and step < max_steps:
+            saved = save_checkpoint(run, rank, world, step)
+            if rank == 0:
+                emit(run, rank, "checkpoint", step=step, status="complete" if saved else "failed")
         if stop["asked"] and not agreed.exists():
             # the trainer's all-reduce of the stop flag, in files: the first rank to be asked
             # names a step a little ahead, which every rank reaches (they drift by under a step)
@@ -237,6 +248,8 @@ def fake_commands(ctrl, ranks_per_node: int, max_steps: int, step_s: float, star
 
     def commands(attempt: int, resume, weights_only):
         world = ctrl.cfg.topology.world_size
+        newest = ckpt.scan(ctrl.run.checkpoints).newest if resume == "latest" else None
+        first = newest.step if newest is not None else start_step
         return [
             NodeCommand(
                 index=i,
@@ -258,7 +271,7 @@ def fake_commands(ctrl, ranks_per_node: int, max_steps: int, step_s: float, star
                     "--step-s",
                     str(step_s),
                     "--start-step",
-                    str(start_step),
+                    str(first),
                 ),
                 env=dict(ctrl.state.env),
                 log=str(ctrl.run.node_log(i)),

@@ -1,0 +1,152 @@
+"""The recovery decision on recorded inputs: failures as the controller diagnoses them (from real
+torchrun logs where the fixture exists), histories of attempts, and the policy's edges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from taehv_console.core.run.failure import NodeEvidence, choose_failure, parse_root_cause, tail_lines
+from taehv_console.core.run.recovery import (
+    Action,
+    Cause,
+    CauseKind,
+    PastAttempt,
+    backoff_s,
+    classify,
+    decide,
+    stall_bound_s,
+)
+from taehv_console.core.run.state import Failure
+from trainer.config import RecoverySection
+
+LOGS = Path(__file__).parents[1] / "watch" / "fixtures" / "logs"
+POLICY = RecoverySection(max_restarts=3, backoff_s=10, backoff_max_s=360, exclude_after=2)
+
+
+def diagnosed(log: str, errors: dict | None = None) -> Failure:
+    text = (LOGS / log).read_text()
+    node = NodeEvidence(0, "n0", 1, 100.0, parse_root_cause(text), tail_lines(text))
+    failure = choose_failure([node], errors or {}, 2, 101.0)
+    assert failure is not None
+    return failure
+
+
+def test_a_rank_killed_by_a_signal_in_a_real_torchrun_log_is_restarted_and_its_node_struck():
+    cause = classify(diagnosed("torchrun_kill9_same_second_cpu.log"))
+    assert cause.kind is CauseKind.SIGNAL and cause.retryable and cause.node == 0
+    d = decide(POLICY, cause, added_checkpoint=True)
+    assert d.action is Action.RESTART and (d.restart, d.of, d.delay_s) == (1, 3, 10)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("ValueError: injected failure", CauseKind.EXCEPTION),
+        ("FileNotFoundError: [Errno 2] No such file or directory: '/data/videos'", CauseKind.EXCEPTION),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", CauseKind.EXCEPTION),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", CauseKind.DEVICE),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970",
+            CauseKind.COMMUNICATION,
+        ),
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+            None,
+        ),
+    ],
+)
+def test_a_trainer_error_is_retried_only_when_its_words_say_communication_or_device(message, kind):
+    failure = choose_failure([], {1: {"message": message, "time": 5.0}}, 2, 10.0)
+    assert failure is not None
+    cause = classify(failure)
+    # a peer's complaint alone (the gloo connection closed) is a symptom: someone else failed
+    expected = kind or CauseKind.COMMUNICATION
+    assert cause.kind is expected
+    assert cause.retryable is (expected is not CauseKind.EXCEPTION)
+    if not cause.retryable:
+        d = decide(POLICY, cause, added_checkpoint=True)
+        assert d.action is Action.FAIL and d.final and "would fail the same way" in d.reason
+
+
+def test_a_full_disk_is_never_restarted():
+    failure = choose_failure(
+        [],
+        {0: {"message": "OSError: [Errno 28] No space left on device: '/runs/x/ckpt'", "time": 1.0}},
+        1,
+        2.0,
+    )
+    assert classify(failure).kind is CauseKind.DISK_FULL
+    assert decide(POLICY, classify(failure), added_checkpoint=True).action is Action.FAIL
+
+
+def test_a_lost_node_and_a_stall_are_restarted():
+    lost = choose_failure([], {}, 1, 3.0, vanished=[(1, "n1")])
+    assert classify(lost).kind is CauseKind.NODE_LOST and classify(lost).node == 1
+    stall = Failure(reason="rank 3 stalled for 200 s", node=1, rank=3, kind="stall")
+    assert decide(POLICY, classify(stall), added_checkpoint=False).action is Action.RESTART
+
+
+def past(n: int, added: bool = True, node: int | None = None) -> list[PastAttempt]:
+    return [PastAttempt(CauseKind.SIGNAL, node, added) for _ in range(n)]
+
+
+def test_the_budget_is_spent_after_max_restarts_and_the_run_gives_up():
+    cause = Cause(CauseKind.SIGNAL, "signal: rank 1", node=None)
+    assert decide(POLICY, cause, True, past(2)).action is Action.RESTART
+    d = decide(POLICY, cause, True, past(3))
+    assert d.action is Action.GIVE_UP and d.final and "3 of 3 used" in d.reason
+
+
+def test_two_attempts_in_a_row_without_a_checkpoint_give_up():
+    cause = Cause(CauseKind.SIGNAL, "signal: rank 1")
+    assert decide(POLICY, cause, False, past(1, added=True)).action is Action.RESTART
+    d = decide(POLICY, cause, False, past(1, added=False))
+    assert d.action is Action.GIVE_UP and "no checkpoint" in d.reason
+
+
+def test_backoff_doubles_up_to_its_cap():
+    assert [backoff_s(POLICY, k) for k in (1, 2, 3, 4, 5, 6, 7)] == [10, 20, 40, 80, 160, 320, 360]
+    cause = Cause(CauseKind.SIGNAL, "x")
+    assert decide(POLICY, cause, True, past(2)).delay_s == 40
+
+
+def test_recovery_off_ends_failed_without_saying_do_not_retry():
+    off = RecoverySection(max_restarts=0)
+    d = decide(off, Cause(CauseKind.SIGNAL, "x"), True)
+    assert d.action is Action.END and not d.final
+    assert decide(off, Cause(CauseKind.EXCEPTION, "x"), True).final  # a bug is final either way
+
+
+def test_strikes_leave_a_node_out_only_where_the_backend_can_and_min_nodes_allows():
+    cause = Cause(CauseKind.SIGNAL, "signal: node 1", node=1)
+    # the first strike: a plain restart
+    assert decide(POLICY, cause, True, (), nodes=2, can_exclude=True).action is Action.RESTART
+    # the second strike against the same node: left out
+    d = decide(POLICY, cause, True, past(1, node=1), nodes=2, can_exclude=True)
+    assert d.action is Action.EXCLUDE and d.node == 1 and "2 strikes" in d.reason
+    # min_nodes keeps it
+    keep = RecoverySection(max_restarts=3, min_nodes=2)
+    assert decide(keep, cause, True, past(1, node=1), nodes=2, can_exclude=True).action is Action.RESTART
+    # a backend that cannot relaunch without it says so and restarts
+    d = decide(POLICY, cause, True, past(1, node=1), nodes=2, can_exclude=False)
+    assert d.action is Action.RESTART and "cannot relaunch without a node" in d.reason
+
+
+def test_a_device_fault_is_hardware_evidence_that_excludes_at_once():
+    cause = Cause(CauseKind.DEVICE, "device: Xid 79", node=3)
+    d = decide(POLICY, cause, True, (), nodes=8, can_exclude=True)
+    assert d.action is Action.EXCLUDE and d.node == 3 and "hardware evidence" in d.reason
+
+
+def test_the_stall_bound_scales_with_the_step_time_above_a_floor():
+    auto = RecoverySection(stall_restart_after_s=0)
+    assert stall_bound_s(auto, None) == 180 and stall_bound_s(auto, 1.2) == 180
+    assert stall_bound_s(auto, 30.0) == 600  # 20 steps of a slow config
+    assert stall_bound_s(RecoverySection(stall_restart_after_s=45), 30.0) == 45
+
+
+def test_an_unknown_cause_in_an_old_state_file_reads_as_unknown():
+    assert CauseKind.parse("") is CauseKind.UNKNOWN and CauseKind.parse("cosmic-ray") is CauseKind.UNKNOWN
+    assert CauseKind.parse("stall") is CauseKind.STALL
