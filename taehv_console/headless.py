@@ -332,7 +332,9 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     watch = RunWatch.for_controller(ctrl).start()
     try:
         outcome = ctrl.follow(
-            lambda snap: view.update(snap, watch.view()), should_stop=lambda: sigs.count > 0
+            lambda snap: view.update(snap, watch.view()),
+            should_stop=lambda: sigs.count > 0,
+            stalls=watch.stalls,
         )
         view.update(ctrl.snapshot(), watch.final_view())
     finally:
@@ -350,7 +352,7 @@ def report_ended(ctrl: Any, view: Any) -> ExitCode:
 
 
 def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> ExitCode:
-    code = exit_code_for(outcome.phase)
+    code = exit_code_for(outcome.phase, final=outcome.final)
     summary = outcome_dict(ctrl, outcome, code, run_view)
     if isinstance(view, JsonView):
         view.result(summary)
@@ -540,7 +542,9 @@ def _launch_new(
         except LaunchError as err:
             view.note(f"launch failed: {err}")
             return report_outcome(ctrl, ctrl.outcome(), view)
-        for line in ctrl.backend.describe(ctrl.attempt):
+        attempt = ctrl.attempt
+        assert attempt is not None  # launch() recorded its attempt
+        for line in ctrl.backend.describe(attempt):
             view.note(line)
         return follow(ctrl, view, options.grace_s)
     finally:

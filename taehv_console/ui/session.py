@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.run.control import RunController, RunLiveError, create_run
+from taehv_console.core.run.recovery import Stall
 from taehv_console.core.run.rundir import RunDir, create_run_dir
 from taehv_console.core.watch.runwatch import RunWatch, monitor_hosts
 
@@ -117,10 +118,13 @@ class RunSession:
         with self._following:
             self._stop.clear()
             try:
-                outcome = self.ctrl.follow(update, should_stop=self._stop.is_set)
+                outcome = self.ctrl.follow(update, should_stop=self._stop.is_set, stalls=self._stalls)
             except _Detached:
                 return None
             return outcome
+
+    def _stalls(self) -> list[Stall]:
+        return self.watch.stalls() if self.watch is not None else []
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -12,13 +12,18 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.forensics import ForensicsReport, RankRef, StallForensics
 from taehv_console.core.models import BackendKind
+from taehv_console.core.run.recovery import Stall
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig
 from taehv_console.core.watch.state import RankHealth, RankState, RunView
 from trainer.events import atomic_write_text
+
+if TYPE_CHECKING:
+    from taehv_console.core.run.control import RunController
 
 REPORT_GLOB = "forensics/report-*.json"
 
@@ -36,7 +41,9 @@ class StallResponder:
     """Subscribed to a Monitor: each rank that turns stalled (once per process and stall) gets one
     StallForensics.collect() on a thread of its own; the report lands in RUN/forensics/."""
 
-    def __init__(self, run_dir: Path, pool: Any, hosts: Sequence[str], forensics: Any = None):
+    def __init__(
+        self, run_dir: Path, pool: SshPool, hosts: Sequence[str], forensics: StallForensics | None = None
+    ):
         self.run_dir = Path(run_dir)
         self.hosts = list(hosts)
         self.forensics = forensics or StallForensics(self.run_dir, pool)
@@ -74,7 +81,8 @@ class StallResponder:
             and r.state not in (RankState.FAILED, RankState.STOPPED)
         ]
         blocked = [r for r in live if r.blocked_by == stalled.rank]
-        return (blocked or live or [None])[0]
+        candidates = blocked or live
+        return candidates[0] if candidates else None
 
     def _collect(self, r: RankHealth, peer: RankHealth | None) -> None:
         path = self.run_dir / f"forensics/report-rank-{r.rank}-{int(time.time() * 1000)}.json"
@@ -111,14 +119,14 @@ class RunWatch:
     def __init__(
         self,
         run_dir: Path,
-        pool: Any,
+        pool: SshPool,
         kind: BackendKind,
         hosts: Sequence[str],
         *,
         agents: bool = True,
         config: MonitorConfig | None = None,
         facts: dict | None = None,
-        forensics: Any = None,
+        forensics: StallForensics | None = None,
     ):
         self.run_dir = Path(run_dir)
         watched = monitor_hosts(kind, hosts)
@@ -129,7 +137,7 @@ class RunWatch:
         self.monitor.subscribe(self.responder)
 
     @classmethod
-    def for_controller(cls, ctrl: Any, **kw: Any) -> RunWatch:
+    def for_controller(cls, ctrl: RunController, **kw: Any) -> RunWatch:
         return cls(ctrl.run.path, ctrl.pool, ctrl.kind, ctrl.state.hosts, **kw)
 
     def start(self) -> RunWatch:
@@ -138,6 +146,20 @@ class RunWatch:
 
     def view(self) -> RunView:
         return self.monitor.snapshot()
+
+    def stalls(self) -> list[Stall]:
+        """The ranks the newest view names as stalled, as the run controller's recovery reads them."""
+        view = self.view()
+        return [
+            Stall(
+                rank=r.rank,
+                node=r.node,
+                stalled_s=r.heartbeat_age_s or 0.0,
+                step_time_s=r.step_time_s,
+                forensics=view.forensics_for(r.rank) is not None,
+            )
+            for r in view.stalled
+        ]
 
     def final_view(self) -> RunView:
         """A view built now, after the run ended (state.json and the last events read)."""
