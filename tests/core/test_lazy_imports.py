@@ -33,9 +33,17 @@ LAZY: dict[tuple[str, str], str] = {
     ("taehv_console/core/cluster/probe.py", "pynvml"): "a bare node may lack nvidia-ml-py: the probe says so",
     ("taehv_console/core/cluster/probe.py", "torch"): "the NCCL version, only where torch is installed",
     (
-        "taehv_console/core/cluster/ssh.py",
+        "taehv_console/core/cluster/ssh/config.py",
         "paramiko",
-    ): "~0.2 s, only where a connection or host key is handled",
+    ): "~0.2 s, only where ~/.ssh/config is read or a connection opened",
+    (
+        "taehv_console/core/cluster/ssh/hostkeys.py",
+        "paramiko",
+    ): "~0.2 s, only where a host key is handled",
+    (
+        "taehv_console/core/cluster/ssh/runners.py",
+        "paramiko",
+    ): "~0.2 s, only where a connection is made",
     ("taehv_console/core/flow/config.py", "trainer.synthetic"): "PyAV and numpy, only when clips are made",
     ("taehv_console/core/watch/agent.py", "pynvml"): "a bare node may lack nvidia-ml-py: the agent says so",
     (
