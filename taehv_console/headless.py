@@ -42,6 +42,7 @@ from taehv_console.core.flow.runs import find_live_run
 from taehv_console.core.models import BackendKind
 from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import RunWatch
@@ -391,6 +392,7 @@ def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) 
         "failure": asdict(outcome.failure) if outcome.failure else None,
         "stop": asdict(outcome.stop) if outcome.stop else None,
         "final_weights": outcome.final_weights,
+        "recoveries": recoveries(ctrl.state.attempts),
     }
 
 

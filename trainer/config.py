@@ -230,7 +230,7 @@ class DistributedSection(_Section):
 
 
 class RecoverySection(_Section):
-    """What the console does when a run fails or hangs (read by the console's supervisor; the
+    """What the console does when a run fails or hangs (read by the run controller; the
     trainer ignores it). Restarts resume from the newest checkpoint that verifies."""
 
     max_restarts: int = Field(
@@ -253,7 +253,8 @@ class NotifySection(_Section):
     recovered, done, gave up). Delivery never holds the run up."""
 
     command: str = Field(
-        "", description="a command run with the event as JSON on its stdin ('' = none); not run through a shell"
+        "",
+        description="a command run with the event as JSON on its stdin ('' = none); not run through a shell",
     )
     webhook: str = Field(
         "", description="a URL the event is POSTed to as JSON with a `text` field (Slack/Mattermost style)"

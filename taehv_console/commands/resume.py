@@ -1,5 +1,5 @@
 """`taehv-console resume [RUN]`: relaunch a stopped or failed run from its newest complete
-checkpoint (DESIGN's protocol: never a .tmp or unverified one), then follow it to its end.
+checkpoint (docs/design.md's protocol: never a .tmp or unverified one), then follow it to its end.
 
 Refused while the run is alive (attach instead) or controlled by another console. When the world
 size changed since the checkpoint, nothing starts: the message gives the supported paths

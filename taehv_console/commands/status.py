@@ -21,6 +21,7 @@ from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import any_alive
 from taehv_console.core.run.control import probe_live
 from taehv_console.core.run.lock import is_locked, read_holder
+from taehv_console.core.run.recovery import recoveries, strike_counts
 from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints
@@ -111,6 +112,8 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
         backend=state.backend.value,
         hosts=list(state.hosts),
         attempts=len(state.attempts),
+        recoveries=recoveries(state.attempts),
+        strikes={str(k): v for k, v in strike_counts(state.attempts).items()},
     )
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)

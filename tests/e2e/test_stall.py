@@ -53,6 +53,9 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
         "schedule.val_every=100000",
         "--set",
         "schedule.checkpoint_every=100000",
+        # the stall is named and cleared here; ending it with a restart is tested elsewhere
+        "--set",
+        "recovery.stall_restart_after_s=3600",
         "--grace",
         "60",
         *THREADS,

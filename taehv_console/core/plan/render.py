@@ -32,7 +32,7 @@ DEFAULT_PORT = 29500
 
 def accelerate_config_name(node: int | str) -> str:
     """One accelerate YAML per node: they differ only in machine_rank, which accelerate reads from
-    the file (DESIGN's single `accelerate.yaml` would need a --machine_rank on every command line)."""
+    the file (a single accelerate.yaml would need a --machine_rank on every command line)."""
     return f"accelerate-node-{node}.yaml"
 
 

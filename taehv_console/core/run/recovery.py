@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from taehv_console.core.run.state import Failure
+from taehv_console.core.run.state import Attempt, Failure
 from trainer.config import RecoverySection
 
 # The stall bound when the policy leaves it to the step time: long enough for this model's
@@ -92,7 +92,13 @@ def classify(failure: Failure) -> Cause:
     bad data or a bad config would fail the same way again. A node is blamed for a signal, a loss,
     a device fault or a stall, never for an error every node would have."""
     kind = _kind(failure)
-    retry = "retried" if kind.retryable else "not retried: it would fail the same way again"
+    retry = (
+        "retried"
+        if kind.retryable
+        else "not retried: nothing says why"
+        if kind in (CauseKind.UNKNOWN, CauseKind.LAUNCH)
+        else "not retried: it would fail the same way again"
+    )
     blamed = failure.node if kind in _BLAMES_NODE else None
     return Cause(kind=kind, why=f"{kind.value}: {failure.summary()} ({retry})", node=blamed)
 
@@ -192,6 +198,10 @@ def decide(
     against max_restarts. `nodes`: the run's current node count. `can_exclude`: whether the backend
     can relaunch without a node (spares or fewer nodes)."""
     excluded = excluded or {}
+    if cause.kind in (CauseKind.UNKNOWN, CauseKind.LAUNCH):
+        # nothing says whether it would repeat: the console does not burn its budget on it, and
+        # does not tell a platform not to try again either
+        return Decision(Action.END, f"{cause.why}; the cause is not known well enough to restart on")
     if not cause.retryable:
         return Decision(Action.FAIL, cause.why)
     if policy.max_restarts == 0:
@@ -257,3 +267,33 @@ class Stall:
     stalled_s: float
     step_time_s: float | None = None
     forensics: bool = False
+
+
+def recoveries(attempts: Sequence[Attempt]) -> list[dict[str, object]]:
+    """Each failed attempt the console judged, with what it did and what the next attempt cost:
+    what `status --json`, the --no-tui result and the dashboard show."""
+    out: list[dict[str, object]] = []
+    for a, nxt in zip(attempts, [*attempts[1:], None]):
+        if not a.decision:
+            continue
+        recovered = nxt is not None and nxt.restarted_by == "recovery"
+        out.append(
+            {
+                "attempt": a.number,
+                "time": a.ended,
+                "cause": a.cause,
+                "node": a.blamed_node,
+                "action": a.decision,
+                "why": a.why,
+                "reached_step": a.reached_step,
+                "resumed_from": nxt.from_step if recovered and nxt is not None else None,
+                "lost_s": nxt.lost_s if recovered and nxt is not None else None,
+                "redone_steps": nxt.redone_steps if recovered and nxt is not None else None,
+            }
+        )
+    return out
+
+
+def strike_counts(attempts: Sequence[Attempt]) -> dict[int, int]:
+    """node -> strikes over the run's attempts (each failed attempt that blamed it)."""
+    return strikes([PastAttempt(CauseKind.parse(a.cause), a.blamed_node, False) for a in attempts if a.cause])

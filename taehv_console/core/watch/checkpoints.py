@@ -1,4 +1,4 @@
-"""Checkpoint status for a snapshot: complete / in progress / incomplete per DESIGN's protocol,
+"""Checkpoint status for a snapshot: complete / in progress / incomplete per docs/design.md's protocol,
 with step, size, age, what `latest` names and the next step a save is due.
 
 Verification is the trainer's own (`trainer.checkpoint.verify`: manifest, file sizes, zip central

@@ -1,4 +1,4 @@
-"""Folds trainer events (`events/rank-<r>.jsonl`, DESIGN's contract) into what a snapshot shows:
+"""Folds trainer events (`events/rank-<r>.jsonl`, docs/design.md's contract) into what a snapshot shows:
 the latest step metrics, bounded histories, validation, checkpoint events, per-rank start/stop/error
 and the last N notable events.
 
@@ -147,7 +147,7 @@ class EventFold:
         elif kind == "data":
             self.data_skipped += 1
             self._notice(t, "warning", f"rank {r} skipped {ev.get('path')}: {ev.get('reason')}", r)
-        # unknown kinds: ignored (DESIGN: readers ignore what they do not know)
+        # unknown kinds: ignored (docs/design.md: readers ignore what they do not know)
 
     def _step(self, ev: dict[str, Any]) -> None:
         step = ev.get("step")

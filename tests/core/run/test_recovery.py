@@ -150,3 +150,11 @@ def test_the_stall_bound_scales_with_the_step_time_above_a_floor():
 def test_an_unknown_cause_in_an_old_state_file_reads_as_unknown():
     assert CauseKind.parse("") is CauseKind.UNKNOWN and CauseKind.parse("cosmic-ray") is CauseKind.UNKNOWN
     assert CauseKind.parse("stall") is CauseKind.STALL
+
+
+def test_a_launcher_that_exited_without_a_word_is_not_restarted_but_not_final_either():
+    failure = Failure(reason="the SLURM job ended with exit code 1", exit_code=1)
+    cause = classify(failure)
+    assert cause.kind is CauseKind.UNKNOWN and not cause.retryable
+    d = decide(POLICY, cause, added_checkpoint=True)
+    assert d.action is Action.END and not d.final

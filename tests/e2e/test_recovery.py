@@ -1,0 +1,56 @@
+"""Self-healing on the real trainer: `taehv-console --no-tui` runs cpu-smoke (2 DeepSpeed ranks on
+gloo, ZeRO-2, generated clips); rank 1 is killed with SIGKILL after the first checkpoint; the
+console restarts the run from that checkpoint and it reaches final weights, with the time lost
+and the steps redone recorded in state.json and said in the JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from taehv_console.headless import ExitCode
+from tests.e2e.consoles import Console, is_step, run_state
+from tests.e2e.test_headless import THREADS, _no_platform_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_kill_9_of_a_rank_is_restarted_from_the_checkpoint_and_reaches_final_weights(tmp_path):
+    console = Console(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--json",
+        "--set",
+        "optim.max_steps=14",
+        "--set",
+        "schedule.checkpoint_every=5",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "recovery.backoff_s=1",
+        *THREADS,
+        env=_no_platform_env(),
+        cwd=tmp_path,
+    )
+    console.wait_for(lambda o: is_step(o, 7), 300, "step 7, after the checkpoint at step 5")
+    run = next((tmp_path / "runs").glob("20*"))
+    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    rc = console.wait(400)
+    assert rc == ExitCode.DONE, console.tail()
+    assert (run / "final" / "taehv.safetensors").is_file()
+    state = run_state(run)
+    first, second = state["attempts"]
+    assert (first["cause"], first["decision"], first["outcome"]) == ("signal", "restart", "failed"), first
+    assert second["restarted_by"] == "recovery" and second["resume"] == "latest"
+    assert second["from_step"] in (5, 10) and second["outcome"] == "done"
+    assert second["redone_steps"] == first["reached_step"] - second["from_step"] >= 0
+    assert 0 < second["lost_s"] < 180, second
+    notes = [o.get("message", "") for o in console.lines if o.get("kind") == "note"]
+    assert any("restarting (restart 1 of 3)" in n for n in notes), notes
+    assert any(n.startswith("recovered: training again") for n in notes), notes
+    print(f"\nkill -9 -> training again: {second['lost_s']} s, {second['redone_steps']} step(s) redone")
