@@ -15,7 +15,8 @@ tests/core/test_lazy_imports.py):
 - ui/screens/preset.py, preflight.py and review.py: the planner and the flow's config, preflight
   and launch modules, which the TUI's first frame does not need;
 - core/flow/config.py `generated_clips`: trainer.synthetic (PyAV, numpy) only when clips are made;
-- core/cluster/ssh.py: paramiko where a connection or host key is handled;
+- core/cluster/ssh/config.py, hostkeys.py and runners.py: paramiko where ~/.ssh/config is read,
+  a host key handled or a connection made;
 - core/cluster/probe.py and core/watch/agent.py: pynvml (a bare node may lack it, and they say so),
   and torch for the NCCL version;
 - core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, and the trainer's data,
@@ -52,6 +53,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("taehv_console.commands.stop", "stop a run: checkpoint, then nothing of it left on any node"),
     "resume": ("taehv_console.commands.resume", "relaunch a run from its newest complete checkpoint"),
     "attach": ("taehv_console.commands.attach", "follow a run another console launched, until it ends"),
+    "supervise": (
+        "taehv_console.commands.supervise",
+        "keep a run supervised with no console open: take over, restart, notify (started for you)",
+    ),
 }
 
 

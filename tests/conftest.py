@@ -37,6 +37,11 @@ import pytest
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
+# Every console a test starts (in-process or as a CLI process, which inherits this) starts no
+# detached supervisor: most tests are about one console, and a supervisor would outlive them. The
+# supervisor's own tests turn it on for their runs (tests/e2e/test_supervisor.py).
+os.environ.setdefault("TAEHV_SUPERVISOR", "off")
+
 
 @dataclass(frozen=True)
 class SshdHost:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -54,3 +55,56 @@ def test_kill_9_of_a_rank_is_restarted_from_the_checkpoint_and_reaches_final_wei
     assert any("restarting (restart 1 of 3)" in n for n in notes), notes
     assert any(n.startswith("recovered: training again") for n in notes), notes
     print(f"\nkill -9 -> training again: {second['lost_s']} s, {second['redone_steps']} step(s) redone")
+
+
+def test_the_console_killed_then_a_rank_killed_the_supervisor_heals_the_run_alone(tmp_path):
+    """A closed terminal in the middle of a run, then a crash: nobody watches but the supervisor
+    the console started, and the run still reaches final weights."""
+    env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
+    console = Console(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--json",
+        "--set",
+        "optim.max_steps=16",
+        "--set",
+        "schedule.checkpoint_every=4",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "recovery.backoff_s=1",
+        *THREADS,
+        env=env,
+        cwd=tmp_path,
+    )
+    console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
+    run = next((tmp_path / "runs").glob("20*"))
+    info = json.loads((run / "supervisor.json").read_text())
+    console.kill()  # the terminal closes
+    from taehv_console.core.run.lock import read_holder
+
+    wait = time.time() + 30
+    while read_holder(run / "lock").get("purpose") != "supervise" and time.time() < wait:
+        time.sleep(0.2)
+    assert read_holder(run / "lock").get("purpose") == "supervise"
+    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.time() + 400
+    while time.time() < deadline and run_state(run)["phase"] != "done":
+        time.sleep(1)
+    state = run_state(run)
+    log = (run / "supervisor.log").read_text()
+    assert state["phase"] == "done", log[-3000:]
+    assert (run / "final" / "taehv.safetensors").is_file()
+    assert [a["decision"] for a in state["attempts"]] == ["restart", ""]
+    assert state["attempts"][-1]["restarted_by"] == "recovery" and state["attempts"][-1]["lost_s"] > 0
+    assert "took control" in log and "restarting (restart 1 of 3)" in log
+    # the supervisor leaves once the run has ended
+    deadline = time.time() + 30
+    while time.time() < deadline and os.path.exists(f"/proc/{info['pid']}"):
+        time.sleep(0.2)
+    assert (
+        not os.path.exists(f"/proc/{info['pid']}")
+        or open(f"/proc/{info['pid']}/stat").read().split()[2] == "Z"
+    )

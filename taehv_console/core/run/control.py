@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taehv_console.core.plan.render import RenderOptions, launch_command, launch_env, write_launch_files
+from taehv_console.core.run import supervision
 from taehv_console.core.run.backends import (
     BackendError,
     BackendKind,
@@ -271,8 +272,15 @@ class RunController:
         lock_name: str | None = None,
         state: RunState | None = None,
     ) -> RunController:
-        """Take the run's lock (RunBusyError if another console has it) and read its state."""
-        lock = RunLock(run.path / lock_name if lock_name else run.lock_path, purpose).acquire()
+        """Take the run's lock and read its state. The run's supervisor hands the lock over when
+        asked (core/run/supervision.py); another console holding it is a RunBusyError."""
+        path = run.path / lock_name if lock_name else run.lock_path
+        try:
+            lock = RunLock(path, purpose).acquire()
+        except RunBusyError as busy:
+            if lock_name or purpose == supervision.PURPOSE:
+                raise
+            lock = supervision.request_handover(run, path, purpose, busy)
         try:
             state = state or run.read_state()
             cfg = run.load_config()
@@ -578,10 +586,11 @@ class RunController:
         ranks) lets a stall that outlasts the policy's bound end the attempt. Returns how it ended."""
         on_update = on_update or (lambda _s: None)
         should_stop = should_stop or (lambda: False)
+        self._ensure_supervisor()
         if self.state.phase is Phase.RECOVERING and not self._relaunch(on_update, should_stop, 0.0):
             on_update(self.snapshot())  # a console died during a restart's backoff: restart now
             return self.outcome()
-        if self.state.phase.ended:
+        if self.state.phase.ended and not (self.judge_pending() and self._recover(on_update, should_stop)):
             on_update(self.snapshot())
             return self.outcome()
         if self.state.phase is Phase.STOPPING and self.state.stop is not None:
@@ -648,6 +657,31 @@ class RunController:
             self._fail(failure)
             return True
         return False
+
+    def _ensure_supervisor(self) -> None:
+        """Whoever follows a run makes sure it stays supervised after them: the run's supervisor
+        waits in standby while this console holds the lock and takes over when it goes."""
+        if self.lock.purpose == supervision.PURPOSE or not supervision.supervised(self.kind):
+            return
+        if self.state.phase.ended and not self.judge_pending():
+            return
+        pid = supervision.spawn_supervisor(self.run)
+        if pid is not None:
+            self._note(
+                f"supervisor pid {pid} keeps the run supervised when this console closes "
+                f"(log: {supervision.log_path(self.run)})"
+            )
+
+    def judge_pending(self) -> bool:
+        """The run failed and nobody judged the failure yet: it failed while no console or
+        supervisor followed it, and whoever adopts it decides now."""
+        a = self.attempt
+        return (
+            self.state.phase is Phase.FAILED
+            and a is not None
+            and not a.decision
+            and self.state.failure is not None
+        )
 
     def _restart_chain(self) -> list[Attempt]:
         """The attempts since a person last started the run (a launch or a resume): the current

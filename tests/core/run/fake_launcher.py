@@ -299,9 +299,32 @@ def console_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def supervisor_main(args: argparse.Namespace) -> int:
+    """The real supervisor loop (core/flow/supervisor.py), its relaunches made with this file's
+    launcher, as `taehv-console supervise` runs it; prints its lines and exits with the run's code."""
+    import time as _time
+
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+    from taehv_console.core.flow.supervisor import Supervisor
+    from taehv_console.core.run.rundir import RunDir
+    from taehv_console.exit_codes import exit_code_for
+
+    def say(text: str) -> None:
+        print(f"{_time.strftime('%H:%M:%S')} {text}", flush=True)
+
+    with SshPool(SshSettings.from_env()) as pool:
+        outcome = Supervisor(
+            RunDir(args.run),
+            pool,
+            say,
+            prepare=lambda ctrl: fake_commands(ctrl, args.ranks, args.max_steps, args.step_s),
+        ).serve()
+    return 2 if outcome is None else int(exit_code_for(outcome.phase, final=outcome.final))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=("launcher", "rank", "console"))
+    parser.add_argument("role", choices=("launcher", "rank", "console", "supervise"))
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--node", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=2)
@@ -315,6 +338,8 @@ def main() -> int:
         return rank_main(args.run, args.rank, args.world, args.max_steps, args.step_s, args.start_step)
     if args.role == "console":
         return console_main(args)
+    if args.role == "supervise":
+        return supervisor_main(args)
     return launcher_main(args)
 
 

@@ -1,0 +1,133 @@
+"""The run's supervisor on real processes: a console process launches a run of fake torchrun
+launchers and holds its lock; the supervisor (the real loop in core/flow/supervisor.py, in a
+process of its own) waits in standby, takes over when the console is SIGKILLed (a closed terminal,
+a lost SSH session), heals a rank killed afterwards, hands the run to a console that asks for it
+and takes it back when that console goes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taehv_console.core.run import supervision
+from taehv_console.core.run.control import RunController, request_stop
+from taehv_console.core.run.lock import read_holder
+from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.state import Phase
+from tests.core.run.conftest import FAKE, kill_console, make_run, rank_pid, start_console, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def start_supervisor(run: RunDir, max_steps: int, step_s: float) -> subprocess.Popen:
+    log = open(supervision.log_path(run), "ab")  # the process's output, open for its life
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(FAKE),
+            "supervise",
+            "--run",
+            str(run.path),
+            "--ranks",
+            "2",
+            "--max-steps",
+            str(max_steps),
+            "--step-s",
+            str(step_s),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.fixture
+def supervised_run(tmp_path):
+    """A run with restarts on, launched by a console process, and its supervisor in standby.
+    Everything is killed at the end, the supervisor by its own session."""
+    procs: list[subprocess.Popen] = []
+
+    def make(max_steps: int = 40, step_s: float = 0.15) -> tuple[RunDir, subprocess.Popen, subprocess.Popen]:
+        run = make_run(
+            tmp_path / "runs",
+            nodes=1,
+            per_node=2,
+            max_steps=max_steps,
+            env={"FAKE_CKPT_EVERY": "3"},
+            overrides=("recovery.max_restarts=2", "recovery.backoff_s=0.5"),
+        )
+        console = start_console(run, max_steps=max_steps, step_s=step_s, ranks=2)
+        assert console.stdout.readline().strip() == "launched"
+        sup = start_supervisor(run, max_steps, step_s)
+        procs.extend([console, sup])
+        return run, console, sup
+
+    yield make
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def holder(run: RunDir) -> str:
+    return str(read_holder(run.lock_path).get("purpose", ""))
+
+
+def test_the_supervisor_takes_over_from_a_killed_console_and_heals_a_rank_killed_afterwards(supervised_run):
+    run, console, sup = supervised_run()
+    wait_for(lambda: holder(run) == "test console", 10, "the console to hold the lock")
+    wait_for(lambda: supervision.running_supervisor(run) is not None, 20, "the supervisor's info file")
+    wait_for(lambda: (run.checkpoints / "step-3").is_dir(), 60, "the first checkpoint")
+    kill_console(console)  # the terminal closes: nobody follows the run but the supervisor
+    wait_for(lambda: holder(run) == supervision.PURPOSE, 15, "the supervisor to take the lock")
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+    assert sup.wait(150) == 0, supervision.log_path(run).read_text()
+    state = run.read_state()
+    assert state.phase is Phase.DONE and (run.checkpoints / "latest").exists()
+    failed, healed = state.attempts[0], state.attempts[-1]
+    assert (failed.cause, failed.decision) == ("signal", "restart")
+    assert healed.restarted_by == "recovery" and healed.outcome == "done" and healed.lost_s is not None
+    log = supervision.log_path(run).read_text()
+    assert "took control" in log and "restarting (restart 1 of 2)" in log and "recovered:" in log
+
+
+def test_a_console_that_asks_gets_the_run_and_the_supervisor_takes_it_back_when_it_goes(supervised_run, pool):
+    run, console, sup = supervised_run(max_steps=400)
+    kill_console(console)
+    wait_for(lambda: holder(run) == supervision.PURPOSE, 15, "the supervisor to take the lock")
+    ctrl = RunController.open(run, pool, purpose="attach")  # a new console: handed over, not refused
+    try:
+        assert holder(run) == "attach" and ctrl.reconcile() == "live"
+        assert not supervision.handover_path(run).exists()
+    finally:
+        ctrl.close()
+    wait_for(lambda: holder(run) == supervision.PURPOSE, 15, "the supervisor to take the run back")
+    # `taehv-console stop` asks whoever holds the run: the supervisor stops it and exits STOPPED
+    state = request_stop(run, pool, grace_s=20, wait_s=60)
+    assert state.phase is Phase.STOPPED and state.stop.checkpoint_step is not None
+    assert sup.wait(30) == 4, supervision.log_path(run).read_text()
+    assert all(a.outcome in ("stopped",) for a in state.attempts)
+
+
+def test_two_supervisors_of_one_run_do_not_take_it_from_each_other(supervised_run, pool):
+    run, console, sup = supervised_run(max_steps=400)
+    kill_console(console)
+    wait_for(lambda: holder(run) == supervision.PURPOSE, 15, "the supervisor to take the lock")
+    first = read_holder(run.lock_path)["pid"]
+    second = start_supervisor(run, 400, 0.15)
+    try:
+        wait_for(lambda: "standby" in supervision.log_path(run).read_text().split("supervising")[-1], 20, "x")
+        assert second.poll() is None and read_holder(run.lock_path)["pid"] == first
+    finally:
+        os.killpg(second.pid, signal.SIGKILL)
+        second.wait()
+    request_stop(run, pool, grace_s=20, wait_s=60)
+    assert sup.wait(30) == 4
