@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +15,7 @@ from taehv_console.commands.options import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, a
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.flow.detect import detect
+from taehv_console.core.models import NodeFacts, ProbeResult, Topology
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if all(p.ok for p in probes) else EXIT_FINDINGS
 
 
-def gpu_summary(facts: Any) -> str:
+def gpu_summary(facts: NodeFacts) -> str:
     if not facts.visible_gpu_count:
         return "0"
     names: dict[str, int] = {}
@@ -62,7 +63,7 @@ def gpu_summary(facts: Any) -> str:
     return text
 
 
-def render_topology(console: Any, topology: Any) -> None:
+def render_topology(console: Console, topology: Topology) -> None:
     console.print(f"[bold]topology[/]: {topology.source.value} — {topology.detail}")
     console.print(
         f"  nodes {topology.node_count}, master {topology.master_addr}:{topology.master_port}"
@@ -73,7 +74,7 @@ def render_topology(console: Any, topology: Any) -> None:
         console.print(f"  [yellow]note[/]: {note}")
 
 
-def render(topology: Any, probes: Any) -> None:
+def render(topology: Topology, probes: Sequence[ProbeResult]) -> None:
     console = Console()
     render_topology(console, topology)
     slots = {n.host: n.slots for n in topology.nodes}
@@ -82,7 +83,8 @@ def render(topology: Any, probes: Any) -> None:
     for col in ("node", "slots", "GPUs", "driver/CUDA", "CPU/RAM", "torch·ds·acc", "probe"):
         table.add_column(col)
     for p in probes:
-        if not p.ok:
+        f = p.facts
+        if f is None:  # not p.ok
             table.add_row(
                 f"[red]{p.host}[/]",
                 str(slots.get(p.host) or "-"),
@@ -93,7 +95,6 @@ def render(topology: Any, probes: Any) -> None:
                 f"{p.seconds:.2f}s",
             )
             continue
-        f = p.facts
         table.add_row(
             p.host,
             str(slots.get(p.host) or "-"),
@@ -107,10 +108,10 @@ def render(topology: Any, probes: Any) -> None:
         )
     console.print(table)
     for p in probes:
-        if not p.ok:
+        f = p.facts
+        if f is None:  # not p.ok
             console.print(f"[red]{p.host}[/]: {p.error}" + (f"\n  fix: {p.fix}" if p.fix else ""))
             continue
-        f = p.facts
         extra = [
             f"hostname {f.hostname}",
             f"Python {f.python_version}",

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import var
+from textual.screen import Screen
 from textual.theme import BUILTIN_THEMES
 from textual.worker import Worker, WorkerState
 
@@ -50,6 +51,12 @@ from taehv_console.ui.themes import DEFAULT_THEME, HEALTH_DEFAULTS, ThemeSet, he
 from taehv_console.ui.widgets.node_grid import NodeGrid
 from taehv_console.ui.wizard import WizardState
 
+if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic models
+    from taehv_console.core.flow.launch import Review
+    from taehv_console.core.flow.runs import RunEntry
+    from taehv_console.core.watch.state import RunView
+    from taehv_console.ui.apptype import ConsoleHost
+
 
 class TaehvConsole(App):
     TITLE = "taehv-console"
@@ -77,9 +84,9 @@ class TaehvConsole(App):
     ]
     MODES: ClassVar[dict[str, Any]] = {"wizard": DetectScreen, "dashboard": DashboardScreen}
 
-    cluster_state: var[Any] = var(None, always_update=True)
+    cluster_state: var[RunView | None] = var(None, always_update=True)
     console_phase: var[str | None] = var(None)
-    run_entries: var[tuple[Any, ...]] = var(())
+    run_entries: var[tuple[RunEntry, ...]] = var(())
 
     def __init__(
         self,
@@ -88,7 +95,7 @@ class TaehvConsole(App):
         themes: ThemeSet,
         theme: str,
         startup: str = "auto",
-        pool: Any = None,
+        pool: SshPool | None = None,
     ) -> None:
         super().__init__()
         self.options = options
@@ -97,7 +104,7 @@ class TaehvConsole(App):
         self.initial_theme = theme
         self.startup = startup
         self._pool = pool
-        self.session: Any = None
+        self.session: RunSession | None = None
         self.notes: list[str] = []
         self.started_at = time.monotonic()
         self.first_frame_s: float | None = None
@@ -106,7 +113,7 @@ class TaehvConsole(App):
         self.startup_text = f"looking for a live run in {options.runs} …"
 
     # ------------------------------------------------------------------ set-up
-    def get_default_screen(self) -> Any:
+    def get_default_screen(self) -> Screen:
         return StartScreen()
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -117,7 +124,7 @@ class TaehvConsole(App):
         return self.themes.names
 
     @property
-    def pool(self) -> Any:
+    def pool(self) -> SshPool:
         if self._pool is None:
             self._pool = SshPool(self.options.ssh)
         return self._pool
@@ -148,7 +155,7 @@ class TaehvConsole(App):
         entry = find_live_run(self.options.runs, self.pool)
         self.call_from_thread(self._startup_decided, entry)
 
-    def _startup_decided(self, entry: Any) -> None:
+    def _startup_decided(self, entry: RunEntry | None) -> None:
         if entry is not None:
             self.notify(f"{entry.run_id} is running: attaching to it", title="live run found")
             self.attach_run(entry.path)
@@ -228,7 +235,7 @@ class TaehvConsole(App):
     def on_runs_listed(self, message: RunsListed) -> None:
         self.run_entries = message.runs
 
-    def launch_run(self, review: Any) -> None:
+    def launch_run(self, review: Review) -> None:
         if self.session is not None and self.session.following:
             self.notify("a run is already being followed here", severity="warning")
             return
@@ -236,7 +243,7 @@ class TaehvConsole(App):
         self._launch(review)
 
     @work(thread=True, group="control", exit_on_error=False)
-    def _launch(self, review: Any) -> None:
+    def _launch(self, review: Review) -> None:
         self._close_session_from_thread()
         facts = {p.host: p.facts for p in self.wizard.probes if p.facts is not None}
         try:
@@ -257,10 +264,12 @@ class TaehvConsole(App):
                 severity="warning",
             )
             return
-        self._attach(path)
+        self._attach_run(path)
 
-    @work(thread=True, group="control", exit_on_error=False)
-    def _attach(self, path: str) -> None:
+    # named for the worker as before: a failure's dialog says "_attach failed" (MessagePump has an
+    # _attach of its own, which this must not override)
+    @work(thread=True, group="control", exit_on_error=False, name="_attach")
+    def _attach_run(self, path: str) -> None:
         self._close_session_from_thread()
         try:
             run = resolve_run(path, self.options.runs)
@@ -288,7 +297,7 @@ class TaehvConsole(App):
         self._resume(session)
 
     @work(thread=True, group="control", exit_on_error=False)
-    def _resume(self, session: Any) -> None:
+    def _resume(self, session: RunSession) -> None:
         try:
             point = session.resume()
         except ControlError as err:
@@ -329,14 +338,14 @@ class TaehvConsole(App):
             self.session = None
             old.close()
 
-    def _start_monitor(self, session: Any) -> None:
+    def _start_monitor(self, session: RunSession) -> None:
         session.start_monitor(lambda state: self.post_message(ClusterUpdated(state)))
 
-    def _watch_and_follow(self, session: Any) -> None:
+    def _watch_and_follow(self, session: RunSession) -> None:
         self._start_monitor(session)
         self._follow(session)
 
-    def _follow(self, session: Any) -> None:
+    def _follow(self, session: RunSession) -> None:
         outcome = session.follow(lambda snap: self.post_message(RunProgressed(snap)))
         if outcome is not None:
             self.post_message(RunEnded(outcome))
@@ -412,10 +421,16 @@ class TaehvConsole(App):
             self._pool.close()
 
 
+if TYPE_CHECKING:
+
+    def _is_console_host(app: TaehvConsole) -> ConsoleHost:
+        return app  # the type checker holds TaehvConsole to what the screens' ConsoleApp promises
+
+
 # ------------------------------------------------------------------------------------ building
 
 
-def all_bindings() -> list[tuple[str, Any]]:
+def all_bindings() -> list[tuple[str, Binding]]:
     """(where, Binding) for every binding of the console, in help-screen order."""
     out = []
     for where, cls in (
@@ -455,7 +470,7 @@ def make_app(
     theme: str | None = None,
     startup: str = "auto",
     config: ConsoleConfig | None = None,
-    pool: Any = None,
+    pool: SshPool | None = None,
 ) -> TaehvConsole:
     """The console for these flow options (`cli.console_options(argv)` makes them from a command
     line); `theme` as given on the command line wins over the settings file's.

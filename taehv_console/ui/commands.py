@@ -7,17 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+if TYPE_CHECKING:
+    from taehv_console.ui.apptype import ConsoleApp
+
 
 class ConsoleCommands(Provider):
+    if TYPE_CHECKING:
+
+        @property
+        def app(self) -> ConsoleApp: ...
+
     async def startup(self) -> None:
         self.app.refresh_run_list()
 
     def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
-        app: Any = self.app
+        app = self.app
         out: list[tuple[str, Callable[[], Any], str]] = []
         session = app.session
         if session is not None and session.following:

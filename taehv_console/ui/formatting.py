@@ -146,7 +146,8 @@ def table_cell(value: object) -> object:
     if isinstance(value, str):
         return Text(value, no_wrap=True)
     if isinstance(value, Content):
-        return Text.assemble(*((seg.text, seg.style) for seg in value.render_segments()), no_wrap=True)
+        # a segment without a style adds no span either way ("" or None)
+        return Text.assemble(*((seg.text, seg.style or "") for seg in value.render_segments()), no_wrap=True)
     return value
 
 

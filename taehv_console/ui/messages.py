@@ -4,16 +4,26 @@ immutable values from core (never a live object a widget could query)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.message import Message
+
+if TYPE_CHECKING:  # annotations only: the flow modules load the planner's pydantic models
+    from taehv_console.core.flow.config import ChosenConfig, PresetChoice
+    from taehv_console.core.flow.launch import Review
+    from taehv_console.core.flow.preflight import PreflightResult
+    from taehv_console.core.flow.runs import RunEntry
+    from taehv_console.core.models import ProbeResult, Topology
+    from taehv_console.core.run.control import Outcome, RunSnapshot
+    from taehv_console.core.watch.state import RunView
+    from taehv_console.ui.session import RunSession
 
 
 class ClusterUpdated(Message):
     """The monitor published a new ClusterState. A newer one replaces a pending one, so a slow
     screen skips stale snapshots instead of queueing them."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: RunView) -> None:
         super().__init__()
         self.state = state
 
@@ -24,7 +34,7 @@ class ClusterUpdated(Message):
 class RunProgressed(Message):
     """The controller's follow loop reported: phase, attempt, console notes (stop sent ...)."""
 
-    def __init__(self, snapshot: Any) -> None:
+    def __init__(self, snapshot: RunSnapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
 
@@ -33,7 +43,7 @@ class RunAttached(Message):
     """This console now controls a run (launched, resumed or attached): the dashboard follows it.
     `session` is the app's handle on it (ui.session.RunSession); widgets never receive it."""
 
-    def __init__(self, session: Any, how: str, lines: tuple[str, ...] = ()) -> None:
+    def __init__(self, session: RunSession, how: str, lines: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.session = session
         self.run_id = session.run.run_id
@@ -45,7 +55,7 @@ class RunAttached(Message):
 class RunEnded(Message):
     """The run reached an end (done, stopped, failed); `outcome` is core's Outcome."""
 
-    def __init__(self, outcome: Any) -> None:
+    def __init__(self, outcome: Outcome) -> None:
         super().__init__()
         self.outcome = outcome
 
@@ -69,20 +79,20 @@ class NoteAdded(Message):
 
 
 class TopologyDetected(Message):
-    def __init__(self, topology: Any, hosts: tuple[str, ...]) -> None:
+    def __init__(self, topology: Topology, hosts: tuple[str, ...]) -> None:
         super().__init__()
         self.topology = topology
         self.hosts = hosts
 
 
 class NodeProbed(Message):
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: ProbeResult) -> None:
         super().__init__()
         self.result = result
 
 
 class DetectionFinished(Message):
-    def __init__(self, topology: Any, probes: tuple[Any, ...]) -> None:
+    def __init__(self, topology: Topology, probes: tuple[ProbeResult, ...]) -> None:
         super().__init__()
         self.topology = topology
         self.probes = probes
@@ -102,20 +112,20 @@ class HostTrusted(Message):
 
 
 class PreflightFinished(Message):
-    def __init__(self, result: Any, chosen: Any) -> None:
+    def __init__(self, result: PreflightResult, chosen: ChosenConfig) -> None:
         super().__init__()
         self.result = result  # core.flow.PreflightResult
         self.chosen = chosen  # core.flow.ChosenConfig it checked
 
 
 class PresetChoicesReady(Message):
-    def __init__(self, choices: tuple[Any, ...]) -> None:
+    def __init__(self, choices: tuple[PresetChoice, ...]) -> None:
         super().__init__()
         self.choices = choices
 
 
 class ReviewReady(Message):
-    def __init__(self, review: Any) -> None:
+    def __init__(self, review: Review) -> None:
         super().__init__()
         self.review = review  # core.flow.Review
 
@@ -134,6 +144,6 @@ class LogRead(Message):
 
 
 class RunsListed(Message):
-    def __init__(self, runs: tuple[Any, ...]) -> None:
+    def __init__(self, runs: tuple[RunEntry, ...]) -> None:
         super().__init__()
         self.runs = runs  # core.flow.RunEntry

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.run.control import RunController, RunLiveError, create_run
@@ -21,7 +21,13 @@ from taehv_console.core.run.rundir import RunDir, create_run_dir
 from taehv_console.core.watch.runwatch import RunWatch, monitor_hosts
 
 if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic models
+    from taehv_console.core.cluster.ssh import SshPool
     from taehv_console.core.flow.launch import Review
+    from taehv_console.core.models import NodeFacts
+    from taehv_console.core.run.control import Outcome, ResumePoint, RunSnapshot
+    from taehv_console.core.run.state import Phase
+    from taehv_console.core.watch.monitor import Monitor, MonitorConfig
+    from taehv_console.core.watch.state import RunView
 
 
 class _Detached(Exception):
@@ -29,13 +35,15 @@ class _Detached(Exception):
 
 
 class RunSession:
-    def __init__(self, run: Any, ctrl: Any, pool: Any, facts: dict[str, Any] | None = None):
+    def __init__(
+        self, run: RunDir, ctrl: RunController, pool: SshPool, facts: dict[str, NodeFacts] | None = None
+    ):
         self.run = run
         self.ctrl = ctrl
         self.pool = pool
         self.facts = dict(facts or {})
-        self.monitor: Any = None
-        self.watch: Any = None
+        self.monitor: Monitor | None = None
+        self.watch: RunWatch | None = None
         self._stop = threading.Event()
         self._detach = threading.Event()
         self._following = threading.Lock()
@@ -44,7 +52,7 @@ class RunSession:
     # ------------------------------------------------------------------ opening
     @classmethod
     def launch(
-        cls, options: FlowOptions, review: Review, pool: Any, facts: dict[str, Any] | None = None
+        cls, options: FlowOptions, review: Review, pool: SshPool, facts: dict[str, NodeFacts] | None = None
     ) -> RunSession:
         """Create the reviewed run (the same id, path, hosts, master and environment the review
         showed) and start every node."""
@@ -63,7 +71,7 @@ class RunSession:
         return session
 
     @classmethod
-    def attach(cls, run_path: str, pool: Any) -> tuple[RunSession, str]:
+    def attach(cls, run_path: str, pool: SshPool) -> tuple[RunSession, str]:
         """Take control of an existing run: ('live', session) when its processes run, else the
         attempt is concluded from what it left ('ended'). RunBusyError when another console has it."""
         run = RunDir(Path(run_path))
@@ -80,7 +88,9 @@ class RunSession:
     def monitor_hosts(self) -> list[str] | None:
         return monitor_hosts(self.ctrl.kind, self.ctrl.state.hosts)
 
-    def start_monitor(self, on_state: Callable[[Any], None], config: Any = None) -> Any:
+    def start_monitor(
+        self, on_state: Callable[[RunView], object], config: MonitorConfig | None = None
+    ) -> Monitor:
         """The run's one watch pipeline (with stall forensics), as --no-tui follows it."""
         if self.monitor is None:
             self.watch = RunWatch.for_controller(self.ctrl, config=config, facts=self.facts)
@@ -98,18 +108,18 @@ class RunSession:
 
     # ------------------------------------------------------------------ control
     @property
-    def phase(self) -> Any:
+    def phase(self) -> Phase:
         return self.ctrl.state.phase
 
     @property
     def following(self) -> bool:
         return self._following.locked()
 
-    def follow(self, on_update: Callable[[Any], None]) -> Any:
+    def follow(self, on_update: Callable[[RunSnapshot], object]) -> Outcome | None:
         """Follow the run until it ends (Outcome) or the console detaches (None). A stop asked
         with request_stop() is carried out by core's follow loop: SIGTERM, checkpoint, verify."""
 
-        def update(snapshot: Any) -> None:
+        def update(snapshot: RunSnapshot) -> None:
             on_update(snapshot)
             # a stop in progress is finished first: leaving it half done would leave the run stopping
             if self._detach.is_set() and not self._stop.is_set():
@@ -132,10 +142,10 @@ class RunSession:
     def hurry_stop(self) -> None:
         self.ctrl.hurry = True
 
-    def resume_point(self, weights_only: bool = False) -> Any:
+    def resume_point(self, weights_only: bool = False) -> ResumePoint:
         return self.ctrl.resume_point(weights_only=weights_only)
 
-    def resume(self, weights_only: bool = False) -> Any:
+    def resume(self, weights_only: bool = False) -> ResumePoint:
         """Relaunch from the newest complete checkpoint (RunLiveError while it runs)."""
         if self.following:
             raise RunLiveError(f"{self.run.run_id} is running: stop it before resuming")
@@ -154,6 +164,7 @@ class RunSession:
         """Stop watching and release the run (nothing of the run itself is stopped)."""
         self._detach.set()
         if self.monitor is not None:
+            assert self.watch is not None  # started with the monitor
             self.watch.stop()
             self.monitor = None
         # the follow loop leaves at its next callback (within ~2 s); the lock goes with it

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
@@ -108,7 +109,8 @@ def parse_theme(text: str, where: str) -> Theme:
     dark = data.get("dark", True)
     if not isinstance(dark, bool):
         raise ThemeFileError(f"{where}: dark must be true or false")
-    extra = {k: float(data[k]) for k in ("luminosity_spread", "text_alpha") if k in data}
+    # Theme's float keywords, when the file sets them (typed Any: mypy cannot match ** to keywords)
+    extra: dict[str, Any] = {k: float(data[k]) for k in ("luminosity_spread", "text_alpha") if k in data}
     return Theme(name=name, dark=dark, variables=health_variables(health), **colors, **extra)
 
 

@@ -50,7 +50,7 @@ def detect(options: FlowOptions, pool: SshPool | None = None) -> Detection:
 
 
 def probe_each(
-    hosts: tuple[str, ...], pool: SshPool, paths: dict[str, str], on_result: Callable[[ProbeResult], None]
+    hosts: tuple[str, ...], pool: SshPool, paths: dict[str, str], on_result: Callable[[ProbeResult], object]
 ) -> tuple[ProbeResult, ...]:
     """Probe every host at once (one host per call) and report each result as it arrives, so a
     node table fills in while slow nodes are still answering."""

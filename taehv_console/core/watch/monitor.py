@@ -131,7 +131,7 @@ class Monitor:
         self.builder = ViewBuilder(
             self.ingest, str(self.run_dir), self.run_dir.name, c.health, c.notices_len, facts
         )
-        self._subs: list[Callable[[RunView], None]] = []
+        self._subs: list[Callable[[RunView], object]] = []
         self._ckpt = CheckpointWatcher(self.run_dir / "checkpoints")
         self._tb = None
         if tensorboard is not None:
@@ -238,7 +238,7 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def subscribe(self, callback: Callable[[RunView], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[RunView], object]) -> Callable[[], None]:
         """callback(view) on every changed view, from a monitor thread (a UI posts a message from
         it). Returns a function that unsubscribes."""
         with self._lock:

@@ -3,7 +3,7 @@ all drawn from the newest ClusterState. Stop (confirmed), resume, attach and sta
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -16,10 +16,20 @@ from taehv_console.ui.widgets.node_grid import NodeGrid
 from taehv_console.ui.widgets.panes import CheckpointPane, MetricSpark, NoticePane
 from taehv_console.ui.widgets.run_header import RunHeaderBar
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.core.watch.state import RunView
+    from taehv_console.ui.apptype import ConsoleApp
+
 
 class DashboardScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "dashboard.tcss"
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    # textual declares it "ClassVar[...] | None", which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]  # type: ignore[misc]
     AUTO_FOCUS = "NodeCell"  # a cell, never the hidden filter box (it would swallow letter keys)
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
@@ -71,7 +81,7 @@ class DashboardScreen(Screen):
     def on_screen_resume(self) -> None:
         self._show_state(self.app.cluster_state)
 
-    def _show_state(self, state: Any) -> None:
+    def _show_state(self, state: RunView | None) -> None:
         if state is None or not self.is_current:
             return  # an inactive screen draws nothing; it catches up on resume
         self.query_one(RunHeaderBar).state = state

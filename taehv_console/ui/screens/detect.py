@@ -5,7 +5,7 @@ offered for trust here (fingerprint shown, added on confirmation)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -27,6 +27,7 @@ from taehv_console.core.flow.trust import (
     offer_host_key,
     trust_offered_key,
 )
+from taehv_console.core.models import NodeFacts, ProbeResult, Topology
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import (
     DetectionFailed,
@@ -39,18 +40,24 @@ from taehv_console.ui.screens.dialogs import ConfirmScreen
 from taehv_console.ui.screens.preflight import PreflightScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.ui.apptype import ConsoleApp
+
 COLUMNS = ("node", "slots", "GPUs", "driver/CUDA", "CPU/RAM", "torch · ds · acc", "probe")
 
 
-def gpu_summary(facts: Any) -> str:
+def gpu_summary(facts: NodeFacts) -> str:
     return gpu_list(facts) if facts.visible_gpu_count else f"0 ({facts.gpu_reason or 'none visible'})"[:40]
 
 
-def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
+def node_row(result: ProbeResult | None, slots: int | None) -> tuple[str | Content, ...]:
     slot_text = str(slots) if slots else "-"
     if result is None:
         return ("", slot_text, Content.styled("probing …", "dim"), "", "", "", "")
-    if not result.ok:
+    facts = result.facts
+    if facts is None:  # not result.ok
         label = "host key unknown" if "taehv-console trust" in (result.fix or "") else "unreachable"
         return (
             result.host,
@@ -61,7 +68,6 @@ def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
             "",
             f"{result.seconds:.2f}s",
         )
-    facts = result.facts
     versions = " · ".join(
         v or "none" for v in (facts.torch_version, facts.deepspeed_version, facts.accelerate_version)
     )
@@ -76,8 +82,8 @@ def node_row(result: Any, slots: int | None) -> tuple[Any, ...]:
     )
 
 
-def topology_text(topology: Any) -> Content:
-    parts = [
+def topology_text(topology: Topology) -> Content:
+    parts: list[str | Content] = [
         Content.styled("topology ", "dim"),
         Content.styled(topology.source.value, "bold"),
         f" — {topology.detail}",
@@ -94,7 +100,7 @@ def topology_text(topology: Any) -> Content:
     return Content.assemble(*parts)
 
 
-def problems_text(probes: tuple[Any, ...]) -> Content:
+def problems_text(probes: tuple[ProbeResult | None, ...]) -> Content:
     lines = []
     for p in probes:
         if p is None or p.ok:
@@ -110,8 +116,12 @@ def problems_text(probes: tuple[Any, ...]) -> Content:
 
 
 class DetectScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "wizard.tcss"
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    # textual declares it "ClassVar[...] | None", which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]  # type: ignore[misc]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Preflight checks on these nodes"),
         Binding("r", "detect", "Detect again", id="redetect", tooltip="Probe every node again"),
@@ -126,7 +136,7 @@ class DetectScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._results: dict[str, Any] = {}
+        self._results: dict[str, ProbeResult] = {}
         self._hosts: tuple[str, ...] = ()
         self._slots: dict[str, int | None] = {}
 
@@ -200,7 +210,7 @@ class DetectScreen(Screen):
     def on_topology_detected(self, message: TopologyDetected) -> None:
         self._show_topology(message.topology, message.hosts)
 
-    def _show_topology(self, topology: Any, hosts: tuple[str, ...]) -> None:
+    def _show_topology(self, topology: Topology, hosts: tuple[str, ...]) -> None:
         self._hosts = hosts
         self._slots = {n.host: n.slots for n in topology.nodes}
         self.query_one("#topology", Static).update(topology_text(topology))
@@ -214,7 +224,7 @@ class DetectScreen(Screen):
     def on_node_probed(self, message: NodeProbed) -> None:
         self._show_probe(message.result)
 
-    def _show_probe(self, result: Any) -> None:
+    def _show_probe(self, result: ProbeResult) -> None:
         self._results[result.host] = result
         table = self.query_one("#nodes", DataTable)
         row = node_row(result, self._slots.get(result.host))
@@ -235,7 +245,7 @@ class DetectScreen(Screen):
             self._show_probe(p)
         self._finish(message.topology, message.probes)
 
-    def _finish(self, topology: Any, probes: tuple[Any, ...]) -> None:
+    def _finish(self, topology: Topology, probes: tuple[ProbeResult, ...]) -> None:
         self.app.wizard.topology = topology
         self.app.wizard.probes = tuple(probes)
         ok = sum(1 for p in probes if p.ok)
@@ -252,7 +262,7 @@ class DetectScreen(Screen):
         if not table.row_count:
             return
         host = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        result = self._results.get(host)
+        result = self._results.get(host) if host is not None else None
         if result is None or not needs_trust(result):
             self.notify(
                 f"{host}: its host key is not the problem"

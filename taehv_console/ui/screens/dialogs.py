@@ -3,7 +3,7 @@ or failed action, the run picker behind `a` (attach), and the start-up screen.""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -12,6 +12,12 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Static
 
 from taehv_console.ui import formatting as f
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.core.flow.runs import RunEntry
+    from taehv_console.ui.apptype import ConsoleApp
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -78,6 +84,9 @@ class MessageScreen(ModalScreen[None]):
 class RunPickerScreen(ModalScreen[str | None]):
     """Runs under --runs, newest first, live ones marked; enter attaches."""
 
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "dialogs.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss_picker", "Back", id="back")]
 
@@ -94,7 +103,7 @@ class RunPickerScreen(ModalScreen[str | None]):
         self.watch(self.app, "run_entries", self._show)
         self.app.refresh_run_list()
 
-    def _show(self, entries: tuple[Any, ...]) -> None:
+    def _show(self, entries: tuple[RunEntry, ...]) -> None:
         table = self.query_one(DataTable)
         table.clear()
         for e in entries:
@@ -125,6 +134,9 @@ class RunPickerScreen(ModalScreen[str | None]):
 
 class StartScreen(Screen):
     """The first frame: what the console is doing while it looks for a live run."""
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
 
     CSS_PATH = "dialogs.tcss"
 

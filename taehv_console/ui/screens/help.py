@@ -4,7 +4,7 @@ to change it (the settings file's path and format)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -16,8 +16,16 @@ from textual.widgets import DataTable, Footer, Static
 from taehv_console.ui import formatting as f
 from taehv_console.ui.config import config_path
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.ui.apptype import ConsoleApp
+
 
 class HelpScreen(ModalScreen[None]):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "help.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,question_mark,q", "close", "Close", id="close-help", key_display="esc")

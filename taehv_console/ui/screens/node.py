@@ -6,7 +6,7 @@ newest ClusterState."""
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -22,18 +22,24 @@ from taehv_console.core.watch.tail import Tailer
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.core.watch.state import NodeSnapshot, RankHealth, RunView
+    from taehv_console.ui.apptype import ConsoleApp
+
 GPU_COLUMNS = ("gpu", "util", "memory", "temp", "power", "state", "run mem")
 # "data": the share of step time this rank waited for its next batch (loader too slow when high)
 RANK_COLUMNS = ("rank", "state", "step", "heartbeat", "step time", "score", "busy", "data", "pid", "detail")
 LOG_LINES = 5000
 
 
-def node_header(node: Any, state: Any) -> Content:
-    parts: list[Any] = [Content.styled(node.name, "bold"), "  ", f.badge(node.state.value)]
+def node_header(node: NodeSnapshot, state: RunView) -> Content:
+    parts: list[str | Content] = [Content.styled(node.name, "bold"), "  ", f.badge(node.state.value)]
     if node.detail:
         parts += ["  ", Content.styled(node.detail, f.health_style(node.state.value))]
     s = node.sample
-    line2: list[Any] = [Content.styled("ranks ", "dim"), f.rank_span(node.ranks)]
+    line2: list[str | Content] = [Content.styled("ranks ", "dim"), f.rank_span(node.ranks)]
     if s is not None:
         line2 += [
             Content.styled("  cpu ", "dim"),
@@ -57,7 +63,7 @@ def node_header(node: Any, state: Any) -> Content:
     return Content("\n").join([Content.assemble(*parts), Content.assemble(*line2)])
 
 
-def stack_content(state: Any, node_name: str) -> Content:
+def stack_content(state: RunView, node_name: str) -> Content:
     """The stalled ranks of this node, each with its stack from the stall's forensics (py-spy,
     innermost frame first) and what the tools said, as `status --json` carries them."""
     stalled = [r for r in state.stalled if r.node == node_name]
@@ -65,7 +71,7 @@ def stack_content(state: Any, node_name: str) -> Content:
         return Content.styled(
             "no stalled rank on this node: a stall's stack shows here once forensics ran", "dim"
         )
-    lines: list[Any] = []
+    lines: list[Content] = []
     for r in stalled:
         lines.append(
             Content.styled(f"rank {r.rank} stalled (pid {r.pid}): {r.detail}", f.health_style("stalled"))
@@ -85,13 +91,13 @@ def stack_content(state: Any, node_name: str) -> Content:
     return Content("\n").join(lines)
 
 
-def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
+def gpu_rows(node: NodeSnapshot) -> list[tuple[str | Content, ...]]:
     s = node.sample
     if s is None:
         return [("-", "no agent sample yet", "", "", "", "", "")]
     if not s.gpu_ok:
         return [("-", f"no GPU ({s.gpu_reason or 'none reported'})"[:36], "", "", "", "", "")]
-    rows = []
+    rows: list[tuple[str | Content, ...]] = []
     for g in s.gpus:
         mem = (
             f"{g.mem_used_mb / 1024:.1f}/{g.mem_total_mb / 1024:.0f}G"
@@ -123,8 +129,8 @@ def gpu_rows(node: Any) -> list[tuple[Any, ...]]:
     return rows
 
 
-def rank_rows(ranks: list[Any]) -> list[tuple[Any, ...]]:
-    rows = []
+def rank_rows(ranks: list[RankHealth]) -> list[tuple[str | Content, ...]]:
+    rows: list[tuple[str | Content, ...]] = []
     for r in ranks:
         detail = r.detail or (f"waiting for rank {r.blocked_by}" if r.blocked_by is not None else "")
         rows.append(
@@ -170,8 +176,12 @@ class MetricPlot(PlotextPlot):
 
 
 class NodeScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "node.tcss"
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    # textual declares it "ClassVar[...] | None", which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]  # type: ignore[misc]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back", id="back", tooltip="Back to the dashboard"),
         Binding("l", "show_tab('log')", "Log", id="show-log", tooltip="The node's launcher log", show=False),
@@ -231,14 +241,14 @@ class NodeScreen(Screen):
         self._update_log_status()
         session = self.app.session
         index = session.node_index(self.node_name) if session is not None else None
-        if index is not None:
+        if session is not None and index is not None:
             self._read_log(str(session.run.path), index)
         else:
             self.query_one("#log-status", Static).update(
                 Content.styled("no log: this console does not control a run on this node", "dim")
             )
 
-    def _show_state(self, state: Any) -> None:
+    def _show_state(self, state: RunView | None) -> None:
         if state is None or not self.is_current:
             return
         node = state.node(self.node_name)
@@ -248,12 +258,11 @@ class NodeScreen(Screen):
         self.query_one("#node-header", Static).update(node_header(node, state))
         gpus = self.query_one("#gpus", DataTable)
         self._fill(gpus, gpu_rows(node))
-        names = (
-            sorted({g.name for g in node.sample.gpus})
-            if node.sample is not None and node.sample.gpu_ok
-            else []
+        sample = node.sample
+        names = sorted({g.name for g in sample.gpus}) if sample is not None and sample.gpu_ok else []
+        gpus.border_title = (
+            f"GPUs: {len(sample.gpus)}× {', '.join(names)}" if sample is not None and names else "GPUs"
         )
-        gpus.border_title = f"GPUs: {len(node.sample.gpus)}× {', '.join(names)}" if names else "GPUs"
         ranks = [r for r in state.ranks if r.node == node.name]
         self._fill(self.query_one("#ranks", DataTable), rank_rows(ranks))
         self.query_one("#stack-text", Static).update(stack_content(state, node.name))
@@ -261,12 +270,12 @@ class NodeScreen(Screen):
             self._plot(state)
 
     @staticmethod
-    def _fill(table: DataTable, rows: list[tuple[Any, ...]]) -> None:
+    def _fill(table: DataTable, rows: list[tuple[str | Content, ...]]) -> None:
         table.clear()
         for row in rows:
             table.add_row(*f.table_row(row))
 
-    def _plot(self, state: Any) -> None:
+    def _plot(self, state: RunView) -> None:
         h = state.history
         for plot_id, series in (("#loss-plot", h.loss), ("#psnr-plot", h.psnr)):
             xs, ys = [p[0] for p in series.points], [p[1] for p in series.points]

@@ -3,7 +3,7 @@ grouped by severity with the fix for each. Errors block continuing; `r` runs the
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -18,10 +18,20 @@ from taehv_console.ui.messages import NoteAdded, PreflightFinished
 from taehv_console.ui.screens.preset import PresetScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.core.flow.preflight import PreflightResult
+    from taehv_console.ui.apptype import ConsoleApp
+
 
 class PreflightScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "wizard.tcss"
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    # textual declares it "ClassVar[...] | None", which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]  # type: ignore[misc]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Choose the preset"),
         Binding("r", "rerun", "Run again", id="rerun-preflight", tooltip="Run every check again"),
@@ -69,6 +79,7 @@ class PreflightScreen(Screen):
         from taehv_console.core.flow.preflight import preflight
 
         w = self.app.wizard
+        assert w.topology is not None  # the detect screen moves on only with a topology
         options = self.app.options
 
         def note(text: str) -> None:
@@ -88,7 +99,7 @@ class PreflightScreen(Screen):
             self.app.wizard.chosen = message.chosen
         self._show(message.result)
 
-    def _show(self, result: Any) -> None:
+    def _show(self, result: PreflightResult) -> None:
         report = result.report
         bw = report.bandwidth
         link = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -28,6 +28,13 @@ from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 from trainer.config import ConfigError
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from taehv_console.core.flow.config import PresetChoice
+    from taehv_console.ui.apptype import ConsoleApp
+    from trainer.config import TrainConfig
 
 COLUMNS = ("preset", "here", "topology", "batch", "LR", "ZeRO", "memory/device", "fits")
 MORE = "more"
@@ -46,7 +53,7 @@ RECIPE_HINT = (
 )
 
 
-def recipe_summary(cfg: Any) -> str:
+def recipe_summary(cfg: TrainConfig) -> str:
     """One line on what the chosen recipe costs, from the planner (online teacher beside cached)."""
     from taehv_console.core.plan.planner import make_plan  # start-up: see the module's docstring
 
@@ -59,7 +66,7 @@ def recipe_summary(cfg: Any) -> str:
     )
 
 
-def choice_row(c: Any) -> tuple[Any, ...]:
+def choice_row(c: PresetChoice) -> tuple[str | Content, ...]:
     if c.error:
         return (c.title, "", Content.styled(c.error[:70], "$error"), "", "", "", "", "")
     here = Content.styled("✓", "bold $success") if c.matches else ""
@@ -68,7 +75,7 @@ def choice_row(c: Any) -> tuple[Any, ...]:
     return (c.title, here, c.topology, str(c.effective_batch), f"{c.lr:g}", str(c.zero_stage), mem, fits)
 
 
-def choice_info(c: Any) -> Content:
+def choice_info(c: PresetChoice) -> Content:
     lines = [Content.assemble(Content.styled(c.title, "bold"), f"  {c.description}" if c.description else "")]
     for key, why in c.reasons[:8]:
         lines.append(Content.assemble(Content.styled(f"  {key}: ", "dim"), why))
@@ -76,6 +83,9 @@ def choice_info(c: Any) -> Content:
 
 
 class PresetScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "wizard.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "next_step", "Continue", id="next-step", tooltip="Review the plan and the commands"),
@@ -84,8 +94,8 @@ class PresetScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._choices: dict[str, Any] = {}
-        self._selected: Any = None
+        self._choices: dict[str, PresetChoice] = {}
+        self._selected: PresetChoice | None = None
         self._errors: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
@@ -122,6 +132,7 @@ class PresetScreen(Screen):
         from taehv_console.core.flow.config import preset_choices  # start-up: see the module's docstring
 
         w = self.app.wizard
+        assert w.topology is not None  # detection found one before the wizard came this far
         self.post_message(PresetChoicesReady(preset_choices(self.app.options, w.topology, w.probes)))
 
     def on_preset_choices_ready(self, message: PresetChoicesReady) -> None:
@@ -162,7 +173,7 @@ class PresetScreen(Screen):
             applied, err = check_overrides(shown, [o])
             if err:
                 rejected.append(o)
-            else:
+            elif applied is not None:  # no error: the config with it
                 shown = applied
         form_keys = {k for k, _ in FIELDS}
         for key, _label in FIELDS:
@@ -215,7 +226,7 @@ class PresetScreen(Screen):
         if key in dict(RECIPE_FIELDS):
             self._show_recipe(base, values)
 
-    def _show_recipe(self, base: Any, values: dict[str, str]) -> None:
+    def _show_recipe(self, base: TrainConfig, values: dict[str, str]) -> None:
         """The hint under the recipe fields, with the planner's cost of the recipe as typed."""
         from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
@@ -226,7 +237,7 @@ class PresetScreen(Screen):
         ]
         cfg, err = check_overrides(base, typed)
         self.query_one("#recipe-hint", Static).update(
-            RECIPE_HINT + ("" if err else "\n" + recipe_summary(cfg))
+            RECIPE_HINT + ("" if err or cfg is None else "\n" + recipe_summary(cfg))
         )
 
     # ---------------------------------------------------------------- navigation
@@ -248,6 +259,8 @@ class PresetScreen(Screen):
         from taehv_console.core.flow.launch import review
 
         w = self.app.wizard
+        # detection and preflight finished before the preflight screen let the wizard come here
+        assert w.topology is not None and w.preflight is not None
         options = dataclasses.replace(self.app.options, preset=preset, overrides=tuple(overrides))
 
         def note(text: str) -> None:

@@ -4,7 +4,7 @@ command every node will run; `s` launches."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -18,14 +18,20 @@ from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
 
+if TYPE_CHECKING:
+    from textual import getters
 
-def figures_content(review: Any) -> Content:
+    from taehv_console.core.flow.launch import Review
+    from taehv_console.ui.apptype import ConsoleApp
+
+
+def figures_content(review: Review) -> Content:
     plan = review.plan
     cfg = review.config
     t, c, m = plan.time, plan.comm, plan.memory
     o = cfg.optim
 
-    def row(label: str, *value: Any) -> Content:
+    def row(label: str, *value: str | Content) -> Content:
         return Content.assemble(Content.styled(f"{label:<18}", "dim"), *value)
 
     lines = [
@@ -83,7 +89,7 @@ def figures_content(review: Any) -> Content:
     return Content("\n").join(lines)
 
 
-def commands_content(review: Any) -> Content:
+def commands_content(review: Review) -> Content:
     lines: list[Content] = [
         Content.assemble(Content.styled("run directory ", "dim"), review.run_path),
         Content.assemble(
@@ -110,8 +116,12 @@ def commands_content(review: Any) -> Content:
 
 
 class ReviewScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)
+
     CSS_PATH = "wizard.tcss"
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    # textual declares it "ClassVar[...] | None", which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]  # type: ignore[misc]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
             "s", "start_run", "Start", id="start", tooltip="Create the run directory and launch every node"

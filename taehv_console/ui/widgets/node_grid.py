@@ -6,7 +6,7 @@ Arrow keys move between cells, enter opens the node, `/` filters by name or stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -17,17 +17,22 @@ from textual.widget import Widget
 
 from taehv_console.ui import formatting as f
 
+if TYPE_CHECKING:
+    from textual import events
+
+    from taehv_console.core.watch.state import NodeSnapshot, RankHealth, RunView
+
 CELL_WIDTH = 27  # columns per cell, borders included; the grid fits width // CELL_WIDTH of them
 CELL_HEIGHT = 6
 COMPACT_WIDTH = 44  # one line per node when the full cells would not all fit on screen
 COMPACT_GUTTER = 1
 
 
-def node_line(node: Any, ranks: Sequence[Any]) -> Content:
+def node_line(node: NodeSnapshot, ranks: Sequence[RankHealth]) -> Content:
     """A node on one line (compact mode): name, badge, per-GPU utilisation, mean, straggler score."""
     name = node.name if len(node.name) <= 12 else node.name[:11] + "…"
     state = node.state.value
-    parts: list[Any] = [
+    parts: list[str | Content] = [
         Content.styled(name.ljust(13), "bold"),
         f.badge(state).pad_right(11 - len(f.badge(state))),
     ]
@@ -50,7 +55,7 @@ def node_line(node: Any, ranks: Sequence[Any]) -> Content:
     return Content.assemble(*parts)
 
 
-def node_lines(node: Any, ranks: Sequence[Any]) -> list[Content]:
+def node_lines(node: NodeSnapshot, ranks: Sequence[RankHealth]) -> list[Content]:
     """The four lines of a node's cell."""
     state = node.state.value
     name = node.name if len(node.name) <= 12 else node.name[:11] + "…"
@@ -139,8 +144,8 @@ def node_lines(node: Any, ranks: Sequence[Any]) -> list[Content]:
 class NodeCell(Widget, can_focus=True):
     """One node. `node` is a NodeSnapshot, `ranks` its RankHealth values."""
 
-    node: reactive[Any] = reactive(None, layout=False)
-    ranks: reactive[tuple[Any, ...]] = reactive((), layout=False)
+    node: reactive[NodeSnapshot | None] = reactive(None, layout=False)
+    ranks: reactive[tuple[RankHealth, ...]] = reactive((), layout=False)
     compact: reactive[bool] = reactive(False)
 
     def __init__(self, name: str) -> None:
@@ -148,7 +153,7 @@ class NodeCell(Widget, can_focus=True):
         self.node_name = name
         self.tooltip = name
 
-    def watch_node(self, node: Any) -> None:
+    def watch_node(self, node: NodeSnapshot | None) -> None:
         if node is None:
             return
         for s in ("ok", "degraded", "stalled", "failed", "lost", "unknown"):
@@ -187,8 +192,8 @@ class NodeGrid(VerticalScroll, can_focus=False):
         self._compact = False
         self._rows_compact: bool | None = None
 
-    def update_state(self, state: Any) -> None:
-        by_node: dict[str, list[Any]] = {}
+    def update_state(self, state: RunView) -> None:
+        by_node: dict[str, list[RankHealth]] = {}
         for r in state.ranks:
             by_node.setdefault(r.node, []).append(r)
         names = [n.name for n in state.nodes]
@@ -279,7 +284,7 @@ class NodeGrid(VerticalScroll, can_focus=False):
         if focused is not None:
             self.post_message(self.NodeChosen(focused.node_name))
 
-    def on_click(self, event: Any) -> None:
+    def on_click(self, event: events.Click) -> None:
         widget = event.widget
         if isinstance(widget, NodeCell):
             widget.focus()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -13,11 +13,14 @@ from textual.widgets import Sparkline, Static
 
 from taehv_console.ui import formatting as f
 
+if TYPE_CHECKING:
+    from taehv_console.core.watch.state import RunView, Series
+
 
 class MetricSpark(Vertical):
     """A titled sparkline of one Series with its last, min and max values."""
 
-    series: reactive[Any] = reactive(None, always_update=False)
+    series: reactive[Series | None] = reactive(None, always_update=False)
 
     def __init__(self, title: str, fmt: str = ".4g", unit: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -29,7 +32,7 @@ class MetricSpark(Vertical):
         yield Static(self.title, classes="metric-title")
         yield Sparkline([], summary_function=max, classes="metric-spark")
 
-    def watch_series(self, series: Any) -> None:
+    def watch_series(self, series: Series | None) -> None:
         values = list(series.values) if series is not None else []
         label = self.query_one(".metric-title", Static)
         spark = self.query_one(Sparkline)
@@ -51,7 +54,7 @@ class MetricSpark(Vertical):
         )
 
 
-def checkpoint_content(state: Any) -> Content:
+def checkpoint_content(state: RunView) -> Content:
     c = state.checkpoints
     lines: list[Content] = []
     complete = c.complete
@@ -77,7 +80,7 @@ def checkpoint_content(state: Any) -> Content:
                     Content.styled(f"writing step {item.step}", f.health_style("in_progress")),
                 )
             )
-    due = [
+    due: list[str | Content] = [
         Content.styled("next   ", "dim"),
         f"step {c.next_due_step}" if c.next_due_step is not None else "-",
     ]
@@ -98,10 +101,10 @@ def checkpoint_content(state: Any) -> Content:
 
 
 class CheckpointPane(Static):
-    state: reactive[Any] = reactive(None, always_update=False)
+    state: reactive[RunView | None] = reactive(None, always_update=False)
     _lines = -1
 
-    def watch_state(self, state: Any) -> None:
+    def watch_state(self, state: RunView | None) -> None:
         if state is not None:
             content = checkpoint_content(state)
             lines = content.plain.count("\n")
@@ -110,7 +113,7 @@ class CheckpointPane(Static):
             self._lines = lines
 
 
-def notice_content(state: Any, limit: int = 40) -> Content:
+def notice_content(state: RunView, limit: int = 40) -> Content:
     """Newest first: what needs attention is on top without scrolling."""
     if not state.notices:
         return Content.styled("nothing notable yet", "dim")
@@ -131,8 +134,8 @@ def notice_content(state: Any, limit: int = 40) -> Content:
 
 
 class NoticePane(Static):
-    state: reactive[Any] = reactive(None, always_update=False)
+    state: reactive[RunView | None] = reactive(None, always_update=False)
 
-    def watch_state(self, state: Any) -> None:
+    def watch_state(self, state: RunView | None) -> None:
         if state is not None:
             self.update(notice_content(state), layout=False)  # a fixed height: no relayout

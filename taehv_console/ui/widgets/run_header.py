@@ -3,7 +3,7 @@ from one ClusterState (its own `time` is "now", so the same state always draws t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.content import Content
 from textual.reactive import reactive
@@ -11,12 +11,15 @@ from textual.widgets import Static
 
 from taehv_console.ui import formatting as f
 
+if TYPE_CHECKING:
+    from taehv_console.core.watch.state import RunView
 
-def header_content(state: Any, console_phase: str | None = None) -> Content:
+
+def header_content(state: RunView, console_phase: str | None = None) -> Content:
     run = state.run
     phase = run.phase
     ctrl = console_phase or run.console_phase
-    line1 = [
+    line1: list[str | Content] = [
         Content.styled(run.run_id, "bold"),
         "  ",
         f.badge(phase),
@@ -28,6 +31,7 @@ def header_content(state: Any, console_phase: str | None = None) -> Content:
     if run.world_size:
         line1 += ["  ", Content.styled("world ", "dim"), str(run.world_size)]
     step, max_steps = run.step, run.max_steps
+    progress: list[str | Content]
     if step is not None and max_steps:
         progress = [
             Content.styled("step ", "dim"),
@@ -67,10 +71,10 @@ def header_content(state: Any, console_phase: str | None = None) -> Content:
 class RunHeaderBar(Static):
     """Renders `state` (a ClusterState) and `console_phase` (what this console's controller says)."""
 
-    state: reactive[Any] = reactive(None, always_update=False)
+    state: reactive[RunView | None] = reactive(None, always_update=False)
     console_phase: reactive[str | None] = reactive(None)
 
-    def watch_state(self, state: Any) -> None:
+    def watch_state(self, state: RunView | None) -> None:
         self._draw()
 
     def watch_console_phase(self, _phase: str | None) -> None:
