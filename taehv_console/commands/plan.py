@@ -16,7 +16,14 @@ from rich.table import Table
 
 from taehv_console.core.plan.derive import resolve_config
 from taehv_console.core.plan.planner import (
+    CHECKPOINT_FIXED_S,
+    GB,
+    LLAMA3_FAILURES_PER_GPU_HOUR,
+    LLAMA3_SOURCE,
+    RESTART_S,
+    checkpoint_lines,
     compare_plans,
+    format_duration,
     make_plan,
     parse_bandwidth,
     plan_to_dict,
@@ -44,6 +51,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--price", type=float, help="price per GPU-hour, for a cost column")
     parser.add_argument(
+        "--failure-rate",
+        type=float,
+        metavar="PER_GPU_HOUR",
+        help=f"interruptions per GPU-hour, for the checkpoint interval (default {LLAMA3_FAILURES_PER_GPU_HOUR:.3g}, "
+        "Meta's Llama 3 report: 419 in 54 days on 16,384 H100s)",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4"
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -62,12 +76,18 @@ def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
         raise ValueError(f"--target-comm {args.target_comm}: a fraction between 0 and 1, e.g. 0.1")
     if args.throughput is not None and args.throughput <= 0:
         raise ValueError(f"--throughput {args.throughput}: clips per second per GPU, more than 0")
+    if args.failure_rate is not None and not 0 < args.failure_rate < 1:
+        raise ValueError(
+            f"--failure-rate {args.failure_rate:g}: interruptions per GPU-hour, more than 0 and under 1, "
+            f"e.g. {LLAMA3_FAILURES_PER_GPU_HOUR:.2e}"
+        )
     return {
         "bandwidth_bits_per_s": parse_bandwidth(bandwidth_text) if bandwidth_text else None,
         "clips_per_s_per_gpu": args.throughput,
         "efficiency": args.efficiency,
         "target_fraction": args.target_comm,
         "price_per_gpu_hour": args.price,
+        "failures_per_gpu_hour": args.failure_rate,
     }
 
 
@@ -173,9 +193,73 @@ def _comparison(args: argparse.Namespace) -> int:
         markup=False,
         soft_wrap=True,
     )
+    _print_checkpoint_table(console, plans)
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
     return 0
+
+
+def _short(seconds: float) -> str:
+    """A duration in a table cell: '11s', '69m', '2.2h', '4.6d'."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _print_checkpoint_table(console, plans) -> None:
+    """What a failure costs at each preset's checkpoint interval, and the interval Young/Daly gives."""
+    rows = [(p.name, p.checkpoint) for p in plans if p.checkpoint is not None]
+    if not rows:
+        return
+    table = Table(
+        title="Checkpoints and failures",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
+    )
+    for col in ("preset", "every", "save", "MTBF", "per fail", "GPU-h lost", "Young/Daly", "gain"):
+        table.add_column(col, justify="left" if col == "preset" else "right", no_wrap=True)
+    for name, c in rows:
+        table.add_row(
+            name,
+            f"{c.every_steps:,} {_short(c.interval_s)}",
+            _short(c.save_s),
+            f"{c.mtbf_s / 3600:,.0f}h",
+            _short(c.loss_per_failure_s),
+            f"{c.gpu_hours(c.expected_loss_s):.1f}+{c.gpu_hours(c.save_overhead_s):.1f}",
+            f"{c.recommended_steps:,} {_short(c.recommended_interval_s)}",
+            f"{c.gpu_hours(c.saved_s):,.1f}",
+        )
+    console.print(table)
+    first = rows[0][1]
+    sizes = sorted({round(c.bytes / 1e6) for _, c in rows})
+    size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
+    if first.failure_rate_source == LLAMA3_SOURCE:
+        origin = f"from {LLAMA3_SOURCE}"
+    else:
+        origin = f"given; Meta's Llama 3 report gives {LLAMA3_FAILURES_PER_GPU_HOUR:.3g}"
+    for line in (
+        (
+            f"checkpoints: failure rate {first.failures_per_gpu_hour:.3g} interruptions per GPU-hour ({origin}); "
+            "MTBF = 1 / (rate x GPUs)"
+        ),
+        (
+            f"checkpoints: per fail = half an interval + {format_duration(RESTART_S)} restart; GPU-h lost: "
+            "expected over the run to failures + to the saves themselves; gain: GPU-hours Young/Daly's interval "
+            "would save against the preset's"
+        ),
+        (
+            f"checkpoints: a save (an estimate) is {size} MB written and read back at "
+            f"{first.storage_bytes_per_s / GB:g} GB/s + {CHECKPOINT_FIXED_S:g} s; "
+            "Young/Daly interval = sqrt(2 x save x MTBF), rounded to steps"
+        ),
+    ):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_shared_lines(console, label: str, per_plan: list[tuple[str, tuple[str, ...]]]) -> None:
@@ -269,6 +353,12 @@ def _print_plan(resolved, plan, row) -> None:
         lines += [
             f"{'recipe' if i == 0 else '':<14}{line}"
             for i, line in enumerate(teacher_lines(plan.teacher, _hours))
+        ]
+    if plan.checkpoint is not None:
+        unit = "GPU" if t.device == "cuda" else "process"
+        lines += [
+            f"{'checkpoints' if i == 0 else '':<14}{line}"
+            for i, line in enumerate(checkpoint_lines(plan.checkpoint, unit))
         ]
     for line in lines:
         console.print(line, highlight=False)
