@@ -4,6 +4,11 @@ hostfile, a SLURM sbatch script and a Kubernetes Indexed Job.
 Each renderer is a pure function returning text; `write_launch_files` puts them in a run directory.
 deepspeed.json comes from trainer.ds_config.build_deepspeed_config, the builder the trainer uses,
 so what is rendered is what DeepSpeed gets.
+
+The platforms retry by the console's exit codes (taehv_console/exit_codes.py): the Kubernetes Job
+retries a pod that failed in a way another try may get past and fails at once on a usage error,
+a failed preflight or a final failure; the sbatch job is requeued when a node fails or it is
+preempted, never for its own non-zero exit, and a requeued job goes on from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import yaml
 
 from taehv_console.core.hostnames import validate_host
 from taehv_console.core.plan.flight_recorder import FR_DIR, flight_recorder_env
+from taehv_console.exit_codes import ExitCode
+from trainer.checkpoint import COMPLETE
 from trainer.config import ENV_NAME_RE, TrainConfig, config_to_toml
 from trainer.ds_config import build_deepspeed_config
 
@@ -28,6 +35,18 @@ HOSTFILE = "hostfile"
 SBATCH = "sbatch.sh"
 K8S_JOB = "k8s-job.yaml"
 DEFAULT_PORT = 29500
+CHECKPOINTS = "checkpoints"  # the trainer's checkpoint root in a run directory (RunDir.checkpoints)
+
+# Exit codes of the console that another try would repeat: the command line, a config or the
+# environment is wrong, preflight found errors, or the failure is final (a trainer error, bad data,
+# a full disk; or the console's own restarts gave up). A platform must not retry them.
+FINAL_EXIT_CODES = (ExitCode.USAGE, ExitCode.PREFLIGHT_FAILED, ExitCode.FAILED_FINAL)
+K8S_CONTAINER = "taehv"  # the pod's one container: the failure policy matches its exit codes
+# Kubernetes' own default backoffLimit, granted here per node: see k8s_manifests
+K8S_RETRIES_PER_NODE = 6
+# how long past the console's stop grace a pod may take between SIGTERM and SIGKILL: the console
+# then kills what is left, waits for the ranks' last words and verifies the checkpoint
+K8S_STOP_MARGIN_S = 60
 
 
 def accelerate_config_name(node: int | str) -> str:
@@ -213,13 +232,48 @@ def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on
     ]
 
 
+def _requeue_lines(run_dir: str) -> list[str]:
+    """How the job retries, and how a requeued job continues: from the newest checkpoint once this
+    job has written one (this try's start would repeat the submitted one: a fresh start, or a
+    resume from a checkpoint this job has since gone past), else as submitted."""
+    q = shlex.quote
+    final = ", ".join(f"{int(c)} {c.name.lower()}" for c in FINAL_EXIT_CODES)
+    return [
+        "# Retries. With --requeue SLURM requeues this job when one of its nodes fails or it is",
+        "# preempted, and runs this script again from the top, with the environment it was submitted",
+        "# with and SLURM_RESTART_COUNT set to the number of restarts. A job that ends with a non-zero",
+        "# exit of its own is not requeued: SLURM does that only for the codes slurm.conf's RequeueExit",
+        "# (or RequeueExitHold) names, so keep the console's final codes out of those:",
+        f"# {final}. A final failure ends the job for good:",
+        f"# preflight's errors end the script with code {int(ExitCode.PREFLIGHT_FAILED)} below; a trainer error fails",
+        "# the training step and the script with it; the console that submitted this job watches it",
+        f"# from the login node, exits {int(ExitCode.FAILED_FINAL)} itself when the failure is final, and cancels the job",
+        "# if it is still queued or running (SLURM never requeues a cancelled job).",
+        "# No --no-kill: the world size is fixed, so the nodes left after one fails cannot train on;",
+        "# the allocation ending is what lets SLURM requeue the job onto healthy nodes.",
+        # (run by hand, outside SLURM, there is no job id and never a restart)
+        f'STARTED={q(run_dir + "/logs")}/"slurm-${{SLURM_JOB_ID:-local}}.started"',
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$STARTED" ]; then',
+        "  # a checkpoint completed after this job first started is this job's: go on from the newest",
+        f"  for f in {q(run_dir + '/' + CHECKPOINTS)}/step-*/{COMPLETE}; do",
+        f'    d="${{f%/{COMPLETE}}}"',
+        '    if [[ "${d##*/}" =~ ^step-[0-9]+$ ]] && [ "$f" -nt "$STARTED" ]; then RESUME=(--resume latest); fi',
+        "  done",
+        '  echo "requeued (restart $SLURM_RESTART_COUNT): taehv-train gets: ${RESUME[*]:-no resume}" >&2',
+        "else",
+        '  touch "$STARTED"',
+        "fi",
+    ]
+
+
 def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
     """An sbatch script: preflight on the allocation (every node checks itself; an error stops the
     job before training), then one task per node, each running accelerate with its own node's config.
 
     The console submits it with TAEHV_PYTHON (its interpreter), TAEHV_ATTEMPT and, for a resume,
     TAEHV_RESUME (`latest` or a checkpoint) and TAEHV_WEIGHTS_ONLY=1; submitted by hand, `python3`
-    from PATH, attempt 1 and a fresh start stand in."""
+    from PATH, attempt 1 and a fresh start stand in. SLURM requeues the job when a node fails or it
+    is preempted; the requeued job resumes from the newest checkpoint it wrote (_requeue_lines)."""
     t = cfg.topology
     run_dir = opts.run_dir
     q = shlex.quote
@@ -248,7 +302,11 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         "#SBATCH --ntasks-per-node=1",  # one launcher per node; it starts one process per GPU
         *gpu_line,
         "#SBATCH --exclusive",
+        # requeued when a node fails or the job is preempted (see "Retries" below)
+        "#SBATCH --requeue",
         f"#SBATCH --output={run_dir}/logs/slurm-%j.out",
+        # a requeued job keeps its id: append, or its output file starts over and the first try's is lost
+        "#SBATCH --open-mode=append",
         "",
         (
             f"# {cfg.run.preset}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
@@ -267,6 +325,8 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         f"export MASTER_PORT={opts.main_process_port}",
         *_env_lines(cfg, run_dir),
         "",
+        *_requeue_lines(run_dir),
+        "",
         "# Preflight on the nodes SLURM gave: each checks itself (packages, data, runs directory, disk,",
         "# memory; node 0 its master port). Every node finishes, so all findings are kept.",
         "if ! " + preflight[0],
@@ -275,10 +335,12 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         "  # the console reads each node's status file: the preflight's exit becomes the node's, so the",
         "  # run fails naming the node, with the findings from its log",
         f"  for f in {q(preflight_dir)}/node-*.status.json; do",
+        # none when srun could not start the step: the job still ends with preflight's code
+        '    [ -e "$f" ] || continue',
         f'    mv -f "$f" {q(run_dir + "/logs")}/"$(basename "$f")"',
         "  done",
         f'  echo "preflight found errors on the allocation; training was not started. Reports:" {q(preflight_dir)} >&2',
-        "  exit 3",
+        f"  exit {int(ExitCode.PREFLIGHT_FAILED)}",
         "fi",
         "",
         "# --kill-on-bad-exit: one node failing ends the others now, not at the collective timeout",
@@ -288,6 +350,32 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
     return "\n".join(lines)
 
 
+def k8s_pod_failure_policy(container: str = K8S_CONTAINER) -> dict:
+    """The Job's podFailurePolicy: which pod failures Kubernetes retries, by the console's exit code.
+
+    Rules are evaluated in order and the first that matches decides; a failure no rule matches is
+    counted against backoffLimit and the pod is replaced. A pod with the DisruptionTarget condition
+    (preempted, evicted, drained, its node shut down or gone) is replaced without counting, whatever
+    the console exited with: its failure is the disruption's, not the run's. A final exit code fails
+    the whole Job at once: another pod would fail the same way. FailJob and not FailIndex (which
+    needs backoffLimitPerIndex): no node of a run can finish without the others.
+    """
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                # the API wants them ordered, without duplicates, and never 0 with In
+                "onExitCodes": {
+                    "containerName": container,
+                    "operator": "In",
+                    "values": sorted({int(code) for code in FINAL_EXIT_CODES}),
+                },
+            },
+        ]
+    }
+
+
 def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     """A headless Service (stable pod DNS names) and an Indexed Job with one pod per node.
 
@@ -295,6 +383,10 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     node-level platform convention (PAI-DLC, Kubeflow): WORLD_SIZE = number of nodes, RANK = this
     pod's completion index, MASTER_ADDR = pod 0's DNS name, MASTER_PORT; Kubernetes itself adds
     JOB_COMPLETION_INDEX.
+
+    Kubernetes is the run's supervisor here (a pod's console starts none): a pod that failed is
+    replaced, and its console resumes from the newest checkpoint, unless its exit code says a retry
+    would repeat the failure (k8s_pod_failure_policy).
     """
     t = cfg.topology
     name = job_name(cfg, opts)
@@ -320,7 +412,7 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     if t.device == "cuda":
         resources = {"limits": {"nvidia.com/gpu": t.gpus_per_node}}
     container = {
-        "name": "taehv",
+        "name": K8S_CONTAINER,
         "image": opts.image,
         "command": list(opts.k8s_command)
         or ["taehv-console", "--no-tui", "--preset", str(Path(opts.run_dir) / RUN_TOML)],
@@ -335,7 +427,12 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
     }
     pod_spec = {
         "subdomain": service,  # pods are <job>-<index>.<service>
+        # a failed pod is replaced by the Job, not restarted in place: podFailurePolicy requires it
         "restartPolicy": "Never",
+        # SIGTERM (deletion, eviction, preemption) stops the run like `taehv-console stop`: up to the
+        # stop grace for the ranks' checkpoint, then the console's own cleanup. Kubernetes' default
+        # of 30 s would SIGKILL the console in the middle of it.
+        "terminationGracePeriodSeconds": int(cfg.schedule.stop_grace_s) + K8S_STOP_MARGIN_S,
         "containers": [container],
         "volumes": [
             {"name": "shared", "persistentVolumeClaim": {"claimName": opts.k8s_volume_claim}},
@@ -350,9 +447,13 @@ def k8s_manifests(cfg: TrainConfig, opts: RenderOptions) -> list[dict]:
             "completionMode": "Indexed",
             "completions": t.nodes,
             "parallelism": t.nodes,
-            # a failed node fails the run (the console resumes from a checkpoint); pods are not
-            # restarted into a process group that has already moved on
-            "backoffLimit": 0,
+            # Kubernetes' default of 6 retries, per node: one node's failure usually fails every pod
+            # (each console sees the failed node's status and stops its own), and each of those
+            # counts. Every replacement pod's console resumes from the newest checkpoint.
+            "backoffLimit": K8S_RETRIES_PER_NODE * t.nodes,
+            # With a podFailurePolicy a replacement pod starts only once the failed one is gone
+            # (podReplacementPolicy Failed, the only value allowed with it): one pod per index.
+            "podFailurePolicy": k8s_pod_failure_policy(K8S_CONTAINER),
             "template": {"metadata": {"labels": labels()}, "spec": pod_spec},
         },
     }
