@@ -392,7 +392,7 @@ def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) 
         "failure": asdict(outcome.failure) if outcome.failure else None,
         "stop": asdict(outcome.stop) if outcome.stop else None,
         "final_weights": outcome.final_weights,
-        "recoveries": recoveries(ctrl.state.attempts),
+        "recoveries": [asdict(r) for r in recoveries(ctrl.state.attempts)],
     }
 
 

@@ -7,6 +7,8 @@ Spec: comma-separated `kind:rank:step[:seconds]`, step `*` for every step. Kinds
   stall      - sleep before the step's first collective (tests the collective timeout)
   ckpt_sleep - sleep after writing this rank's checkpoint files, before the barrier
                (a window in which a test kills a rank mid-checkpoint)
+  raise      - raise a ValueError before the step's forward pass: a trainer bug, which a
+               restart would meet again (tests that the console does not restart it)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Fault:
     seconds: float = 0.0
 
 
-KINDS = ("nan", "delay", "stall", "ckpt_sleep")
+KINDS = ("nan", "delay", "stall", "ckpt_sleep", "raise")
 
 
 def parse_faults(spec: str) -> list[Fault]:
@@ -58,6 +60,10 @@ class FaultPlan:
             return False
         self._fired.add(("nan", step))
         return True
+
+    def maybe_raise(self, step: int) -> None:
+        if self._match("raise", step) is not None:
+            raise ValueError(f"TAEHV_FAULTS: injected error at step {step} on rank {self.rank}")
 
     def sleep(self, kind: str, step: int) -> None:
         f = self._match(kind, step)

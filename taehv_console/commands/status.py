@@ -112,7 +112,7 @@ def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> di
         backend=state.backend.value,
         hosts=list(state.hosts),
         attempts=len(state.attempts),
-        recoveries=recoveries(state.attempts),
+        recoveries=[asdict(r) for r in recoveries(state.attempts)],
         strikes={str(k): v for k, v in strike_counts(state.attempts).items()},
     )
     if is_locked(run.lock_path):

@@ -108,3 +108,48 @@ def test_the_console_killed_then_a_rank_killed_the_supervisor_heals_the_run_alon
         not os.path.exists(f"/proc/{info['pid']}")
         or open(f"/proc/{info['pid']}/stat").read().split()[2] == "Z"
     )
+
+
+def test_a_sigstopped_rank_is_named_its_stack_taken_then_the_run_restarted_and_done(tmp_path):
+    """A hang: rank 1 stops (SIGSTOP) and never comes back. The stall is named with its stack
+    (forensics), the attempt is ended at recovery.stall_restart_after_s instead of at the
+    collective timeout (300 s on cpu-smoke), and the restart reaches final weights."""
+    console = Console(
+        "--no-tui",
+        "--runs",
+        tmp_path / "runs",
+        "--json",
+        "--set",
+        "optim.max_steps=14",
+        "--set",
+        "schedule.checkpoint_every=5",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "recovery.backoff_s=1",
+        "--set",
+        "recovery.stall_restart_after_s=20",
+        *THREADS,
+        env=_no_platform_env(),
+        cwd=tmp_path,
+    )
+    console.wait_for(lambda o: is_step(o, 7), 300, "step 7, after the checkpoint at step 5")
+    run = next((tmp_path / "runs").glob("20*"))
+    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    t_stop = time.time()
+    os.kill(victim, signal.SIGSTOP)
+    console.wait_for(
+        lambda o: o.get("kind") == "forensics" and o.get("rank") == 1, 120, "the stack of rank 1"
+    )
+    rc = console.wait(400)
+    assert rc == ExitCode.DONE, console.tail()
+    state = run_state(run)
+    assert len(state["attempts"]) == 2, state["attempts"]
+    first, second = state["attempts"]
+    assert (first["cause"], first["decision"], first["blamed_node"]) == ("stall", "restart", 0), first
+    assert "stalled for" in first["why"]
+    assert first["ended"] - t_stop < 120  # not the collective timeout
+    assert second["outcome"] == "done" and second["restarted_by"] == "recovery"
+    assert (run / "final" / "taehv.safetensors").is_file()
+    assert list((run / "forensics").glob("report-rank-1-*.json"))
+    print(f"\nSIGSTOP -> training again: {second['lost_s']} s, {second['redone_steps']} step(s) redone")

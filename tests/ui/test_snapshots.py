@@ -7,6 +7,8 @@ After an intended change, look at the diff report, then: pytest tests/ui --snaps
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from taehv_console.core.flow.config import ChosenConfig
@@ -248,3 +250,88 @@ def test_failure_dialog(snap_compare, size):
         await _settle(pilot)
 
     assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+def recovered_state():
+    """The one-node sample after the console restarted it once: rank 1 was killed at step 12,340."""
+    import dataclasses
+
+    from taehv_console.core.models import BackendKind
+    from taehv_console.core.run.state import Attempt, Phase, RunState
+
+    state = samples.cluster_state(1)
+    t = state.time
+    attempts = (
+        Attempt(
+            number=1,
+            started=t - 7200,
+            ended=t - 600,
+            outcome="failed",
+            reached_step=12_340,
+            cause="signal",
+            decision="restart",
+            why="signal: node 0, rank 1: rank 1 was killed by signal 9 (SIGKILL) (retried)",
+            blamed_node=0,
+            restart_budget=3,
+        ),
+        Attempt(
+            number=2,
+            started=t - 590,
+            resume="latest",
+            from_step=12_000,
+            restarted_by="recovery",
+            restart_budget=3,
+            lost_s=42.0,
+            redone_steps=340,
+        ),
+    )
+    console = RunState(
+        run_id=state.run.run_id,
+        phase=Phase.RUNNING,
+        backend=BackendKind.LOCAL,
+        hosts=("node-00",),
+        attempts=attempts,
+    )
+    return dataclasses.replace(state, console=console)
+
+
+@pytest.mark.parametrize("size", [(120, 40)])
+def test_dashboard_after_a_recovery(snap_compare, size):
+    from taehv_console.ui.screens.dashboard import DashboardScreen
+
+    app = sample_app()
+
+    async def run_before(pilot):
+        app.cluster_state = recovered_state()
+        await app.push_screen(DashboardScreen())
+        await _settle(pilot)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)
+
+
+def test_the_header_and_the_recoveries_pane_say_what_the_restart_cost():
+    asyncio.run(_header_and_recoveries())
+
+
+async def _header_and_recoveries():
+    from taehv_console.ui.screens.dashboard import DashboardScreen
+    from taehv_console.ui.widgets.panes import RecoveryPane
+    from taehv_console.ui.widgets.run_header import header_content
+
+    app = sample_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        state = recovered_state()
+        app.cluster_state = state
+        await app.push_screen(DashboardScreen())
+        await _settle(pilot)
+        pane = app.screen.query_one(RecoveryPane)
+        assert pane.display
+        text = str(pane.render())
+        assert "signal on node 0: restart" in text and "42s lost, 340 step(s) redone" in text
+        header = header_content(state).plain
+        assert "restart 1 of 3 (42s lost)" in header
+        # a run that never failed shows neither
+        app.cluster_state = samples.cluster_state(1)
+        await _settle(pilot)
+        assert not pane.display
+        assert "restart" not in header_content(samples.cluster_state(1)).plain

@@ -466,6 +466,7 @@ class RunController:
             event_offsets=tuple(sorted(file_sizes(self.run.events).items())),
             from_step=restarted if restarted is not None else self._resume_step(resume),
             restarted_by="recovery" if restarted is not None else "",
+            restart_budget=self.cfg.recovery.max_restarts,
         )
         self._save(replace(self.state.with_attempt(attempt), phase=Phase.LAUNCHING, failure=None, stop=None))
         self._events = None
@@ -635,9 +636,12 @@ class RunController:
     def _check_stalls(self, stalls: Callable[[], Sequence[Stall]] | None, now: float) -> bool:
         """End the attempt when a rank has been stalled past the policy's bound (and its forensics
         are in, or a minute more has passed): the collective timeout would end it hours later."""
-        if stalls is None or self.state.phase is not Phase.RUNNING:
+        a = self.attempt
+        if stalls is None or self.state.phase is not Phase.RUNNING or a is None:
             return False
         for st in stalls():
+            if now - st.stalled_s < a.started:
+                continue  # a heartbeat left by an earlier attempt: this one's rank has not beaten yet
             bound = stall_bound_s(self.cfg.recovery, st.step_time_s)
             if st.stalled_s < bound or (not st.forensics and st.stalled_s < bound + 60):
                 continue

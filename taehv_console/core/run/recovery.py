@@ -269,27 +269,43 @@ class Stall:
     forensics: bool = False
 
 
-def recoveries(attempts: Sequence[Attempt]) -> list[dict[str, object]]:
-    """Each failed attempt the console judged, with what it did and what the next attempt cost:
-    what `status --json`, the --no-tui result and the dashboard show."""
-    out: list[dict[str, object]] = []
+@dataclass(frozen=True)
+class Recovery:
+    """A failed attempt the console judged, with what it did and what the next attempt cost."""
+
+    attempt: int
+    time: float | None  # when the failed attempt ended
+    cause: str
+    node: int | None
+    action: str
+    why: str
+    reached_step: int | None
+    resumed_from: int | None = None  # the checkpoint step the restart resumed from
+    lost_s: float | None = None  # fault to training again
+    redone_steps: int | None = None
+
+
+def recoveries(attempts: Sequence[Attempt]) -> list[Recovery]:
+    """Each failed attempt the console judged: what `status --json`, the --no-tui result and the
+    dashboard's recoveries pane show."""
+    out: list[Recovery] = []
     for a, nxt in zip(attempts, [*attempts[1:], None]):
         if not a.decision:
             continue
-        recovered = nxt is not None and nxt.restarted_by == "recovery"
+        after = nxt if nxt is not None and nxt.restarted_by == "recovery" else None
         out.append(
-            {
-                "attempt": a.number,
-                "time": a.ended,
-                "cause": a.cause,
-                "node": a.blamed_node,
-                "action": a.decision,
-                "why": a.why,
-                "reached_step": a.reached_step,
-                "resumed_from": nxt.from_step if recovered and nxt is not None else None,
-                "lost_s": nxt.lost_s if recovered and nxt is not None else None,
-                "redone_steps": nxt.redone_steps if recovered and nxt is not None else None,
-            }
+            Recovery(
+                attempt=a.number,
+                time=a.ended,
+                cause=a.cause,
+                node=a.blamed_node,
+                action=a.decision,
+                why=a.why,
+                reached_step=a.reached_step,
+                resumed_from=after.from_step if after else None,
+                lost_s=after.lost_s if after else None,
+                redone_steps=after.redone_steps if after else None,
+            )
         )
     return out
 
@@ -297,3 +313,17 @@ def recoveries(attempts: Sequence[Attempt]) -> list[dict[str, object]]:
 def strike_counts(attempts: Sequence[Attempt]) -> dict[int, int]:
     """node -> strikes over the run's attempts (each failed attempt that blamed it)."""
     return strikes([PastAttempt(CauseKind.parse(a.cause), a.blamed_node, False) for a in attempts if a.cause])
+
+
+def restart_text(attempts: Sequence[Attempt]) -> str:
+    """ "restart k of N" for a run the console has relaunched (k: restarts since a person last
+    started it), "" for one it has not; what the dashboard header shows."""
+    k = 0
+    for a in reversed(attempts):
+        if a.restarted_by != "recovery":
+            break
+        k += 1
+    if k == 0:
+        return ""
+    budget = attempts[-1].restart_budget
+    return f"restart {k} of {budget}" if budget is not None else f"restart {k}"

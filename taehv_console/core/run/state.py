@@ -106,6 +106,7 @@ class Attempt:
     why: str = ""  # the decision's reason, for a person
     blamed_node: int | None = None  # the node struck for the failure
     restarted_by: str = ""  # "recovery" when the console relaunched it after a failure
+    restart_budget: int | None = None  # recovery.max_restarts when it was launched
     lost_s: float | None = None  # fault to training again, seconds (set on the attempt that recovered)
     redone_steps: int | None = None  # steps trained again since the checkpoint it resumed from
 

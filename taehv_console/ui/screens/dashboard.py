@@ -13,7 +13,7 @@ from textual.widgets import Footer, Input
 
 from taehv_console.ui.screens.node import NodeScreen
 from taehv_console.ui.widgets.node_grid import NodeGrid
-from taehv_console.ui.widgets.panes import CheckpointPane, MetricSpark, NoticePane
+from taehv_console.ui.widgets.panes import CheckpointPane, MetricSpark, NoticePane, RecoveryPane
 from taehv_console.ui.widgets.run_header import RunHeaderBar
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class DashboardScreen(Screen):
                 yield MetricSpark("PSNR", ".2f", " dB", id="psnr-spark")
                 yield MetricSpark("clips/s", ".3g", id="clips-spark")
                 yield CheckpointPane(id="checkpoints")
+                yield RecoveryPane(id="recoveries")
         yield NoticePane(id="notices")
         yield Footer(compact=True)
 
@@ -74,6 +75,7 @@ class DashboardScreen(Screen):
         self.query_one("#nodes-pane").border_title = "nodes"
         self.query_one("#side").border_title = "training"
         self.query_one("#checkpoints").border_title = "checkpoints"
+        self.query_one("#recoveries").border_title = "recoveries"
         self.query_one("#notices").border_title = "events"
         self.watch(self.app, "cluster_state", self._show_state)
         self.watch(self.app, "console_phase", self._show_phase)
@@ -91,6 +93,7 @@ class DashboardScreen(Screen):
         self.query_one("#psnr-spark", MetricSpark).series = state.history.psnr
         self.query_one("#clips-spark", MetricSpark).series = state.history.clips_per_s
         self.query_one(CheckpointPane).state = state
+        self.query_one(RecoveryPane).state = state
         self.query_one(NoticePane).state = state
         self.query_one("#nodes-pane").border_subtitle = f"{len(state.nodes)} node(s)"
         if self.focused is None:

@@ -11,6 +11,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Sparkline, Static
 
+from taehv_console.core.run.recovery import recoveries
 from taehv_console.ui import formatting as f
 
 if TYPE_CHECKING:
@@ -139,3 +140,38 @@ class NoticePane(Static):
     def watch_state(self, state: RunView | None) -> None:
         if state is not None:
             self.update(notice_content(state), layout=False)  # a fixed height: no relayout
+
+
+def recovery_content(state: RunView) -> Content:
+    """One line per failure the console judged, newest first: when, cause, node, what it did, and
+    what the restart cost."""
+    attempts = state.console.attempts if state.console is not None else ()
+    lines = []
+    for r in reversed(recoveries(attempts)):
+        ago = f.duration(state.time - r.time) if r.time else "-"
+        node = f" on node {r.node}" if r.node is not None else ""
+        lines.append(
+            Content.assemble(
+                Content.styled(f"{ago:>6} ", "dim"),
+                Content.styled(r.cause, f.health_style("degraded")),
+                f"{node}: {r.action}",
+            )
+        )
+        if r.lost_s is not None:
+            lost = f"{f.duration(r.lost_s)} lost, {r.redone_steps} step(s) redone"
+            lines.append(Content.styled(f"       {lost}", "dim"))
+    return Content("\n").join(lines)
+
+
+class RecoveryPane(Static):
+    """The run's recoveries; shown only once there is one."""
+
+    state: reactive[RunView | None] = reactive(None, always_update=False)
+
+    def watch_state(self, state: RunView | None) -> None:
+        if state is None:
+            return
+        content = recovery_content(state)
+        self.display = bool(content.plain)
+        if self.display:
+            self.update(content)

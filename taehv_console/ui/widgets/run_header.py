@@ -9,6 +9,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from taehv_console.core.run.recovery import recoveries, restart_text
 from taehv_console.ui import formatting as f
 
 if TYPE_CHECKING:
@@ -30,6 +31,13 @@ def header_content(state: RunView, console_phase: str | None = None) -> Content:
         line1 += ["  ", Content.styled("preset ", "dim"), run.preset]
     if run.world_size:
         line1 += ["  ", Content.styled("world ", "dim"), str(run.world_size)]
+    attempts = state.console.attempts if state.console is not None else ()
+    restart = restart_text(attempts)
+    if restart:
+        line1 += ["  ", Content.styled(restart, f.health_style("degraded"))]
+        last = recoveries(attempts)[-1:]
+        if last and last[0].lost_s is not None:
+            line1 += [Content.styled(f" ({f.duration(last[0].lost_s)} lost)", "dim")]
     step, max_steps = run.step, run.max_steps
     progress: list[str | Content]
     if step is not None and max_steps:

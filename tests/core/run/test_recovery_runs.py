@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -180,3 +181,25 @@ def test_notify_command_gets_the_event_on_stdin_and_a_failing_target_is_said_onc
     bad.send("done", "b")
     assert bad.flush(30)
     assert len([n for n in notes if "notify.webhook failed" in n]) == 1, notes
+
+
+def test_a_stall_past_the_bound_ends_the_attempt_and_an_earlier_attempts_heartbeat_does_not(launch_fake):
+    """The watch's stalled ranks reach the controller as Stall values; one whose heartbeat is older
+    than the attempt (a rank of the attempt before, not yet replaced) is not this attempt's stall."""
+    from taehv_console.core.run.recovery import Stall
+
+    ctrl = launch_fake(
+        nodes=1, per_node=2, max_steps=400, step_s=0.1, overrides=("recovery.stall_restart_after_s=0.5",)
+    )
+    wait_for(lambda: step_of(ctrl) >= 2, 30, "two steps")
+    started = ctrl.attempt.started
+    old = [Stall(rank=1, node="n", stalled_s=time.time() - started + 30, forensics=True)]
+    assert not ctrl._check_stalls(lambda: old, time.time())
+    wait_for(lambda: time.time() - started > 2, 10, "two seconds into the attempt")
+    young = [Stall(rank=1, node="n", stalled_s=0.3, forensics=True)]
+    assert not ctrl._check_stalls(lambda: young, time.time())  # under the bound
+    stalled = [Stall(rank=1, node="n", stalled_s=1.0, forensics=True)]
+    assert ctrl._check_stalls(lambda: stalled, time.time())
+    state = ctrl.run.read_state()
+    assert state.phase is Phase.FAILED and state.failure.kind == "stall" and state.failure.rank == 1
+    assert not ctrl.live_nodes()

@@ -1,0 +1,96 @@
+"""What a failure costs with the console's recovery: for each fault, on the real trainer (cpu-smoke:
+2 DeepSpeed ranks on gloo, generated clips), the seconds from the fault to training again, split
+into detection, teardown and relaunch, and the steps trained again since the checkpoint resumed.
+
+    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error] [--stall-after 20]
+
+kill9: SIGKILL of rank 1 (the OOM killer, a crash); sigstop: rank 1 stops and never comes back (a
+hang; ended at recovery.stall_restart_after_s); error: the trainer raises an error that would
+repeat (ended at once, no restart: the figure is the time to FAILED). One JSON line per fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def console(runs: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "TAEHV_SUPERVISOR": "off", "DS_ACCELERATOR": "cpu"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_NODELIST"):
+        env.pop(key, None)
+    argv = [sys.executable, "-m", "taehv_console.cli", "--no-tui", "--runs", str(runs), "--json"]
+    argv += ["--set", "optim.max_steps=16", "--set", "schedule.checkpoint_every=5"]
+    argv += ["--set", "schedule.val_every=1000", "--set", "recovery.backoff_s=1"]
+    argv += ["--env", "OMP_NUM_THREADS=1", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=runs.parent, env=env)
+
+
+def wait_step(proc: subprocess.Popen, step: int) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if obj.get("kind") == "step" and obj.get("rank") == 0 and obj.get("step", 0) >= step:
+            return
+    raise SystemExit("the run ended before the fault could be injected")
+
+
+def measure(fault: str, stall_after: float) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"taehv-recovery-{fault}-"))
+    runs = work / "runs"
+    extra = ["--set", f"recovery.stall_restart_after_s={stall_after:g}"]
+    if fault == "error":
+        extra += ["--env", "TAEHV_FAULTS=raise:1:8"]
+    proc = console(runs, *extra)
+    wait_step(proc, 7)
+    run = next(runs.glob("20*"))
+    pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    t_fault = time.time()
+    if fault == "kill9":
+        os.kill(pid, signal.SIGKILL)
+    elif fault == "sigstop":
+        os.kill(pid, signal.SIGSTOP)
+    assert proc.stdout is not None
+    proc.stdout.read()
+    rc = proc.wait()
+    state = json.loads((run / "state.json").read_text())
+    attempts = state["attempts"]
+    first = attempts[0]
+    out = {"fault": fault, "exit_code": rc, "phase": state["phase"], "attempts": len(attempts)}
+    out["cause"], out["decision"] = first.get("cause"), first.get("decision")
+    detected = (state.get("failure") or {}).get("detected")
+    if len(attempts) > 1:
+        second = attempts[1]
+        out["lost_s"] = second.get("lost_s")
+        out["redone_steps"] = second.get("redone_steps")
+        out["fault_to_ended_s"] = round(first["ended"] - t_fault, 1)
+        out["ended_to_relaunch_s"] = round(second["started"] - first["ended"], 1)
+    else:
+        out["fault_to_failed_s"] = round((first.get("ended") or detected or t_fault) - t_fault, 1)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", default="kill9,sigstop,error")
+    parser.add_argument("--stall-after", type=float, default=20.0, help="recovery.stall_restart_after_s")
+    args = parser.parse_args()
+    for fault in args.faults.split(","):
+        print(json.dumps(measure(fault.strip(), args.stall_after)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
