@@ -526,13 +526,13 @@ class RunController:
         else:
             scan = ckpt.scan(self.run.checkpoints)
             skipped = tuple(f"{s.path.name}: {'; '.join(s.problems)}" for s in scan.skipped)
-            st = scan.newest
-            if st is None:
+            if scan.newest is None:
                 extra = f" (skipped: {'; '.join(skipped)})" if skipped else ""
                 raise NothingToResumeError(
                     f"{self.run.run_id}: no complete checkpoint in {self.run.checkpoints}"
                     f"{extra}; start a new run instead"
                 )
+            st = scan.newest
             spec = "latest"
         if st.step >= self.cfg.optim.max_steps and self.run.final_weights.is_file():
             raise NothingToResumeError(
@@ -675,6 +675,12 @@ class RunController:
                 f"supervisor pid {pid} keeps the run supervised when this console closes "
                 f"(log: {supervision.log_path(self.run)})"
             )
+
+    def _launched(self) -> Attempt:
+        """The current attempt, where only a launched run can be (failing, stopping, concluding)."""
+        a = self.attempt
+        assert a is not None, "the run has no attempt: it was never launched"
+        return a
 
     def judge_pending(self) -> bool:
         """The run failed and nobody judged the failure yet: it failed while no console or
@@ -973,7 +979,7 @@ class RunController:
         """Record the failure, then stop every node still running: SIGTERM, a short grace, SIGKILL."""
         self._save(replace(self.state, phase=Phase.FAILED, failure=failure))
         self._note(f"failed: {failure.summary()}")
-        a = self.attempt
+        a = self._launched()
         live = [n for n in self.live_nodes() if n in self.state.controlled or n < 0]
         if live:
             self._note(f"stopping node(s) {', '.join(map(str, live))} after the failure")
@@ -982,7 +988,7 @@ class RunController:
             left = self._kill_leftovers()
             if left:
                 self._note(f"processes still listed after SIGKILL: {left}")
-        self._save(self.state.with_attempt(replace(self.attempt, ended=time.time(), outcome="failed")))
+        self._save(self.state.with_attempt(replace(self._launched(), ended=time.time(), outcome="failed")))
 
     def _wait_gone(self, seconds: float, on_update: Callable[[RunSnapshot], None] | None = None) -> bool:
         deadline = time.time() + seconds
@@ -1007,7 +1013,7 @@ class RunController:
             return {}
         self._note("SIGKILL to what is left on node(s) " + ", ".join(map(str, sorted(live))))
         self._killed = tuple(f"{self._host(n) or 'local'}:{self._pgid(n)}" for n in sorted(live))
-        out = self.backend.kill(self.run, self.attempt, sorted(live))
+        out = self.backend.kill(self.run, self._launched(), sorted(live))
         left = {n: v for n, v in out.items() if isinstance(v, tuple) and v}
         return left
 
@@ -1031,7 +1037,7 @@ class RunController:
         record = StopRecord(requested=time.time(), by=by or _me(), reason=reason, grace_s=grace)
         if a is None or a.ended is not None:
             return self.state.stop or record
-        self._killed: tuple[str, ...] = ()
+        self._killed = ()
         self._save(replace(self.state, phase=Phase.STOPPING, stop=record))
         errors = self.backend.terminate(self.run, a)
         for node, why in errors.items():
@@ -1097,14 +1103,16 @@ class RunController:
         deadline = time.time() + seconds
         while True:
             self._tail().poll()
-            stops = {r: e for r, e in self._tail().progress.stops.items() if r in ranks}
+            stops: dict[int, Mapping[str, Any]] = {
+                r: e for r, e in self._tail().progress.stops.items() if r in ranks
+            }
             if ranks <= set(stops) or time.time() >= deadline:
                 return stops
             time.sleep(0.2)
 
     def _conclude(self, progress: Any) -> bool:
         """Every launcher is done (or every rank said how it ended): record the verdict."""
-        a = self.attempt
+        a = self._launched()
         # the launchers exit on their own right after the ranks' last words: give them the time
         # a clean exit takes before anything is killed
         left = {} if self._wait_gone(STATUS_LAG_S) else self._kill_leftovers()

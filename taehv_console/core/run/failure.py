@@ -68,7 +68,7 @@ def parse_root_cause(text: str) -> RootCause | None:
     if not blocks:
         return None
     sig = blocks[-1]
-    block = []
+    block: list[str] = []
     for line in lines[sig.line - 1 :]:
         if block and _RULE.fullmatch(line):
             break
@@ -119,12 +119,15 @@ def choose_failure(
         return rank // max(1, gpus_per_node)
 
     # 1. a rank killed by a signal: nothing else explains it
-    signalled = [n for n in failing if n.root_cause and (n.root_cause.exit_code or 0) < 0]
+    signalled = [
+        (n, n.root_cause, -n.root_cause.exit_code)
+        for n in failing
+        if n.root_cause is not None and n.root_cause.exit_code is not None and n.root_cause.exit_code < 0
+    ]
     if signalled:
-        n = min(signalled, key=lambda e: e.ended or now)
-        rc = n.root_cause
+        n, rc, signum = min(signalled, key=lambda e: e[0].ended or now)
         return Failure(
-            reason=f"rank {rc.rank} was killed by signal {-rc.exit_code} ({_signal_name(-rc.exit_code)})",
+            reason=f"rank {rc.rank} was killed by signal {signum} ({_signal_name(signum)})",
             node=n.node,
             host=n.host,
             rank=rc.rank,
@@ -151,10 +154,9 @@ def choose_failure(
             kind="exception",
         )
     # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
-    with_block = [n for n in failing if n.root_cause is not None]
+    with_block = [(n, n.root_cause) for n in failing if n.root_cause is not None]
     if with_block:
-        n = min(with_block, key=lambda e: e.ended or now)
-        rc = n.root_cause
+        n, rc = min(with_block, key=lambda e: e[0].ended or now)
         return Failure(
             reason=f"rank {rc.rank} exited with {rc.exit_code}; the launcher on node {n.node} "
             f"exited with {n.exit_code}",
@@ -221,7 +223,9 @@ def disk_full_path(*texts: str) -> str | None:
     text = "\n".join(t for t in texts if t)
     if not _DISK_FULL.search(text):
         return None
-    m = _QUOTED_PATH.search(text[_DISK_FULL.search(text).start() :]) or _QUOTED_PATH.search(text)
+    hit = _DISK_FULL.search(text)
+    assert hit is not None  # searched just above
+    m = _QUOTED_PATH.search(text[hit.start() :]) or _QUOTED_PATH.search(text)
     return m.group(1) if m else ""
 
 

@@ -49,7 +49,7 @@ class RunLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> RunLock:
+    def acquire(self) -> Self:
         if self._fd is not None:
             return self
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -88,6 +88,15 @@ class NodeRunner(Protocol):
         require: Iterable[str] = (),
         in_process: Callable[[list[str]], Mapping[str, Any]] | None = None,
     ) -> NodeReply: ...
+    def start_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 30,
+    ) -> DetachedProcess: ...
 
 
 def reply_for_error(
