@@ -241,7 +241,8 @@ def verify(path: Path, deep: bool = True, hashes: bool = False) -> CheckpointSta
     path = Path(path)
     m = STEP_RE.match(path.name)
     t = TMP_RE.match(path.name)
-    step = int((m or t).group(1)) if (m or t) else -1
+    named = m or t
+    step = int(named.group(1)) if named else -1
     mtime = path.stat().st_mtime if path.exists() else 0.0
     if t:
         return CheckpointStatus(path, step, "in_progress", ("still being written (.tmp)",), mtime=mtime)

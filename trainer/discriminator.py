@@ -13,6 +13,7 @@ gradients are averaged by one all-reduce, so ZeRO-2 and ZeRO-3 treat it the same
 from __future__ import annotations
 
 import hashlib
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ def frame_groups(video: torch.Tensor, latents: torch.Tensor) -> tuple[torch.Tens
 def _relativistic(real: list[torch.Tensor], fake: list[torch.Tensor], for_generator: bool) -> torch.Tensor:
     """Mean over blocks of softplus losses on (real - mean fake) and (fake - mean real), each divided
     by the detached std of all logits of that block."""
-    total = 0.0
+    total: torch.Tensor | float = 0.0
     for r, f in zip(real, fake):
         scale = torch.cat([r.flatten(), f.flatten()]).detach().std().clamp_min(1e-3)
         d_real = (r - f.mean()) / scale
@@ -80,7 +81,7 @@ def _relativistic(real: list[torch.Tensor], fake: list[torch.Tensor], for_genera
             total = total + F.softplus(d_real).mean() + F.softplus(-d_fake).mean()
         else:
             total = total + F.softplus(-d_real).mean() + F.softplus(d_fake).mean()
-    return total / len(real)
+    return cast(torch.Tensor, total) / len(real)  # a tensor after the first block
 
 
 class Adversary:
@@ -132,7 +133,8 @@ class Adversary:
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            grads = [p.grad for p in self.net.parameters()]
+            # zero_grad(set_to_none=False) and backward: every parameter has its grad
+            grads = cast(list[torch.Tensor], [p.grad for p in self.net.parameters()])
             flat = torch.cat([g.flatten() for g in grads])
             dist.all_reduce(flat)
             flat /= dist.get_world_size()

@@ -199,14 +199,17 @@ class TAEHV(nn.Module):
         for m in self.modules():
             if isinstance(m, MemBlock):
                 last = m.conv[-1]
+                assert isinstance(last, nn.Conv2d) and last.bias is not None  # conv(n_out, n_out)
                 nn.init.zeros_(last.weight)
                 nn.init.zeros_(last.bias)
         # The output head starts at a tenth of Kaiming: at full scale the decoded frames start with
         # a spatial std of 2-6 around the 0.5 bias (training MSE 30+, measured at 64x64), and the
         # first steps only undo that; at 0.1 they start inside [0, 1] with their structure intact.
+        head = self.decoder[-1]
+        assert isinstance(head, nn.Conv2d) and head.bias is not None  # conv(n_f[3], 3 * p2)
         with torch.no_grad():
-            self.decoder[-1].weight.mul_(0.1)
-        nn.init.constant_(self.decoder[-1].bias, 0.5)
+            head.weight.mul_(0.1)
+        nn.init.constant_(head.bias, 0.5)
 
     @staticmethod
     def _split_stages(seq: nn.Sequential) -> list[_Stage]:

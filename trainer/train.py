@@ -16,6 +16,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, load_config
@@ -32,6 +33,11 @@ from trainer.events import CollectiveWatch, EventWriter, atomic_write_text
 from trainer.faults import FaultPlan
 from trainer.master_weights import MasterEMA, full_fp32_weights
 from trainer.metrics import DeviceMetrics
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.latent_cache import CachedLatentDataset
 
 EXIT_OK = 0
 # the recipe's losses (step events carry them by name; TensorBoard gets them as train/<name>)
@@ -95,6 +101,8 @@ def _set_single_process_env() -> None:
 
 
 class Trainer:
+    train_set: VideoClipDataset | CachedLatentDataset
+
     def __init__(
         self,
         run_dir: Path,
@@ -222,7 +230,8 @@ class Trainer:
         if cfg.model.compile:
             model.compile()
         self.teacher = self._teacher_on_device()
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for name, p in model.named_parameters():
             (no_decay if p.ndim <= 1 else decay).append(p)
         optimizer = torch.optim.AdamW(
@@ -231,7 +240,7 @@ class Trainer:
                 {"params": no_decay, "weight_decay": 0.0},
             ],
             lr=lr_at(0, cfg),
-            betas=tuple(cfg.optim.betas),
+            betas=cfg.optim.betas,
             eps=cfg.optim.eps,
         )
         self.engine, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -341,10 +350,14 @@ class Trainer:
         finally:
             self.collective_watch.leave()
 
-    def full_weights(self, use_ema: bool = False) -> dict | None:
+    def full_weights(self, use_ema: bool = False) -> dict[str, torch.Tensor] | None:
         """Full fp32 tensors from the optimizer's master weights (not the module's bf16 copies) on
         rank 0, None elsewhere. Collective: every rank must call it."""
-        sd = self.ema.full_weights() if use_ema else full_fp32_weights(self.engine)
+        if use_ema:
+            assert self.ema is not None  # callers ask for the EMA only when there is one
+            sd = self.ema.full_weights()
+        else:
+            sd = full_fp32_weights(self.engine)
         return sd if self.is_main else None
 
     # ---------------------------------------------------------------- checkpoints
@@ -380,6 +393,7 @@ class Trainer:
                 tmp / ckpt.rank_state_name(self.rank),
             )
             if self.is_main:
+                assert weights is not None  # rank 0 holds them
                 save_file(weights, str(tmp / ckpt.WEIGHTS))
                 if ema_weights is not None:
                     save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
@@ -423,6 +437,7 @@ class Trainer:
                     step,
                     protect=(self.resume_from.path,) if self.resume_from else (),
                 )
+                assert final is not None  # ok: rank 0 finalized it
                 nbytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
                 self.events.emit(
                     "checkpoint",
@@ -513,6 +528,7 @@ class Trainer:
         if load_path is None:
             raise ckpt.CheckpointError(f"{st.path / ckpt.UNIVERSAL}: DeepSpeed found nothing to load")
         rank0 = torch.load(st.path / ckpt.rank_state_name(0), map_location="cpu", weights_only=True)
+        assert st.world_size is not None  # a universal load is chosen for a known, different world size
         self.rescale_data_from = (int(rank0["samples_consumed"]), int(st.world_size))
         if self.ema is not None:
             self.ema = MasterEMA(self.engine, self.cfg.optim.ema_decay)  # from the loaded master weights
@@ -558,18 +574,18 @@ class Trainer:
         from trainer.latent_cache import CachedLatentDataset, make_cached_loader
 
         cfg = self.cfg
-        self.train_set = CachedLatentDataset(
-            cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data
-        )
-        if self.is_main and self.train_set.unusable:
+        assert self.latent_cache is not None  # run() chose this path for a cache it loaded
+        train_set = CachedLatentDataset(cfg.loss.teacher_cache, self.latent_cache, self.train_paths, cfg.data)
+        self.train_set = train_set
+        if self.is_main and train_set.unusable:
             print(
-                f"[taehv-train] latent cache: {len(self.train_set.unusable)} clip(s) have no cached window "
-                f"(too short or too small) and are left out, e.g. {self.train_set.unusable[0]}",
+                f"[taehv-train] latent cache: {len(train_set.unusable)} clip(s) have no cached window "
+                f"(too short or too small) and are left out, e.g. {train_set.unusable[0]}",
                 flush=True,
             )
         self.val_set = VideoClipDataset(self.val_paths, cfg.data, train=False) if self.val_paths else None
         self.loader = make_cached_loader(
-            self.train_set,
+            train_set,
             self.rank,
             self.world,
             cfg.run.seed,
@@ -685,6 +701,7 @@ class Trainer:
             result.update(ema_psnr=ema_psnr_sum / n, ema_ssim=ema_ssim_sum / n)
         self.last_val = result
         if self.is_main:
+            assert self.tb is not None  # rank 0 writes TensorBoard
             self.events.emit("val", **result)
             for key in ("psnr", "ssim", "ema_psnr", "ema_ssim"):
                 if key in result:
@@ -722,6 +739,7 @@ class Trainer:
         weights = self.full_weights()
         ema = self.full_weights(use_ema=True) if self.ema is not None else None
         if self.is_main:
+            assert weights is not None  # rank 0 holds them
             out = self.run_dir / name
             out.mkdir(exist_ok=True)
             save_file(weights, str(out / ".taehv.safetensors.tmp"))
@@ -807,7 +825,7 @@ class Trainer:
         teacher = (
             "cache" if self.latent_cache is not None else ("online" if self.teacher is not None else None)
         )
-        out = {"teacher": teacher, "teacher_loaded": self.teacher is not None}
+        out: dict[str, Any] = {"teacher": teacher, "teacher_loaded": self.teacher is not None}
         if self.adversary is not None:
             out["discriminator_digest"] = self.adversary.digest()
             out["discriminator_steps"] = self.adversary.optimizer_steps()
@@ -836,6 +854,7 @@ class Trainer:
             batch = self._next_batch()
             data_wait_s += time.perf_counter() - waited
             self.faults.sleep("delay", self.step)
+            self.faults.maybe_raise(self.step)
             # cached-latent batches carry no jitter: their targets were encoded from unjittered frames
             jitter = batch.get("jitter") if self.cfg.data.color_jitter > 0 else None
             x = self._to_input(batch["video"], jitter)
@@ -948,6 +967,7 @@ class Trainer:
         }
         self.events.emit("step", **self.last)
         if self.is_main:
+            assert self.tb is not None  # rank 0 writes TensorBoard
             for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s", *RECIPE_METRICS):
                 if k in self.last:
                     self.tb.add_scalar(f"train/{k}", self.last[k], self.step)
