@@ -4,7 +4,6 @@ a module of its own (no imports) so `--help` can print the list without loading 
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -22,7 +21,8 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
 
 
-def exit_code_for(phase: Any, final: bool = False) -> ExitCode:
+def exit_code_for(phase: str, final: bool = False) -> ExitCode:
+    """The exit code for a run that ended in `phase`: a run state Phase (a str enum) or its value."""
     value = getattr(phase, "value", phase)
     if value == "failed" and final:
         return ExitCode.FAILED_FINAL

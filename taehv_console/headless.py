@@ -25,7 +25,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -39,17 +40,26 @@ from taehv_console.core.flow.launch import PlatformNode, PlatformRunError, launc
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
 from taehv_console.core.flow.runs import find_live_run
-from taehv_console.core.models import BackendKind
-from taehv_console.core.run.control import LaunchError, LaunchSpec, RunController, RunLiveError, create_run
+from taehv_console.core.models import BackendKind, PreflightReport
+from taehv_console.core.run.control import (
+    LaunchError,
+    LaunchSpec,
+    Outcome,
+    RunController,
+    RunLiveError,
+    RunSnapshot,
+    create_run,
+)
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import RunWatch
-from taehv_console.core.watch.view import headline, number_text, progress_dict, stall_texts
+from taehv_console.core.watch.state import ForensicsSummary, RunView
+from taehv_console.core.watch.view import StallText, headline, number_text, progress_dict, stall_texts
 from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  # noqa: F401 - re-exported
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError
+from trainer.config import ConfigError, TrainConfig
 
 # --------------------------------------------------------------------------------------- views
 # Every view renders the RunView of the run's one watch pipeline (core/watch): phase, progress,
@@ -57,8 +67,17 @@ from trainer.config import ConfigError
 # snapshot adds only what the console itself did (notes) and the trainer's events as they are.
 
 
-def _num(value: Any, fmt: str) -> str:
+def _num(value: float | None, fmt: str) -> str:
     return number_text(value, fmt)
+
+
+class View(Protocol):
+    """What the flow tells a view (PlainView, RichView, JsonView): notes, each snapshot of the run
+    with its RunView, and the end."""
+
+    def note(self, text: str) -> None: ...
+    def update(self, snap: RunSnapshot, view: RunView | None = None) -> None: ...
+    def close(self) -> None: ...
 
 
 class _Watched:
@@ -70,7 +89,7 @@ class _Watched:
         self.stalled: dict[int, str] = {}  # rank -> the detail it was named with
         self.reports: set[str] = set()
 
-    def changes(self, view: Any) -> tuple[list[Any], list[int], list[Any]]:
+    def changes(self, view: RunView) -> tuple[list[StallText], list[int], list[ForensicsSummary]]:
         """(newly stalled StallTexts, ranks no longer stalled, new forensics summaries)."""
         now = {s.rank: s for s in stall_texts(view)}
         new = [s for r, s in now.items() if r not in self.stalled]
@@ -81,7 +100,7 @@ class _Watched:
         return new, cleared, reports
 
 
-def _frames_lines(summary: Any, top: int = 6) -> list[str]:
+def _frames_lines(summary: ForensicsSummary, top: int = 6) -> list[str]:
     head = f"forensics for rank {summary.rank} (pid {summary.pid}, node {summary.node}):"
     lines = [head] + [f"  {f}" for f in summary.frames[:top]]
     if not summary.frames:
@@ -115,7 +134,7 @@ class PlainView:
     def note(self, text: str) -> None:
         self._line(text)
 
-    def update(self, snap: Any, view: Any = None) -> None:
+    def update(self, snap: RunSnapshot, view: RunView | None = None) -> None:
         for note in snap.notes:
             self._line(note)
         for e in snap.events:
@@ -138,7 +157,7 @@ class PlainView:
             self._last, self._step_shown = now, run.step
             self._line(self.progress_text(view))
 
-    def health(self, view: Any) -> None:
+    def health(self, view: RunView) -> None:
         if view.run.phase != self._seen.phase:
             self._seen.phase = view.run.phase
             self._line(f"{view.run.run_id}: {view.run.phase}")
@@ -152,7 +171,7 @@ class PlainView:
                 self._line(line)
 
     @staticmethod
-    def progress_text(view: Any) -> str:
+    def progress_text(view: RunView) -> str:
         return headline(view).text
 
     def close(self) -> None:
@@ -180,7 +199,7 @@ class RichView(PlainView):
     def _line(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False, markup=False)
 
-    def update(self, snap: Any, view: Any = None) -> None:
+    def update(self, snap: RunSnapshot, view: RunView | None = None) -> None:
         for note in snap.notes:
             self._line(note)
         for e in snap.events:
@@ -213,7 +232,7 @@ class JsonView:
     def __init__(self, out: TextIO):
         self.out = out
         self._seen = _Watched()
-        self._health: Any = None
+        self._health: tuple[tuple[int, str, int | None], ...] | None = None
 
     def emit(self, obj: Mapping[str, Any]) -> None:
         self.out.write(json.dumps(obj, default=str) + "\n")
@@ -222,7 +241,7 @@ class JsonView:
     def note(self, text: str) -> None:
         self.emit({"source": "console", "kind": "note", "time": time.time(), "message": text})
 
-    def update(self, snap: Any, view: Any = None) -> None:
+    def update(self, snap: RunSnapshot, view: RunView | None = None) -> None:
         for note in snap.notes:
             self.note(note)
         for e in snap.events:
@@ -281,7 +300,7 @@ class JsonView:
         return None
 
 
-def make_view(json_mode: bool, out: TextIO | None = None) -> Any:
+def make_view(json_mode: bool, out: TextIO | None = None) -> View:
     out = out or sys.stdout
     if json_mode:
         return JsonView(out)
@@ -296,17 +315,17 @@ def make_view(json_mode: bool, out: TextIO | None = None) -> Any:
 class _Signals:
     """SIGTERM/SIGINT -> a graceful stop of the run; a second one cuts the grace short."""
 
-    def __init__(self, view: Any):
+    def __init__(self, view: View):
         self.view = view
         self.count = 0
-        self.ctrl = None
+        self.ctrl: RunController | None = None
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
             self.view.note(
@@ -321,7 +340,7 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
+def follow(ctrl: RunController, view: View, grace_s: float | None = None) -> ExitCode:
     """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
     pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully. Returns the
     ExitCode of its outcome and prints a summary."""
@@ -345,14 +364,16 @@ def follow(ctrl: Any, view: Any, grace_s: float | None = None) -> ExitCode:
     return report_outcome(ctrl, outcome, view, watch.final_view())
 
 
-def report_ended(ctrl: Any, view: Any) -> ExitCode:
+def report_ended(ctrl: RunController, view: View) -> ExitCode:
     """A run that is not running (any more): its RunView read once, then how it ended."""
     run_view = snapshot_once(ctrl.run.path)
     view.update(ctrl.snapshot(), run_view)
     return report_outcome(ctrl, ctrl.outcome(), view, run_view)
 
 
-def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> ExitCode:
+def report_outcome(
+    ctrl: RunController, outcome: Outcome, view: View, run_view: RunView | None = None
+) -> ExitCode:
     code = exit_code_for(outcome.phase, final=outcome.final)
     summary = outcome_dict(ctrl, outcome, code, run_view)
     if isinstance(view, JsonView):
@@ -380,7 +401,9 @@ def report_outcome(ctrl: Any, outcome: Any, view: Any, run_view: Any = None) -> 
     return code
 
 
-def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) -> dict[str, Any]:
+def outcome_dict(
+    ctrl: RunController, outcome: Outcome, code: ExitCode, run_view: RunView | None = None
+) -> dict[str, Any]:
     progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
     return {
         "run": ctrl.run.run_id,
@@ -399,7 +422,7 @@ def outcome_dict(ctrl: Any, outcome: Any, code: ExitCode, run_view: Any = None) 
 # ------------------------------------------------------------------------------------- the flow
 
 
-def _fail(view: Any, code: ExitCode, message: str) -> ExitCode:
+def _fail(view: View, code: ExitCode, message: str) -> ExitCode:
     if isinstance(view, JsonView):
         view.result({"phase": None, "exit_code": int(code), "exit_name": code.name.lower(), "error": message})
     else:
@@ -430,7 +453,7 @@ class _Refused(Exception):
         self.code = code
 
 
-def _run(options: FlowOptions, view: Any) -> ExitCode:
+def _run(options: FlowOptions, view: View) -> ExitCode:
     if not options.run and options.preset.endswith("run.toml") and os.path.isfile(options.preset):
         # a platform pod: the rendered run's directory is the run
         options = dataclasses.replace(options, run=os.path.dirname(os.path.abspath(options.preset)))
@@ -488,7 +511,7 @@ def _run(options: FlowOptions, view: Any) -> ExitCode:
 
 
 def _attach_if_live(
-    run: RunDir, pool: SshPool, view: Any, options: FlowOptions, named: bool
+    run: RunDir, pool: SshPool, view: View, options: FlowOptions, named: bool
 ) -> ExitCode | None:
     """Attach when the run's processes are alive (RunBusyError when another console has it);
     None when the run should be launched (not live, never started)."""
@@ -507,7 +530,7 @@ def _attach_if_live(
         ctrl.close()
 
 
-def _print_findings(view: Any, report: Any, chosen: str) -> None:
+def _print_findings(view: View, report: PreflightReport, chosen: str) -> None:
     if isinstance(view, JsonView):
         view.emit(
             {
@@ -529,7 +552,12 @@ def _print_findings(view: Any, report: Any, chosen: str) -> None:
 
 
 def _launch_new(
-    options: FlowOptions, cfg: Any, spec: LaunchSpec, pool: SshPool, view: Any, existing: RunDir | None
+    options: FlowOptions,
+    cfg: TrainConfig,
+    spec: LaunchSpec,
+    pool: SshPool,
+    view: View,
+    existing: RunDir | None,
 ) -> ExitCode:
     run = create_run(options.runs, cfg, spec, run=existing)
     view.note(f"run {run.run_id} in {run.path}")
@@ -553,7 +581,7 @@ def _launch_new(
         ctrl.close()
 
 
-def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: Any) -> ExitCode:
+def _platform(node: PlatformNode, options: FlowOptions, pool: SshPool, view: View) -> ExitCode:
     """A pod/container: launch this node (machine rank = the platform's node index); node 0 also
     records the run's state and reports on every node, the others follow their own node."""
     run, rank = node.run, node.rank

@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -27,6 +26,7 @@ from taehv_console.core.flow.config import choose_config
 from taehv_console.core.flow.detect import detect
 from taehv_console.core.flow.options import EnvError
 from taehv_console.core.flow.preflight import preflight
+from taehv_console.core.models import PreflightReport
 from trainer.config import ConfigError
 from trainer.events import atomic_write_text
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
-def render(report: Any, chosen: str) -> None:
+def render(report: PreflightReport, chosen: str) -> None:
     # unwrapped when written to a file (an sbatch job's node log): a finding stays one line to grep,
     # and a path is never cut in two
     console = Console(soft_wrap=not sys.stdout.isatty())

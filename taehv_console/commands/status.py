@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -22,7 +23,7 @@ from taehv_console.core.flow.runs import any_alive
 from taehv_console.core.run.control import probe_live
 from taehv_console.core.run.lock import is_locked, read_holder
 from taehv_console.core.run.recovery import recoveries, strike_counts
-from taehv_console.core.run.rundir import RunNotFoundError, list_runs, resolve_run
+from taehv_console.core.run.rundir import RunDir, RunNotFoundError, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints
 from taehv_console.core.watch.monitor import snapshot_once
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify(run_path: Any, info: dict[str, Any]) -> int:
+def _verify(run_path: Path, info: dict[str, Any]) -> int:
     """Full verification into info["verified"] (and a printed line each); returns how many failed."""
     found = verify_checkpoints(run_path)
     info["verified"] = [
@@ -87,7 +88,7 @@ def _verify(run_path: Any, info: dict[str, Any]) -> int:
     return sum(not st.ok for st in found)
 
 
-def run_info(run: Any, pool: Any, check: bool = True, brief: bool = False) -> dict[str, Any]:
+def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False) -> dict[str, Any]:
     """Everything `status` shows about one run, as plain values (the --json output)."""
 
     info: dict[str, Any] = {"run": run.run_id, "run_dir": str(run.path)}

@@ -174,7 +174,7 @@ class EventFold:
                 0,
             )
 
-    def _notice(self, t: Any, severity: str, text: str, rank: int | None) -> None:
+    def _notice(self, t: object, severity: str, text: str, rank: int | None) -> None:
         notice = Notice(
             time=float(t) if isinstance(t, (int, float)) else 0.0,
             severity=severity,

@@ -33,6 +33,7 @@ from taehv_console.core.watch.state import (
     Series,
     copy_replacing,
 )
+from taehv_console.core.watch.tail import TailResult
 from trainer.config import config_from_dict
 
 _NODE_LOG = re.compile(r"node-(\d+)\.log$")
@@ -244,7 +245,7 @@ class Ingest:
         twice; on per-node storage the paths are disjoint and each node owns its own."""
         return self._owner.setdefault(path, reader) == reader
 
-    def apply_events(self, res: Any, now: float, reader: str = "") -> None:
+    def apply_events(self, res: TailResult, now: float, reader: str = "") -> None:
         with self.lock:
             for path, data in res.whole.items():
                 try:
@@ -263,7 +264,7 @@ class Ingest:
                     self.fold.feed(r, lines)
             self.version += 1
 
-    def apply_heartbeats(self, res: Any, now: float, reader: str = "") -> None:
+    def apply_heartbeats(self, res: TailResult, now: float, reader: str = "") -> None:
         with self.lock:
             place = self.placement()
             for path, data in res.whole.items():
@@ -286,7 +287,7 @@ class Ingest:
                     self.version += 1
                     self.heartbeat_version += 1
 
-    def apply_logs(self, res: Any, now: float, reader: str = "") -> None:
+    def apply_logs(self, res: TailResult, now: float, reader: str = "") -> None:
         found: list[LogSignal] = []
         with self.lock:
             for path in res.reset:
