@@ -30,6 +30,7 @@ from taehv_console.core.plan.planner import (
     teacher_lines,
 )
 from taehv_console.core.plan.presets import list_presets, load_preset
+from taehv_console.core.run.recovery import policy_lines
 from trainer.config import ConfigError
 
 BASELINE = "8gpu-h100"
@@ -360,6 +361,10 @@ def _print_plan(resolved, plan, row) -> None:
             f"{'checkpoints' if i == 0 else '':<14}{line}"
             for i, line in enumerate(checkpoint_lines(plan.checkpoint, unit))
         ]
+    lines += [
+        f"{'recovery' if i == 0 else '':<14}{line}"
+        for i, line in enumerate(policy_lines(c.recovery, c.notify, plan.time.step_s))
+    ]
     for line in lines:
         console.print(line, highlight=False)
     for n in m.notes:

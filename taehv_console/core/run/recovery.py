@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from taehv_console.core.run.state import Attempt, Failure
-from trainer.config import RecoverySection
+from trainer.config import NotifySection, RecoverySection
 
 # The stall bound when the policy leaves it to the step time: long enough for this model's
 # checkpoint saves and validation passes (seconds at 11M parameters) and for a slow step to
@@ -327,3 +327,26 @@ def restart_text(attempts: Sequence[Attempt]) -> str:
         return ""
     budget = attempts[-1].restart_budget
     return f"restart {k} of {budget}" if budget is not None else f"restart {k}"
+
+
+def policy_lines(policy: RecoverySection, notify: NotifySection, step_time_s: float | None) -> list[str]:
+    """The run's recovery policy in words, as `plan` and the wizard's Review show it."""
+    if policy.max_restarts == 0:
+        restarts = "no automatic restarts (recovery.max_restarts = 0)"
+    else:
+        restarts = (
+            f"up to {policy.max_restarts} restarts from the newest checkpoint, waiting "
+            f"{policy.backoff_s:g} s, doubling to {policy.backoff_max_s:g} s"
+        )
+    bound = stall_bound_s(policy, step_time_s)
+    auto = f" (auto: the larger of {STALL_FLOOR_S:.0f} s and {STALL_STEPS} steps)"
+    how = "" if policy.stall_restart_after_s > 0 else auto
+    targets = [name for name, on in (("command", notify.command), ("webhook", notify.webhook)) if on]
+    return [
+        restarts,
+        f"a stalled rank is restarted after {bound:.0f} s{how}",
+        (
+            f"notify: {', '.join(targets) or 'none'}; strikes per node are recorded "
+            f"(exclude_after {policy.exclude_after}: leaving a node out is not built yet)"
+        ),
+    ]

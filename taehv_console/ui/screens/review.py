@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from taehv_console.core.plan.timeouts import collective_timeout_brief
+from taehv_console.core.run.recovery import policy_lines
 from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
@@ -73,6 +74,19 @@ def figures_content(review: Review) -> Content:
         head, *rest = teacher_lines(plan.teacher, lambda h: f.duration(h * 3600))
         lines.append(row("recipe", head))
         lines += [row("", line.strip()) for line in rest]
+    if plan.checkpoint is not None:
+        every = cfg.schedule.checkpoint_every
+        lost = plan.checkpoint.loss_per_failure_s
+        lines.append(
+            row(
+                "checkpoints",
+                f"every {every:,} steps ({f.duration(every * t.step_s)}); a failure loses "
+                f"{f.duration(lost)} on average",
+            )
+        )
+    head, *rest = policy_lines(cfg.recovery, cfg.notify, t.step_s)
+    lines.append(row("recovery", head))
+    lines += [row("", line) for line in rest]
     if c.fraction > c.target_fraction and c.smallest_accum_under_target:
         lines.append(
             row(
