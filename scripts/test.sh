@@ -8,5 +8,7 @@ echo "== ruff format --check"
 .venv/bin/ruff format --check -q "${SOURCES[@]}"
 echo "== ruff check"
 .venv/bin/ruff check -q "${SOURCES[@]}"
+echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
+.venv/bin/mypy
 echo "== pytest"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
