@@ -38,7 +38,8 @@ def load_loopback_sshd():
 
 def one_round(pool, runs: Path, clips: Path, port: int, steps_before_stop: int) -> dict[str, float]:
     from taehv_console.core.plan.presets import load_preset
-    from taehv_console.core.run.control import LaunchSpec, RunController, create_run
+    from taehv_console.core.run.control import RunController
+    from taehv_console.core.run.create import LaunchSpec, create_run
 
     cfg = load_preset(
         "cpu-smoke",

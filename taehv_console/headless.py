@@ -41,16 +41,10 @@ from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
 from taehv_console.core.flow.runs import find_live_run
 from taehv_console.core.models import BackendKind, PreflightReport
-from taehv_console.core.run.control import (
-    LaunchError,
-    LaunchSpec,
-    Outcome,
-    RunController,
-    RunLiveError,
-    RunSnapshot,
-    create_run,
-)
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import LaunchError, Outcome, RunLiveError, RunSnapshot
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
 from taehv_console.core.watch.monitor import snapshot_once

@@ -19,14 +19,14 @@ from taehv_console.commands.options import ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import EnvError, parse_env
-from taehv_console.core.run.control import (
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import (
     LaunchError,
     NothingToResumeError,
-    RunController,
     RunLiveError,
     WorldSizeChangedError,
 )
-from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view, report_outcome

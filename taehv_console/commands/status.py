@@ -20,9 +20,9 @@ from rich.table import Table
 from taehv_console.commands.options import add_ssh_options, ssh_settings
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import any_alive
-from taehv_console.core.run.control import probe_live
 from taehv_console.core.run.lock import is_locked, read_holder
 from taehv_console.core.run.recovery import recoveries, strike_counts
+from taehv_console.core.run.requests import probe_live
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints

@@ -16,7 +16,8 @@ from taehv_console.commands.options import ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
-from taehv_console.core.run.control import ControlError, request_stop
+from taehv_console.core.run.outcome import ControlError
+from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.headless import make_view

@@ -24,8 +24,8 @@ from textual.worker import Worker, WorkerState
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.runs import find_live_run, list_run_entries
-from taehv_console.core.run.control import ControlError
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import ControlError
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.ui.commands import ConsoleCommands

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: the flow modules load the planner's pydan
     from taehv_console.core.flow.preflight import PreflightResult
     from taehv_console.core.flow.runs import RunEntry
     from taehv_console.core.models import ProbeResult, Topology
-    from taehv_console.core.run.control import Outcome, RunSnapshot
+    from taehv_console.core.run.outcome import Outcome, RunSnapshot
     from taehv_console.core.watch.state import RunView
     from taehv_console.ui.session import RunSession
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taehv_console.core.flow.options import FlowOptions
-from taehv_console.core.run.control import RunController, RunLiveError, create_run
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.create import create_run
+from taehv_console.core.run.outcome import RunLiveError
 from taehv_console.core.run.recovery import Stall
 from taehv_console.core.run.rundir import RunDir, create_run_dir
 from taehv_console.core.watch.runwatch import RunWatch, monitor_hosts
@@ -24,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: flow.launch loads the planner's pydantic 
     from taehv_console.core.cluster.ssh import SshPool
     from taehv_console.core.flow.launch import Review
     from taehv_console.core.models import NodeFacts
-    from taehv_console.core.run.control import Outcome, ResumePoint, RunSnapshot
+    from taehv_console.core.run.outcome import Outcome, ResumePoint, RunSnapshot
     from taehv_console.core.run.state import Phase
     from taehv_console.core.watch.monitor import Monitor, MonitorConfig
     from taehv_console.core.watch.state import RunView

@@ -45,7 +45,7 @@ def _stop_leftovers(run_path: str | None) -> None:
     if not run_path:
         return
     from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.control import request_stop
+    from taehv_console.core.run.requests import request_stop
     from taehv_console.core.run.rundir import RunDir
 
     run = RunDir(Path(run_path))

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from taehv_console.commands.status import run_info
-from taehv_console.core.run.control import RunSnapshot
+from taehv_console.core.run.outcome import RunSnapshot
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase
 from taehv_console.core.watch.monitor import snapshot_once

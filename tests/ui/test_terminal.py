@@ -102,7 +102,8 @@ def live_fake_run(tmp_path):
     from taehv_console.core.cluster.ssh import SshPool, SshSettings
     from taehv_console.core.models import BackendKind
     from taehv_console.core.plan.presets import load_preset
-    from taehv_console.core.run.control import LaunchSpec, RunController, create_run
+    from taehv_console.core.run.control import RunController
+    from taehv_console.core.run.create import LaunchSpec, create_run
     from tests.core.run.fake_launcher import fake_commands
 
     cfg = load_preset("cpu-smoke", overrides=["optim.max_steps=1000"]).config
@@ -123,7 +124,7 @@ def live_fake_run(tmp_path):
 
 def _still_running(run) -> bool:
     from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.run.control import probe_live
+    from taehv_console.core.run.requests import probe_live
 
     with SshPool() as pool:
         state, procs = probe_live(run, pool)

@@ -25,7 +25,7 @@ from taehv_console.core.plan.render import (
     launch_env,
     render_accelerate_yaml,
 )
-from taehv_console.core.run.control import LaunchSpec
+from taehv_console.core.run.create import LaunchSpec
 from taehv_console.core.run.rundir import RunDir, create_run_dir, new_run_id
 from taehv_console.core.run.state import Phase, RunState
 from trainer.config import TrainConfig, config_to_toml

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.run.control import probe_live
+from taehv_console.core.run.requests import probe_live
 from taehv_console.core.run.rundir import RunDir, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 

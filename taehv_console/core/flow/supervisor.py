@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.run import supervision
-from taehv_console.core.run.control import Outcome, RunController, RunSnapshot
+from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import Outcome, RunSnapshot
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase, StateError
 from taehv_console.core.watch.runwatch import RunWatch

@@ -17,7 +17,8 @@ import pytest
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.presets import load_preset
-from taehv_console.core.run.control import LaunchSpec, RunController, create_run
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.rundir import RunDir
 from tests.core.run.fake_launcher import fake_commands
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from taehv_console.core.run.control import RunController, RunLiveError
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.outcome import RunLiveError
 from taehv_console.core.run.state import Phase
 from tests.core.run.conftest import step_of, wait_for
 

@@ -16,14 +16,10 @@ import time
 import pytest
 
 from taehv_console.core.run import node as node_tool
-from taehv_console.core.run.control import (
-    NothingToResumeError,
-    RunController,
-    RunLiveError,
-    WorldSizeChangedError,
-    request_stop,
-)
+from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import NothingToResumeError, RunLiveError, WorldSizeChangedError
+from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.state import Phase
 from tests.core.run.conftest import (
     alive,

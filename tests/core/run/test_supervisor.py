@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from taehv_console.core.run import supervision
-from taehv_console.core.run.control import RunController, request_stop
+from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import read_holder
+from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase
 from tests.core.run.conftest import FAKE, kill_console, make_run, rank_pid, start_console, wait_for

@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from taehv_console.core.run.control import RunController, WorldSizeChangedError
+from taehv_console.core.run.control import RunController
+from taehv_console.core.run.outcome import WorldSizeChangedError
 from tests.core.run.conftest import make_run
 from tests.core.run.test_control import _fake_checkpoint
 from trainer import checkpoint as ckpt

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from taehv_console.core.run.backends import BackendKind, make_backend
-from taehv_console.core.run.control import stop_step, verdict
+from taehv_console.core.run.outcome import stop_step, verdict
 from taehv_console.core.run.state import Phase
 
 

@@ -1,0 +1,253 @@
+"""The run controller's recovery: judge a failed attempt with core/run/recovery.py's pure
+decision, then carry it out (a backoff, a relaunch from the newest verified checkpoint, the time
+lost recorded), end a stall past its bound, keep the run supervised, and tell a person.
+
+A part of RunController (core/run/control.py), kept apart so the decisions' plumbing reads on its
+own; it uses the controller's state and primitives, declared below for the type checker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from taehv_console.core.run import supervision
+from taehv_console.core.run.notify import Notifier
+from taehv_console.core.run.outcome import ControlError, RunSnapshot, whoami
+from taehv_console.core.run.recovery import (
+    Action,
+    CauseKind,
+    PastAttempt,
+    Stall,
+    classify,
+    decide,
+    stall_bound_s,
+)
+from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from trainer import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from taehv_console.core.models import BackendKind
+    from taehv_console.core.run.lock import RunLock
+    from taehv_console.core.run.progress import AttemptEvents
+    from taehv_console.core.run.rundir import RunDir
+    from trainer.config import TrainConfig
+
+
+class RecoveryMixin:
+    if TYPE_CHECKING:  # what the controller provides
+        run: RunDir
+        cfg: TrainConfig
+        state: RunState
+        lock: RunLock
+        notifier: Notifier
+        _pending_recovery: Attempt | None
+        _fault_time: float | None
+
+        @property
+        def attempt(self) -> Attempt | None: ...
+        @property
+        def kind(self) -> BackendKind: ...
+        def _fail(self, failure: Failure) -> None: ...
+        def _host(self, node: int) -> str | None: ...
+        def _note(self, text: str) -> None: ...
+        def _save(self, state: RunState) -> RunState: ...
+        def _stop_request(self) -> dict[str, Any] | None: ...
+        def _tail(self) -> AttemptEvents: ...
+        def live_nodes(self) -> dict[int, tuple[int, ...]]: ...
+        def launch(
+            self, resume: str | None = None, weights_only: bool = False, restarted: int | None = None
+        ) -> RunState: ...
+        def snapshot(self, events: Sequence[Any] = ()) -> RunSnapshot: ...
+
+    def _check_stalls(self, stalls: Callable[[], Sequence[Stall]] | None, now: float) -> bool:
+        """End the attempt when a rank has been stalled past the policy's bound (and its forensics
+        are in, or a minute more has passed): the collective timeout would end it hours later."""
+        a = self.attempt
+        if stalls is None or self.state.phase is not Phase.RUNNING or a is None:
+            return False
+        for st in stalls():
+            if now - st.stalled_s < a.started:
+                continue  # a heartbeat left by an earlier attempt: this one's rank has not beaten yet
+            bound = stall_bound_s(self.cfg.recovery, st.step_time_s)
+            if st.stalled_s < bound or (not st.forensics and st.stalled_s < bound + 60):
+                continue
+            per = max(1, self.cfg.topology.gpus_per_node)
+            node = st.rank // per
+            failure = Failure(
+                reason=f"rank {st.rank} stalled for {st.stalled_s:.0f} s (the bound is {bound:.0f} s); "
+                "its stack is in the forensics report",
+                node=node,
+                host=self._host(node) or st.node,
+                rank=st.rank,
+                local_rank=st.rank % per,
+                detected=now,
+                kind="stall",
+            )
+            self.notifier.send("stalled", self._event_text(failure.summary()), rank=st.rank, node=node)
+            self._fail(failure)
+            return True
+        return False
+
+    def _ensure_supervisor(self) -> None:
+        """Whoever follows a run makes sure it stays supervised after them: the run's supervisor
+        waits in standby while this console holds the lock and takes over when it goes."""
+        if self.lock.purpose == supervision.PURPOSE or not supervision.supervised(self.kind):
+            return
+        if self.state.phase.ended and not self.judge_pending():
+            return
+        pid = supervision.spawn_supervisor(self.run)
+        if pid is not None:
+            self._note(
+                f"supervisor pid {pid} keeps the run supervised when this console closes "
+                f"(log: {supervision.log_path(self.run)})"
+            )
+
+    def judge_pending(self) -> bool:
+        """The run failed and nobody judged the failure yet: it failed while no console or
+        supervisor followed it, and whoever adopts it decides now."""
+        a = self.attempt
+        return (
+            self.state.phase is Phase.FAILED
+            and a is not None
+            and not a.decision
+            and self.state.failure is not None
+        )
+
+    def _restart_chain(self) -> list[Attempt]:
+        """The attempts since a person last started the run (a launch or a resume): the current
+        one and those the console relaunched before it."""
+        chain: list[Attempt] = []
+        for a in reversed(self.state.attempts):
+            chain.append(a)
+            if a.restarted_by != "recovery":
+                break
+        return chain[::-1]
+
+    def _recover(self, on_update: Callable[[RunSnapshot], None], should_stop: Callable[[], bool]) -> bool:
+        """Judge the attempt that just failed and act: relaunch after a backoff (True: a new
+        attempt runs), or end the run FAILED (final when the failure would repeat or the budget
+        is spent)."""
+        a, failure = self.attempt, self.state.failure
+        if a is None or failure is None:
+            return False
+        newest = ckpt.scan(self.run.checkpoints).newest
+        chain = self._restart_chain()
+        # each earlier failure in the chain was restarted; it added a checkpoint when the next
+        # attempt started from a newer one
+        history = [
+            PastAttempt(CauseKind.parse(p.cause), p.blamed_node, nxt.from_step > p.from_step)
+            for p, nxt in itertools.pairwise(chain)
+        ]
+        cause = classify(failure)
+        self._fault_time = self._tail().progress.last_step_time or failure.detected
+        decision = decide(
+            self.cfg.recovery,
+            cause,
+            added_checkpoint=(newest.step if newest else 0) > a.from_step,
+            history=history,
+            nodes=self.cfg.topology.nodes,
+            can_exclude=False,
+        )
+        a = replace(
+            a,
+            reached_step=self._tail().progress.step,
+            cause=cause.kind.value,
+            decision=decision.action.value,
+            why=decision.reason,
+            blamed_node=cause.node,
+        )
+        self._save(self.state.with_attempt(a))
+        if decision.action is not Action.RESTART:  # EXCLUDE needs can_exclude, which no backend has yet
+            word = "gave up" if decision.action is Action.GIVE_UP else "not restarted"
+            self._note(f"{word}: {decision.reason}")
+            return False
+        self._note(
+            f"restarting (restart {decision.restart} of {decision.of}) in {decision.delay_s:g} s: {decision.reason}"
+        )
+        self.notifier.send(
+            "restarting",
+            self._event_text(
+                f"restart {decision.restart} of {decision.of} in {decision.delay_s:g} s after {cause.why}"
+            ),
+            restart=decision.restart,
+            of=decision.of,
+            cause=cause.kind.value,
+            node=cause.node,
+        )
+        self._save(replace(self.state, phase=Phase.RECOVERING))
+        on_update(self.snapshot())
+        return self._relaunch(on_update, should_stop, decision.delay_s)
+
+    def _relaunch(
+        self, on_update: Callable[[RunSnapshot], None], should_stop: Callable[[], bool], delay_s: float
+    ) -> bool:
+        """After `delay_s` (a stop asked meanwhile cancels it: the run ends STOPPED at its newest
+        checkpoint), launch a new attempt from the newest verified checkpoint (fresh without one)."""
+        failed = self.attempt
+        deadline = time.time() + delay_s
+        while time.time() < deadline:
+            request = self._stop_request()
+            if should_stop() or request is not None:
+                self.run.stop_request_path.unlink(missing_ok=True)
+                newest = ckpt.scan(self.run.checkpoints).newest
+                record = StopRecord(
+                    requested=time.time(),
+                    by=(request or {}).get("by", whoami()),
+                    reason="request",
+                    grace_s=0,
+                    checkpoint_step=newest.step if newest else None,
+                    verified=not self.live_nodes(),
+                    finished=time.time(),
+                )
+                self._note("the restart is cancelled: a stop was asked during its backoff")
+                self._save(replace(self.state, phase=Phase.STOPPED, stop=record))
+                return False
+            time.sleep(0.25)
+        newest = ckpt.scan(self.run.checkpoints).newest
+        self._pending_recovery = failed
+        try:
+            self.launch(resume="latest" if newest else None, restarted=newest.step if newest else 0)
+        except ControlError as err:
+            self._pending_recovery = None
+            self._note(f"the restart could not be launched: {err}")
+            if self.state.phase is Phase.RECOVERING:
+                self._save(replace(self.state, phase=Phase.FAILED))
+            return False
+        where = f"checkpoint step {newest.step}" if newest else "the start (no checkpoint verifies)"
+        self._note(f"attempt {self.attempt.number if self.attempt else '?'} launched from {where}")
+        on_update(self.snapshot())
+        return True
+
+    def _check_recovered(self) -> None:
+        """Once the relaunched attempt trains again: how long the failure cost (fault to first step)
+        and how many steps it redoes, recorded on the attempt, said, and sent."""
+        failed, a = self._pending_recovery, self.attempt
+        progress = self._tail().progress
+        if failed is None or a is None or progress.first_step_time is None:
+            return
+        self._pending_recovery = None
+        # the failed attempt's last step bounds the fault from below: lost_s errs long, never short
+        fault = self._fault_time or failed.ended or progress.first_step_time
+        lost = max(0.0, progress.first_step_time - fault)
+        redone = max(0, (failed.reached_step or 0) - a.from_step)
+        self._save(self.state.with_attempt(replace(a, lost_s=round(lost, 1), redone_steps=redone)))
+        text = f"recovered: training again {lost:.0f} s after the fault, {redone} step(s) redone"
+        self._note(text)
+        self.notifier.send("recovered", self._event_text(text), lost_s=round(lost, 1), redone_steps=redone)
+
+    def _announce_end(self) -> None:
+        phase, a = self.state.phase, self.attempt
+        if phase is Phase.DONE:
+            weights = self.run.final_weights
+            self.notifier.send("done", self._event_text(f"done; weights in {weights}"), weights=str(weights))
+        elif phase is Phase.FAILED and a is not None:
+            kind = "gave-up" if a.decision == Action.GIVE_UP.value else "failed"
+            why = a.why or (self.state.failure.summary() if self.state.failure else "failed")
+            self.notifier.send(kind, self._event_text(why), cause=a.cause)
+
+    def _event_text(self, text: str) -> str:
+        return f"taehv run {self.run.run_id}: {text}"

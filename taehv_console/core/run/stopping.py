@@ -1,0 +1,176 @@
+"""The run controller's stop: SIGTERM every node's launcher group, wait for the ranks' checkpoint
+and `stop` events up to the grace period, SIGKILL what is left, check that nothing of the run's
+process trees remains, and record the verified checkpoint it left.
+
+A part of RunController (core/run/control.py); it uses the controller's state and primitives,
+declared below for the type checker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from taehv_console.core.run.outcome import RunSnapshot, stop_step, verdict, whoami
+from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from trainer import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from taehv_console.core.run.backends import LaunchBackend
+    from taehv_console.core.run.progress import AttemptEvents, RunProgress
+    from taehv_console.core.run.rundir import RunDir
+    from taehv_console.core.run.state import NodeStatus
+
+# A node's last `stop` lines reach shared storage a moment after its processes are gone.
+STOP_EVENTS_LAG_S = 5.0
+
+
+class StopMixin:
+    if TYPE_CHECKING:  # what the controller provides
+        run: RunDir
+        state: RunState
+        backend: LaunchBackend
+        grace_s: float
+        hurry: bool
+        _killed: tuple[str, ...]
+
+        @property
+        def attempt(self) -> Attempt | None: ...
+        def _diagnose(
+            self,
+            statuses: Mapping[int, NodeStatus],
+            progress: RunProgress,
+            vanished: Sequence[tuple[int, str]],
+            failing: Mapping[int, int | None],
+            now: float,
+        ) -> Failure: ...
+        def _host(self, node: int) -> str | None: ...
+        def _launched(self) -> Attempt: ...
+        def _note(self, text: str) -> None: ...
+        def _save(self, state: RunState) -> RunState: ...
+        def _statuses(self) -> dict[int, NodeStatus]: ...
+        def _tail(self) -> AttemptEvents: ...
+        def _watched_ranks(self) -> set[int]: ...
+        def live_nodes(self) -> dict[int, tuple[int, ...]]: ...
+        def snapshot(self, events: Sequence[Any] = ()) -> RunSnapshot: ...
+
+    def _wait_gone(self, seconds: float, on_update: Callable[[RunSnapshot], None] | None = None) -> bool:
+        deadline = time.time() + seconds
+        next_check = 0.0
+        while True:
+            events = self._tail().poll()
+            if on_update and events:
+                on_update(self.snapshot(events))
+            now = time.time()
+            if now >= next_check:
+                if not self.live_nodes():
+                    return True
+                next_check = now + 1.0
+            if now >= deadline or self.hurry:
+                return False
+            time.sleep(0.25)
+
+    def _kill_leftovers(self) -> dict[int, tuple[int, ...]]:
+        """SIGKILL every tree with anything left; node -> what is still there after that."""
+        live = self.live_nodes()
+        if not live:
+            return {}
+        self._note("SIGKILL to what is left on node(s) " + ", ".join(map(str, sorted(live))))
+        self._killed = tuple(f"{self._host(n) or 'local'}:{self._pgid(n)}" for n in sorted(live))
+        out = self.backend.kill(self.run, self._launched(), sorted(live))
+        left = {n: v for n, v in out.items() if isinstance(v, tuple) and v}
+        return left
+
+    def _pgid(self, node: int) -> int | None:
+        a = self.attempt
+        return next((n.pgid for n in a.nodes if n.index == node), None) if a else None
+
+    def stop(
+        self,
+        grace_s: float | None = None,
+        reason: str = "user",
+        by: str | None = None,
+        on_update: Callable[[RunSnapshot], None] | None = None,
+    ) -> StopRecord:
+        """SIGTERM every node's launcher group, wait for the ranks' checkpoint and `stop` events
+        (up to the grace period), SIGKILL what is left, then check that nothing of those process
+        trees remains on any node."""
+        a = self.attempt
+        grace = float(grace_s) if grace_s is not None else self.grace_s
+        record = StopRecord(requested=time.time(), by=by or whoami(), reason=reason, grace_s=grace)
+        if a is None or a.ended is not None:
+            return self.state.stop or record
+        self._killed = ()
+        self._save(replace(self.state, phase=Phase.STOPPING, stop=record))
+        errors = self.backend.terminate(self.run, a)
+        for node, why in errors.items():
+            self._note(f"node {node}: SIGTERM not delivered: {why}")
+        self._note(
+            f"SIGTERM sent to {len(a.nodes) or 1} launcher group(s); up to {grace:g} s for the checkpoint"
+        )
+        if on_update:
+            on_update(self.snapshot())
+        self._wait_gone(grace, on_update)
+        left = self._kill_leftovers()
+        verified = not left and not self.live_nodes()
+        stops = self._await_stops(STOP_EVENTS_LAG_S)
+        ranks = self._watched_ranks()
+        step = self._verified_checkpoint(stop_step(stops, ranks))
+        record = replace(
+            record, checkpoint_step=step, killed=self._killed, verified=verified, finished=time.time()
+        )
+        phase = verdict(stops, ranks, stop_requested=True)
+        if phase is Phase.FAILED:  # a rank failed on the way out: say which and why
+            self._save(
+                replace(
+                    self.state,
+                    failure=self._diagnose(self._statuses(), self._tail().progress, (), {}, time.time()),
+                )
+            )
+        self._save(
+            replace(
+                self.state.with_attempt(replace(a, ended=time.time(), outcome=phase.value)),
+                phase=phase,
+                stop=record,
+            )
+        )
+        where = f"checkpoint at step {step}" if step is not None else "no checkpoint from this stop"
+        self._note(
+            f"{phase.value}: {where}; " + ("nothing left running" if verified else f"still listed: {left}")
+        )
+        if on_update:
+            on_update(self.snapshot())
+        return record
+
+    def _verified_checkpoint(self, claimed: int | None) -> int | None:
+        """The checkpoint a stop left, as the checkpoint directory proves (manifest, sizes, archive
+        directories), not as the ranks' stop events claim: a save that failed on a full disk still
+        ends in a `stop` naming its step."""
+        if claimed is None:
+            return None
+        st = ckpt.verify(self.run.checkpoints / f"step-{claimed}")
+        if st.ok:
+            return claimed
+        newest = ckpt.scan(self.run.checkpoints).newest
+        self._note(
+            f"the ranks stopped at step {claimed}, but checkpoints/step-{claimed} does not verify "
+            f"({'; '.join(st.problems[:2]) or st.state}); newest verified checkpoint: "
+            + (f"step {newest.step}" if newest else "none")
+        )
+        return newest.step if newest else None
+
+    def _await_stops(self, seconds: float) -> dict[int, Mapping[str, Any]]:
+        """The watched ranks' `stop` events, waiting up to `seconds` for the ones not read yet (a
+        node's last lines reach shared storage a moment after its processes are gone)."""
+        ranks = self._watched_ranks()
+        deadline = time.time() + seconds
+        while True:
+            self._tail().poll()
+            stops: dict[int, Mapping[str, Any]] = {
+                r: e for r, e in self._tail().progress.stops.items() if r in ranks
+            }
+            if ranks <= set(stops) or time.time() >= deadline:
+                return stops
+            time.sleep(0.2)
