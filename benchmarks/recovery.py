@@ -6,7 +6,10 @@ into detection, teardown and relaunch, and the steps trained again since the che
 
 kill9: SIGKILL of rank 1 (the OOM killer, a crash); sigstop: rank 1 stops and never comes back (a
 hang; ended at recovery.stall_restart_after_s); error: the trainer raises an error that would
-repeat (ended at once, no restart: the figure is the time to FAILED). One JSON line per fault.
+repeat (ended at once, no restart: the figure is the time to FAILED). One JSON line per fault:
+fault_to_training_s from the signal itself; lost_s from the failed attempt's last step, split into
+detect_s (to the failure named), teardown_s (to nothing of it left) and relaunch_s (backoff,
+start-up and checkpoint load, to the first step again).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from taehv_console.core.run.recovery import recoveries
+from taehv_console.core.run.state import RunState
 
 
 def console(runs: Path, *extra: str) -> subprocess.Popen:
@@ -72,11 +79,15 @@ def measure(fault: str, stall_after: float) -> dict:
     out["cause"], out["decision"] = first.get("cause"), first.get("decision")
     detected = (state.get("failure") or {}).get("detected")
     if len(attempts) > 1:
-        second = attempts[1]
-        out["lost_s"] = second.get("lost_s")
-        out["redone_steps"] = second.get("redone_steps")
-        out["fault_to_ended_s"] = round(first["ended"] - t_fault, 1)
-        out["ended_to_relaunch_s"] = round(second["started"] - first["ended"], 1)
+        (r, *_) = recoveries(RunState.from_dict(state).attempts)
+        out["fault_to_training_s"] = round(attempts[1]["trained_at"] - t_fault, 1)
+        out.update(
+            lost_s=r.lost_s,
+            detect_s=r.detect_s,
+            teardown_s=r.teardown_s,
+            relaunch_s=r.relaunch_s,
+            redone_steps=r.redone_steps,
+        )
     else:
         out["fault_to_failed_s"] = round((first.get("ended") or detected or t_fault) - t_fault, 1)
     return out

@@ -159,6 +159,8 @@ class RecoveryMixin:
             decision=decision.action.value,
             why=decision.reason,
             blamed_node=cause.node,
+            last_step_at=self._fault_time,
+            detected=failure.detected,
         )
         self._save(self.state.with_attempt(a))
         if decision.action is not Action.RESTART:  # EXCLUDE needs can_exclude, which no backend has yet
@@ -234,7 +236,11 @@ class RecoveryMixin:
         fault = self._fault_time or failed.ended or progress.first_step_time
         lost = max(0.0, progress.first_step_time - fault)
         redone = max(0, (failed.reached_step or 0) - a.from_step)
-        self._save(self.state.with_attempt(replace(a, lost_s=round(lost, 1), redone_steps=redone)))
+        self._save(
+            self.state.with_attempt(
+                replace(a, lost_s=round(lost, 1), redone_steps=redone, trained_at=progress.first_step_time)
+            )
+        )
         text = f"recovered: training again {lost:.0f} s after the fault, {redone} step(s) redone"
         self._note(text)
         self.notifier.send("recovered", self._event_text(text), lost_s=round(lost, 1), redone_steps=redone)

@@ -281,8 +281,15 @@ class Recovery:
     why: str
     reached_step: int | None
     resumed_from: int | None = None  # the checkpoint step the restart resumed from
-    lost_s: float | None = None  # fault to training again
+    lost_s: float | None = None  # fault to training again: the sum of the three below
     redone_steps: int | None = None
+    detect_s: float | None = None  # the last step before the fault to the failure named
+    teardown_s: float | None = None  # named to the attempt ended (nothing of it left)
+    relaunch_s: float | None = None  # ended to training again (backoff, start-up, checkpoint load)
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return round(end - start, 1) if start is not None and end is not None else None
 
 
 def recoveries(attempts: Sequence[Attempt]) -> list[Recovery]:
@@ -305,6 +312,9 @@ def recoveries(attempts: Sequence[Attempt]) -> list[Recovery]:
                 resumed_from=after.from_step if after else None,
                 lost_s=after.lost_s if after else None,
                 redone_steps=after.redone_steps if after else None,
+                detect_s=_span(a.last_step_at, a.detected),
+                teardown_s=_span(a.detected, a.ended),
+                relaunch_s=_span(a.ended, after.trained_at) if after else None,
             )
         )
     return out

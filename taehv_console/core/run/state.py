@@ -108,6 +108,9 @@ class Attempt:
     restarted_by: str = ""  # "recovery" when the console relaunched it after a failure
     restart_budget: int | None = None  # recovery.max_restarts when it was launched
     lost_s: float | None = None  # fault to training again, seconds (set on the attempt that recovered)
+    last_step_at: float | None = None  # its last step's time: the fault came after (when it failed)
+    detected: float | None = None  # when the console knew it had failed
+    trained_at: float | None = None  # its first step (on an attempt that recovered a failed one)
     redone_steps: int | None = None  # steps trained again since the checkpoint it resumed from
 
 

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from taehv_console.core.run.notify import Notifier
+from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.state import Phase
 from taehv_console.exit_codes import ExitCode, exit_code_for
 from tests.core.run.conftest import rank_pid, step_of, wait_for
@@ -77,6 +78,11 @@ def test_a_rank_killed_with_sigkill_is_restarted_from_its_checkpoint_and_the_run
     # resumed from the newest checkpoint: 6 (or 9 if the kill came after it), redoing the steps since
     assert second.from_step in (6, 9) and second.redone_steps == first.reached_step - second.from_step
     assert 0 < second.lost_s < 30, second.lost_s
+    (r,) = recoveries(ctrl.run.read_state().attempts)
+    # the time lost, split: the failure named, the attempt torn down, training again
+    assert r.detect_s is not None and r.teardown_s is not None and r.relaunch_s is not None
+    assert r.detect_s >= 0 and r.teardown_s >= 0 and r.relaunch_s >= 0.5  # the backoff is in it
+    assert abs(r.detect_s + r.teardown_s + r.relaunch_s - second.lost_s) < 0.5
     assert any("restarting (restart 1 of 2)" in n for n in notes) and any("recovered:" in n for n in notes)
     assert ctrl.notifier.flush(10)
     kinds = [e["event"] for e in received]
