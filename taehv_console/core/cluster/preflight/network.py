@@ -1,0 +1,66 @@
+"""Checks of how the nodes reach each other: reachability, the master port, and the measured
+all-reduce bandwidth against the plan's assumption."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from taehv_console.core.cluster.preflight.findings import E, I, W
+from taehv_console.core.models import BandwidthResult, Finding, ProbeResult
+
+
+def check_reachability(probes: Sequence[ProbeResult]) -> list[Finding]:
+    return [
+        Finding("node-unreachable", E, p.error or f"{p.host}: no facts", p.fix, p.host)
+        for p in probes
+        if not p.ok
+    ]
+
+
+def check_master_port(
+    port: int, master: str, free: tuple[bool, str] | None, reach: Mapping[str, tuple[bool, str]]
+) -> list[Finding]:
+    out = []
+    if free is not None and not free[0]:
+        out.append(
+            Finding(
+                "master-port-busy",
+                E,
+                f"{master}: master port {port} is in use ({free[1]})",
+                "stop what holds it, or set MASTER_PORT to a free port",
+                master,
+            )
+        )
+        return out
+    for host, (ok, why) in reach.items():
+        if not ok:
+            out.append(
+                Finding(
+                    "master-port-unreachable",
+                    E,
+                    f"{host}: cannot reach the master {master}:{port} ({why})",
+                    f"open TCP {port} on {master} to the other nodes (firewall, security group), "
+                    "or check that the master address resolves to an address they can route to",
+                    host,
+                )
+            )
+    return out
+
+
+def bandwidth_finding(result: BandwidthResult, assumed_gbps: float | None = None) -> Finding:
+    text = (
+        f"all-reduce of {result.bytes / 1e6:.0f} MB across {result.nodes} nodes ({result.backend}): "
+        f"algbw {result.algbw_gbps:.3f} GB/s, busbw {result.busbw_gbps:.3f} GB/s "
+        f"({result.busbw_gbps * 8:.2f} Gbit/s per link)"
+    )
+    if assumed_gbps is not None:
+        ratio = result.busbw_gbps * 8 / assumed_gbps if assumed_gbps else 0
+        text += f"; the plan assumed {assumed_gbps:g} Gbit/s"
+        if ratio < 0.5:
+            return Finding(
+                "bandwidth-low",
+                W,
+                text + f" (measured is {ratio:.0%} of it)",
+                "re-plan with the measured figure, check NCCL_SOCKET_IFNAME/InfiniBand settings",
+            )
+    return Finding("bandwidth", I, text)
