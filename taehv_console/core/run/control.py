@@ -403,6 +403,10 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
             last_stop = max((e.get("time", now) for e in progress.stops.values()), default=now)
             if set(watched) <= exited or now - last_stop > STATUS_LAG_S:
                 return self._conclude(progress)
+            # Not a failure either, whatever a launcher exits with meanwhile: a platform pod sees
+            # the other pods' launchers exit 1 after a clean stop (torchrun signalled), and its
+            # own launcher still in torchrun's exit barrier; it concludes once that has exited.
+            return False
 
         if now - self._last_liveness >= LIVENESS_EVERY_S or (failing and self._trouble_since is None):
             self._update_vanished(now, exited, watched)

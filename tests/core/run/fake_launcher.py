@@ -20,7 +20,8 @@ stops once it exists: the trainer's collective stop agreement, across consoles),
 rank:seconds (that rank says `stop` late, as rank 0 does while it finalizes the checkpoint),
 FAKE_SAVE_FAIL=1 (the save fails, e.g. on a full disk: nothing is published, yet every rank still
 says `stop` at its step, as the trainer does), FAKE_CKPT_EVERY=n (every rank checkpoints every n
-steps, as schedule.checkpoint_every), FAKE_DIE_AT=rank:step (that rank SIGKILLs itself on reaching
+steps, as schedule.checkpoint_every), FAKE_LINGER=node:seconds (that node's launcher waits this long
+after its ranks have exited, as torchrun's exit barrier does), FAKE_DIE_AT=rank:step (that rank SIGKILLs itself on reaching
 that step, on every attempt: a fault that comes back). A resumed attempt starts from the newest
 verified checkpoint, as `--resume latest` does.
 """
@@ -238,6 +239,9 @@ def launcher_main(args: argparse.Namespace) -> int:
             print("=" * 60, flush=True)
             return 1
         if all(c[2] == 0 for c in codes):
+            linger_node, _, linger_s = os.environ.get("FAKE_LINGER", "-1:0").partition(":")
+            if args.node == int(linger_node):
+                time.sleep(float(linger_s))  # torchrun's exit barrier, waiting for the other agents
             return 1 if signalled["sig"] else 0
         time.sleep(0.05)
 

@@ -209,3 +209,22 @@ def test_a_stall_past_the_bound_ends_the_attempt_and_an_earlier_attempts_heartbe
     state = ctrl.run.read_state()
     assert state.phase is Phase.FAILED and state.failure.kind == "stall" and state.failure.rank == 1
     assert not ctrl.live_nodes()
+
+
+def test_ranks_that_all_stopped_cleanly_are_not_a_failure_while_a_launcher_lingers(launch_fake):
+    """A SIGTERM to node 0's launcher alone (a platform deleting pod 0): every rank agrees to stop
+    and checkpoints, node 0's launcher exits 1 (torchrun, signalled), node 1's is still in its exit
+    barrier for a few seconds. The ranks' words are the verdict: stopped, not failed (and so
+    nothing to restart). Before, the exit 1 read as a failure once the 2 s settle had passed."""
+    ctrl = launch_fake(
+        nodes=2,
+        per_node=1,
+        step_s=0.2,
+        env={"FAKE_LINGER": "1:4"},
+        overrides=("recovery.max_restarts=2", "recovery.backoff_s=0.5"),
+    )
+    wait_for(lambda: step_of(ctrl) >= 2, 30, "two steps")
+    os.killpg(ctrl.attempt.nodes[0].pgid, signal.SIGTERM)
+    outcome = ctrl.follow(interval=0.1)
+    assert outcome.phase is Phase.STOPPED, (outcome.failure, ctrl.run.read_state().attempts)
+    assert len(ctrl.run.read_state().attempts) == 1 and outcome.stop.by == "outside the console"
