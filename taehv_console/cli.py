@@ -2,7 +2,10 @@
 the headless flow or the TUI. Below this file and commands/ nothing sees an argparse Namespace:
 the flow gets a FlowOptions value.
 
-Each subcommand lives in `taehv_console.commands.<name>` with `register(parser)` and `run(args) -> int`.
+Each subcommand lives in `taehv_console.commands.<name>` with `register(parser)`, `run(args) ->
+ExitCode` and `EXIT_CODES` (the codes it can return, listed by its `--help`). An option the top level
+and a command share is defined once (commands/options.py: SHARED) and may stand before or after the
+command's name.
 
 Imports sit at module top everywhere, except these places, where start-up time or a bare node
 needs laziness (`taehv-console --help` must import neither torch nor Textual:
@@ -31,9 +34,9 @@ import argparse
 import importlib
 import sys
 
-from taehv_console.commands.options import add_launch_options, add_ssh_options, flow_options
+from taehv_console.commands.options import SPEC, add_top_level_options, flow_options, settle
 from taehv_console.core.flow.options import EnvError, FlowOptions
-from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode
+from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, command_epilog
 
 # name -> (module, one-line help). Order is the order `--help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -60,29 +63,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _top_level(add_help: bool = True) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(
+class ConsoleParser(argparse.ArgumentParser):
+    """The top-level parser: once a whole line is parsed, the options it shares with the chosen
+    command are settled (commands/options.py: one value per option wherever it was given)."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        problem = settle(parsed)
+        if problem:  # said by the command's parser (its usage line), exits 2
+            (self.commands.get(getattr(parsed, "command", None) or "") or self).error(problem)
+        return parsed, extras
+
+
+def _top_level(add_help: bool = True) -> tuple[ConsoleParser, argparse._SubParsersAction]:
+    parser = ConsoleParser(
         prog="taehv-console",
         add_help=add_help,
         description="Train TAEHV with DeepSpeed across GPU nodes: detect, check, plan, launch, watch.",
+        epilog=f"--no-tui {EXIT_CODES_HELP}",
     )
-    parser.add_argument(
-        "--no-tui",
-        action="store_true",
-        help="run the whole flow headless (containers, CI): detect, preflight, launch or attach, "
-        "progress until the run ends",
+    parser.commands = {}
+    # the TUI's and the headless flow's options: `taehv-console --no-tui --hosts FILE ...`; a command
+    # that shares one takes it before or after its name
+    add_top_level_options(parser)
+    # the commands' parsers are plain ones: only the top level settles the shared options
+    return parser, parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser
     )
-    # the headless flow's options live on the top level: `taehv-console --no-tui --hosts FILE ...`
-    add_launch_options(parser)
-    add_ssh_options(parser)
-    parser.add_argument(
-        "--theme",
-        metavar="NAME",
-        help="console colour theme: dark (default), light, high-contrast, or a file's name in "
-        "~/.config/taehv-console/themes/; NO_COLOR is respected",
-    )
-    parser.epilog = f"--no-tui {EXIT_CODES_HELP}"
-    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
 
 
 def chosen_command(argv: list[str]) -> str | None:
@@ -91,20 +100,27 @@ def chosen_command(argv: list[str]) -> str | None:
     for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     try:
-        return parser.parse_known_args(argv)[0].command
+        # argparse's own parse: the commands' options are not registered here, nothing to settle
+        return argparse.ArgumentParser.parse_known_args(parser, argv)[0].command
     except SystemExit:
         return None  # a wrong top-level option: the full parse below reports it
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> ConsoleParser:
     """The whole command line, with `command`'s own options registered (every command's when
     command is "*", as documentation tools want)."""
     parser, sub = _top_level()
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # raw: the epilog lists the command's exit codes one a line
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        parser.commands[name] = p
+        p.set_defaults(**{SPEC: {}})  # the options it shares: none until register adds them
         if command in (name, "*"):
             module = importlib.import_module(module_name)
             module.register(p)
+            p.epilog = command_epilog(module.EXIT_CODES)
             p.set_defaults(_run=module.run)
     return parser
 
@@ -126,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(chosen_command(argv)).parse_args(argv)
     run = getattr(args, "_run", None)
     if run is not None:
-        return int(run(args) or 0)
+        try:
+            return int(run(args))
+        except KeyboardInterrupt:
+            # a command that follows a run stops it on Ctrl-C itself; elsewhere nothing more is done
+            print(f"taehv-console {args.command}: interrupted", file=sys.stderr)
+            return int(ExitCode.INTERRUPTED)
     try:
         options = flow_options(args)
     except EnvError as err:

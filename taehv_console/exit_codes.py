@@ -1,16 +1,23 @@
-"""How `taehv-console --no-tui`, `attach` and `resume` end: an IntEnum scripts match on. Kept in
-a module of its own (no imports) so `--help` can print the list without loading the flow."""
+"""How every `taehv-console` command ends: one IntEnum scripts match on. Kept in a module of its
+own (no imports) so `--help` can print the list without loading the flow.
+
+Each command module names the codes it can return in EXIT_CODES ({ExitCode: what it means there}),
+and its `--help` lists them (command_epilog). README.md and docs/design.md have the whole table."""
 
 from __future__ import annotations
 
 import enum
+import textwrap
 
 
 class ExitCode(enum.IntEnum):
-    """How `taehv-console --no-tui` (and attach/resume) ended. An API: scripts match on it."""
+    """How a command ended. An API: scripts match on the values, which never change."""
 
-    DONE = 0  # every rank reached max_steps; final weights written
+    DONE = 0  # every rank reached max_steps; final weights written (other commands: it worked)
     TRAINING_FAILED = 1  # a rank or launcher failed; state.json names the node and rank
+    # the same 1 for the other commands: what they checked or did failed (a node's probe, a bad
+    # checkpoint, a stop that left something, a key not added...). An alias, not another member.
+    FAILED = 1
     USAGE = 2  # the command line, a config or the environment is wrong (argparse uses 2 too)
     PREFLIGHT_FAILED = 3  # preflight found errors; nothing was started
     STOPPED = 4  # stopped on request (signal, `taehv-console stop`); resumable from its checkpoint
@@ -32,3 +39,14 @@ def exit_code_for(phase: str, final: bool = False) -> ExitCode:
 
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
+
+
+def command_epilog(codes: dict[ExitCode, str], width: int = 79) -> str:
+    """A command's `--help` epilog: the codes it can return, one a paragraph (a parser with
+    argparse.RawDescriptionHelpFormatter keeps the lines)."""
+    lines = ["exit codes:"]
+    for code, meaning in sorted(codes.items()):
+        lines += textwrap.wrap(
+            meaning, width, initial_indent=f"  {int(code):>3}  ", subsequent_indent=" " * 7
+        )
+    return "\n".join(lines)

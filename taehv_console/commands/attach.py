@@ -2,8 +2,7 @@
 closed): check its launchers' process trees on every node, then follow it to its end as the
 headless front end does. A run that has already ended is reported, not restarted.
 
-Exit status: the headless ExitCode of how the run ends (0 done, 1 failed, 4 stopped, 5 another
-console controls it, 2 usage).
+Exit status: EXIT_CODES below (its `--help` lists them): how the run ends, as for `--no-tui`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
@@ -19,16 +18,26 @@ from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
-from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view, report_ended
+from taehv_console.exit_codes import ExitCode
+from taehv_console.headless import follow, make_view, report_ended
+
+EXIT_CODES = {
+    ExitCode.DONE: "the run ended done: every rank reached max_steps",
+    ExitCode.TRAINING_FAILED: "the run failed (state.json names the node and rank); another try may get past it",
+    ExitCode.USAGE: "wrong command line, no such run (no running run without RUN), or an unreadable state.json",
+    ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
+    ExitCode.BUSY: "another console controls the run",
+    ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the run was being followed; it keeps running",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: the newest running run")
-    parser.add_argument("--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint")
-    parser.epilog = EXIT_CODES_HELP
+    add_option(parser, "grace")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         target = newest_unended_run(args.run, args.runs)
     except RunNotFoundError as err:
@@ -50,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
                     attempt = ctrl.attempt
                     assert attempt is not None  # a live run has launched an attempt
                     view.note(f"attached to {target.run_id}: " + "; ".join(ctrl.backend.describe(attempt)))
-                    return int(follow(ctrl, view, args.grace))
+                    return follow(ctrl, view, args.grace)
                 view.note(f"{target.run_id} is not running")
-                return int(report_ended(ctrl, view))
+                return report_ended(ctrl, view)
             finally:
                 ctrl.close()
     finally:

@@ -11,28 +11,37 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from taehv_console.commands.options import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_ssh_options, flow_options
+from taehv_console.commands.options import add_option, add_ssh_options, flow_options
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.flow.detect import detect
 from taehv_console.core.models import NodeFacts, ProbeResult, Topology
+from taehv_console.exit_codes import ExitCode
+
+EXIT_CODES = {
+    ExitCode.DONE: "every node answered",
+    ExitCode.FAILED: "a node's probe failed (unreachable, or it could not report)",
+    ExitCode.USAGE: "wrong command line, hostfile, host name or topology",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hosts", metavar="FILE", help="DeepSpeed hostfile ('host slots=N' per line)")
-    parser.add_argument("--runs", metavar="DIR", help="also report free space where runs are written")
-    parser.add_argument("--data", metavar="DIR", help="also check the data source on every node")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_option(parser, "hosts")
+    # no default: without --runs no runs directory is checked
+    add_option(parser, "runs", default=None, help="runs directory: also report its free space on every node")
+    add_option(parser, "data", help="data source: also check it on every node")
+    add_option(parser, "json", help="print one JSON object")
     add_ssh_options(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     options = dataclasses.replace(flow_options(args), runs=args.runs or "")  # no --runs: no runs path checked
     try:
         found = detect(options)
     except (TopologyError, InvalidHostError, HostfileError) as err:
         print(f"taehv-console detect: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     topology, probes = found.topology, found.probes
     if args.json:
         json.dump(
@@ -47,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         render(topology, probes)
-    return EXIT_OK if all(p.ok for p in probes) else EXIT_FINDINGS
+    return ExitCode.DONE if all(p.ok for p in probes) else ExitCode.FAILED
 
 
 def gpu_summary(facts: NodeFacts) -> str:

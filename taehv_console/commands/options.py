@@ -1,36 +1,171 @@
-"""Command-line options shared by several commands (SSH, the headless flow's launch options) and
-their translation into core's typed values: below the CLI nothing sees an argparse Namespace."""
+"""The command line's shared options, defined once, and their translation into core's typed values:
+below the CLI nothing sees an argparse Namespace.
+
+Every top-level option is in SHARED, and a command that takes one of them adds the same entry
+(add_option, add_ssh_options): the same flag, dest, type and meaning everywhere. Such an option may
+stand before or after the command's name: `taehv-console --runs DIR status` is `taehv-console status
+--runs DIR`. argparse alone drops the first (a subcommand's defaults overwrite what the top level
+parsed), so here argparse keeps no default: the top level stores what it reads under `before_<dest>`,
+the command under `<dest>`, and `settle` decides once the whole line is read: given after the
+command, that value; else given before it, that one; else the command's default. A repeatable option
+(--set, --env) collects from both places. An option given before a command that does not take it is
+a usage error, not silently ignored.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from taehv_console.core.cluster.ssh import SshSettings
 from taehv_console.core.flow.options import FlowOptions, parse_env
 from taehv_console.core.models import BackendKind
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+BEFORE = "before_"  # the top level's dest prefix: what was given before the command's name
+SPEC = "_options"  # a parser's default: {dest: (default, required, name)} of the options it shares
+UNSET: Any = object()  # an option nobody gave
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option as every command that takes it spells it."""
+
+    flag: str
+    dest: str
+    help: str
+    default: Any = None  # the top level's; a command may have its own (add_option)
+    metavar: str | None = None
+    type: Callable[[str], Any] | None = None
+    action: str | None = None  # None (a value), "store_true" or "append"
+    choices: tuple[str, ...] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"default": argparse.SUPPRESS}  # settle() fills defaults in
+        for key in ("metavar", "type", "action", "choices"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+LAUNCH, SSH = "headless run (--no-tui)", "SSH"
+SHARED: dict[str, Option] = {
+    o.dest: o
+    for o in (
+        Option("--no-tui", "no_tui", "run the whole flow headless (containers, CI): detect, preflight, "
+               "launch or attach, progress until the run ends", False, action="store_true"),
+        Option("--hosts", "hosts", "DeepSpeed hostfile ('host slots=N' per line)", metavar="FILE"),
+        Option("--preset", "preset", "preset name, .toml path, or a run's run.toml (a platform pod's "
+               "run); default auto", "auto", metavar="NAME|PATH|auto"),
+        Option("--data", "data", "data source (sets data.source); without it and without GPUs the "
+               "cpu-smoke preset trains on generated clips", metavar="DIR"),
+        Option("--runs", "runs", "runs directory on shared storage (default ./runs)", "runs",
+               metavar="DIR"),
+        Option("--run", "run", "an existing run directory or id: attach if live, else launch it",
+               metavar="RUN"),
+        Option("--set", "overrides", "override a config value, e.g. optim.max_steps=100; repeatable",
+               (), metavar="KEY=VALUE", action="append"),
+        Option("--env", "launch_env", "extra environment for every node's launcher; repeatable", (),
+               metavar="KEY=VALUE", action="append"),
+        Option("--master-port", "master_port", "rendezvous port on node 0 (default: a free one)",
+               metavar="PORT", type=int),
+        Option("--backend", "backend", "how nodes are started (auto: from the detected topology)",
+               "auto", choices=("auto", *(k.value for k in BackendKind))),
+        Option("--grace", "grace", "seconds a stop waits for the checkpoint before SIGKILL "
+               "(default 120)", metavar="S", type=float),
+        Option("--json", "json", "JSON instead of text (the flow: JSON lines instead of a progress "
+               "display)", False, action="store_true"),
+        Option("--ssh-config", "ssh_config", "ssh client config (default ~/.ssh/config, "
+               "$TAEHV_SSH_CONFIG)", metavar="FILE"),
+        Option("--known-hosts", "known_hosts", "known_hosts file (default ~/.ssh/known_hosts, "
+               "$TAEHV_KNOWN_HOSTS)", metavar="FILE"),
+        Option("--python", "python", "the nodes' python with taehv-console installed (default: this "
+               "console's, $TAEHV_REMOTE_PYTHON)", metavar="PATH"),
+        Option("--connect-timeout", "connect_timeout", "seconds to connect to a node (default 10)",
+               metavar="S", type=float),
+        Option("--parallel", "parallel", "nodes contacted at once (default 64)", metavar="N", type=int),
+        Option("--theme", "theme", "console colour theme: dark (default), light, high-contrast, or a "
+               "file's name in ~/.config/taehv-console/themes/; NO_COLOR is respected", metavar="NAME"),
+    )
+}  # fmt: skip
+GROUPS = {
+    LAUNCH: ("hosts", "preset", "data", "runs", "run", "overrides", "launch_env", "master_port",
+             "backend", "grace", "json"),
+    SSH: ("ssh_config", "known_hosts", "python", "connect_timeout", "parallel"),
+}  # fmt: skip
+
+
+def _record(parser: argparse.ArgumentParser, dest: str, default: Any, required: bool, name: str) -> None:
+    spec = dict(parser.get_default(SPEC) or {})
+    spec[dest] = (default, required, name)
+    parser.set_defaults(**{SPEC: spec})
+
+
+def add_option(
+    parser: argparse.ArgumentParser,
+    dest: str,
+    *,
+    default: Any = UNSET,
+    required: bool = False,
+    help: str | None = None,
+    positional: bool = False,
+    group: argparse._ArgumentGroup | None = None,
+) -> None:
+    """Add SHARED[dest] to a command's parser, with this command's default, requiredness and help
+    text when they differ. positional: RUN as a positional argument (the commands that take a run)."""
+    opt = SHARED[dest]
+    where: argparse.ArgumentParser | argparse._ArgumentGroup = group or parser
+    name = dest.upper() if positional else opt.flag
+    if positional:
+        where.add_argument(dest, nargs="?", metavar=dest.upper(), default=argparse.SUPPRESS, help=help)
+    else:
+        # argparse cannot require it (it may stand before the command's name): settle does
+        text = (help or opt.help) + ("; required" if required else "")
+        where.add_argument(opt.flag, dest=dest, help=text, **opt.kwargs())
+    _record(parser, dest, opt.default if default is UNSET else default, required, name)
 
 
 def add_ssh_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("SSH")
-    g.add_argument(
-        "--ssh-config", metavar="FILE", help="ssh client config (default ~/.ssh/config, $TAEHV_SSH_CONFIG)"
-    )
-    g.add_argument(
-        "--known-hosts",
-        metavar="FILE",
-        help="known_hosts file (default ~/.ssh/known_hosts, $TAEHV_KNOWN_HOSTS)",
-    )
-    g.add_argument(
-        "--python",
-        metavar="PATH",
-        help="the nodes' python with taehv-console installed (default: this console's, $TAEHV_REMOTE_PYTHON)",
-    )
-    g.add_argument(
-        "--connect-timeout", type=float, metavar="S", help="seconds to connect to a node (default 10)"
-    )
-    g.add_argument("--parallel", type=int, metavar="N", help="nodes contacted at once (default 64)")
+    group = parser.add_argument_group(SSH)
+    for dest in GROUPS[SSH]:
+        add_option(parser, dest, group=group)
+
+
+def add_top_level_options(parser: argparse.ArgumentParser) -> None:
+    """Every option of SHARED, before any command's name (the TUI's and --no-tui's options)."""
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    in_group = {dest: groups[name] for name, dests in GROUPS.items() for dest in dests}
+    for opt in SHARED.values():
+        where = in_group.get(opt.dest, parser)
+        # dest = before_<dest>: a command's own parse must not overwrite it (settle merges them)
+        where.add_argument(opt.flag, dest=BEFORE + opt.dest, help=opt.help, **opt.kwargs())
+        _record(parser, opt.dest, opt.default, False, opt.flag)
+
+
+def settle(args: argparse.Namespace) -> str | None:
+    """Turn the parsed line into one value per option (the module's docstring says how), in place.
+    Returns a usage error's message, or None."""
+    given = vars(args)
+    spec: dict[str, tuple[Any, bool, str]] = given.pop(SPEC, {})
+    for dest, opt in SHARED.items():
+        before = given.pop(BEFORE + dest, UNSET)
+        if dest not in spec:
+            if before is not UNSET:
+                return f"{opt.flag} is not an option of `{given.get('command')}`"
+            continue
+        after = given.pop(dest, UNSET)
+        default, required, name = spec[dest]
+        if opt.action == "append" and before is not UNSET and after is not UNSET:
+            value = [*before, *after]
+        else:
+            value = after if after is not UNSET else before
+        if value is UNSET:
+            if required:
+                return f"the following arguments are required: {name}"
+            value = list(default) if isinstance(default, tuple) else default
+        given[dest] = value
+    return None
 
 
 def ssh_settings(args: argparse.Namespace) -> SshSettings:
@@ -41,61 +176,6 @@ def ssh_settings(args: argparse.Namespace) -> SshSettings:
         connect_timeout_s=getattr(args, "connect_timeout", None),
         max_parallel=getattr(args, "parallel", None),
     )
-
-
-def add_launch_options(parser: argparse.ArgumentParser) -> None:
-    """Options of the headless flow (also shown in `taehv-console --help`, and read by the TUI)."""
-    g = parser.add_argument_group("headless run (--no-tui)")
-    g.add_argument(
-        "--hosts", metavar="FILE", help="DeepSpeed hostfile ('host slots=N' per line): launch over SSH"
-    )
-    g.add_argument(
-        "--preset",
-        default="auto",
-        metavar="NAME|PATH|auto",
-        help="preset, or a run's run.toml (a platform pod's run); default auto",
-    )
-    g.add_argument(
-        "--data",
-        metavar="DIR",
-        help="data source (sets data.source); without it and without GPUs "
-        "the cpu-smoke preset trains on generated clips",
-    )
-    g.add_argument(
-        "--runs", metavar="DIR", default="runs", help="runs directory on shared storage (default ./runs)"
-    )
-    g.add_argument(
-        "--run", metavar="RUN", help="an existing run directory or id: attach if live, else launch it"
-    )
-    g.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. optim.max_steps=100; repeatable",
-    )
-    g.add_argument(
-        "--env",
-        dest="launch_env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment for every node's launcher; repeatable",
-    )
-    g.add_argument(
-        "--master-port", type=int, metavar="PORT", help="rendezvous port on node 0 (default: a free one)"
-    )
-    g.add_argument(
-        "--backend",
-        choices=("auto", *(k.value for k in BackendKind)),
-        default="auto",
-        help="how nodes are started (auto: from the detected topology)",
-    )
-    g.add_argument(
-        "--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint (default 120)"
-    )
-    g.add_argument("--json", action="store_true", help="stream JSON lines instead of a progress display")
 
 
 def flow_options(args: argparse.Namespace) -> FlowOptions:

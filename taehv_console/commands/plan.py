@@ -14,6 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from taehv_console.commands.options import add_option
 from taehv_console.core.plan.derive import resolve_config
 from taehv_console.core.plan.planner import (
     CHECKPOINT_FIXED_S,
@@ -31,13 +32,25 @@ from taehv_console.core.plan.planner import (
 )
 from taehv_console.core.plan.presets import list_presets, load_preset
 from taehv_console.core.run.recovery import policy_lines
+from taehv_console.exit_codes import ExitCode
 from trainer.config import ConfigError
 
 BASELINE = "8gpu-h100"
+EXIT_CODES = {
+    ExitCode.DONE: "shown; the config fits in GPU memory (the comparison table: always)",
+    ExitCode.FAILED: "shown, but the config does not fit in GPU memory",
+    ExitCode.USAGE: "wrong command line, config or value",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", help="preset name or .toml path ('auto' with --nodes/--gpus-per-node)")
+    add_option(
+        parser,
+        "preset",
+        default=None,  # none: the comparison table of the shipped presets
+        help="preset name or .toml path ('auto' with --nodes/--gpus-per-node)",
+    )
     parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
     parser.add_argument("--gpu", default="", help="GPU model, e.g. 'H100' or 'A800' (throughput, auto)")
@@ -58,18 +71,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         help=f"interruptions per GPU-hour, for the checkpoint interval (default {LLAMA3_FAILURES_PER_GPU_HOUR:.3g}, "
         "Meta's Llama 3 report: 419 in 54 days on 16,384 H100s)",
     )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_option(parser, "overrides", help="override a config value, e.g. optim.lr=2e-4; repeatable")
+    add_option(parser, "json", help="print JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         return _run(args)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
 
 
 def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
@@ -92,7 +103,7 @@ def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
     }
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> ExitCode:
     if args.preset is None and args.nodes is None and args.gpus_per_node is None:
         return _comparison(args)
 
@@ -102,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         gpu_name=args.gpu,
         gpu_memory_gb=args.gpu_memory_gb,
-        overrides=args.set,
+        overrides=args.overrides,
     )
     cfg = resolved.config
     meta = _meta(resolved.preset) or _meta(args.preset)
@@ -128,12 +139,12 @@ def _run(args: argparse.Namespace) -> int:
             "baseline": BASELINE,
         }
         print(json.dumps(out, indent=2, default=str))
-        return 0 if plan.memory.fits else 1
-    _print_plan(resolved, plan, row)
-    return 0 if plan.memory.fits else 1
+    else:
+        _print_plan(resolved, plan, row)
+    return ExitCode.DONE if plan.memory.fits else ExitCode.FAILED
 
 
-def _comparison(args: argparse.Namespace) -> int:
+def _comparison(args: argparse.Namespace) -> ExitCode:
     listing = list_presets()
     presets = [p for p in listing.presets if p.config.topology.device == "cuda"]
     plans = []
@@ -145,7 +156,7 @@ def _comparison(args: argparse.Namespace) -> int:
     rows = compare_plans(plans, baseline)
     if args.json:
         print(json.dumps({"baseline": BASELINE, "plans": [plan_to_dict(r.plan, r) for r in rows]}, indent=2))
-        return 0
+        return ExitCode.DONE
     table = Table(
         title=f"Time and cost to max steps, against {BASELINE}",
         title_justify="left",
@@ -197,7 +208,7 @@ def _comparison(args: argparse.Namespace) -> int:
     _print_checkpoint_table(console, plans)
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
-    return 0
+    return ExitCode.DONE
 
 
 def _short(seconds: float) -> str:

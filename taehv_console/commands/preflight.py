@@ -1,5 +1,6 @@
-"""`taehv-console preflight`: check the cluster against a preset before launching; exit 1 when an
-error is found (errors stop a launch, warnings do not), 2 when the command line or config is wrong.
+"""`taehv-console preflight`: check the cluster against a preset before launching; exit 3
+(PREFLIGHT_FAILED, as `--no-tui` for the same finding) when an error is found (errors stop a launch,
+warnings do not), 2 when the command line or config is wrong.
 """
 
 from __future__ import annotations
@@ -12,13 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from taehv_console.commands.detect import render_topology
-from taehv_console.commands.options import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    EXIT_USAGE,
-    add_ssh_options,
-    flow_options,
-)
+from taehv_console.commands.options import add_option, add_ssh_options, flow_options
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
@@ -27,33 +22,28 @@ from taehv_console.core.flow.detect import detect
 from taehv_console.core.flow.options import EnvError
 from taehv_console.core.flow.preflight import preflight
 from taehv_console.core.models import PreflightReport
+from taehv_console.exit_codes import ExitCode
 from trainer.config import ConfigError
 from trainer.events import atomic_write_text
 
+EXIT_CODES = {
+    ExitCode.DONE: "no errors (warnings allowed): a launch would go ahead",
+    ExitCode.USAGE: "wrong command line, hostfile, topology, config or --env",
+    ExitCode.PREFLIGHT_FAILED: "errors found: a launch would be refused",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--preset",
-        default="auto",
-        metavar="NAME|PATH|auto",
-        help="preset to check (default auto: the one picked for the detected cluster)",
+    add_option(
+        parser, "preset", help="preset to check (default auto: the one picked for the detected cluster)"
     )
-    parser.add_argument("--hosts", metavar="FILE", help="DeepSpeed hostfile ('host slots=N' per line)")
-    parser.add_argument("--data", metavar="DIR", help="data source (sets data.source)")
-    parser.add_argument("--runs", metavar="DIR", default="runs", help="runs directory (default ./runs)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. optim.batch_per_gpu=4; repeatable",
-    )
-    parser.add_argument(
-        "--master-port",
-        type=int,
-        metavar="PORT",
-        help="port the run's master will use (default: a free one, as a launch picks)",
+    add_option(parser, "hosts")
+    add_option(parser, "data", help="data source (sets data.source)")
+    add_option(parser, "runs")
+    add_option(parser, "overrides", help="override a config value, e.g. optim.batch_per_gpu=4; repeatable")
+    add_option(
+        parser, "master_port", help="port the run's master will use (default: a free one, as a launch picks)"
     )
     parser.add_argument(
         "--bandwidth",
@@ -67,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="MB",
         help="all-reduce buffer size for --bandwidth (default 64)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_option(parser, "json", help="print one JSON object")
     parser.add_argument(
         "--report",
         metavar="FILE",
@@ -76,7 +66,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_ssh_options(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         options = flow_options(args)
         # detection probes the runs/data paths too, so preflight reuses those probes
@@ -84,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = choose_config(options, found.topology, found.probes)
     except (TopologyError, InvalidHostError, HostfileError, ConfigError, EnvError) as err:
         print(f"taehv-console preflight: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     say = None if args.json else (lambda msg: print(f"… {msg}", file=sys.stderr))
     with SshPool(options.ssh) as pool:
         result = preflight(
@@ -115,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         render(report, result.chosen)
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return ExitCode.DONE if report.ok else ExitCode.PREFLIGHT_FAILED
 
 
 def render(report: PreflightReport, chosen: str) -> None:

@@ -12,11 +12,20 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from taehv_console.commands.options import add_option
 from taehv_console.core.plan.presets import list_presets, user_preset_dir
+from taehv_console.exit_codes import ExitCode
+
+EXIT_CODES = {
+    ExitCode.DONE: "listed",
+    ExitCode.FAILED: "listed, but a user preset failed to load (named on stderr)",
+    ExitCode.USAGE: "wrong command line",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the presets as JSON")
+    add_option(parser, "json", help="print the presets as JSON")
 
 
 def preset_to_dict(p) -> dict:
@@ -42,7 +51,7 @@ def preset_to_dict(p) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     listing = list_presets()
     # smallest world first, CPU presets last: the order a reader compares them in
     ordered = sorted(
@@ -82,4 +91,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"user presets: {user_preset_dir()}")
     for err in listing.errors:
         print(f"error: {err}", file=sys.stderr)
-    return 1 if listing.errors else 0
+    return ExitCode.FAILED if listing.errors else ExitCode.DONE

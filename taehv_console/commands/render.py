@@ -10,46 +10,50 @@ import json
 import sys
 from pathlib import Path
 
+from taehv_console.commands.options import add_option
 from taehv_console.core.cluster.hosts import read_hostfile
 from taehv_console.core.plan.derive import resolve_config
 from taehv_console.core.plan.render import RenderOptions, write_launch_files
+from taehv_console.exit_codes import ExitCode
 from trainer.config import ConfigError
+
+EXIT_CODES = {
+    ExitCode.DONE: "the files were written",
+    ExitCode.USAGE: "wrong command line, config, value or hostfile, or the folder cannot be written",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", required=True, help="preset name or .toml path ('auto' with a topology)")
+    add_option(parser, "preset", required=True, help="preset name or .toml path ('auto' with a topology)")
     parser.add_argument("--out", required=True, help="folder to write the files into (created if needed)")
     parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
     parser.add_argument("--gpu", default="", help="GPU model for --preset auto, e.g. H100")
     parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
-    parser.add_argument(
-        "--hosts", help="DeepSpeed hostfile (`host slots=N` per line): the nodes, node 0 first"
-    )
+    add_option(parser, "hosts", help="DeepSpeed hostfile ('host slots=N' per line): the nodes, node 0 first")
     parser.add_argument("--run-dir", help="the folder's path as the nodes see it (default: --out, absolute)")
     parser.add_argument("--main-ip", default="", help="address of node 0 (default: first host)")
     parser.add_argument("--port", type=int, default=29500, help="rendezvous port on node 0 (29500)")
     parser.add_argument(
         "--image", default="taehv-console:latest", help="container image for the Kubernetes Job"
     )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=2e-4"
-    )
-    parser.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_option(parser, "overrides", help="override a config value, e.g. optim.lr=2e-4; repeatable")
+    add_option(parser, "json", help="print what was written as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         return _run(args)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except OSError as err:
         print(f"error: cannot write to {args.out}: {err.strerror or err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> ExitCode:
     hosts: tuple[str, ...] = ()
     nodes, gpus = args.nodes, args.gpus_per_node
     if args.hosts:
@@ -71,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         gpus_per_node=gpus,
         gpu_name=args.gpu,
         gpu_memory_gb=args.gpu_memory_gb,
-        overrides=args.set,
+        overrides=args.overrides,
     )
     cfg = resolved.config
     if hosts and len(hosts) != cfg.topology.nodes:
@@ -121,4 +125,4 @@ def _run(args: argparse.Namespace) -> int:
             "placeholders node-0 ...; render again with --hosts FILE",
             file=sys.stderr,
         )
-    return 0
+    return ExitCode.DONE

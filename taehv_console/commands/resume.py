@@ -5,8 +5,7 @@ Refused while the run is alive (attach instead) or controlled by another console
 size changed since the checkpoint, nothing starts: the message gives the supported paths
 (weights-only with a fresh optimizer, or DeepSpeed's universal checkpoint conversion).
 
-Exit status: the headless ExitCode (0 done, 1 failed, 2 usage or nothing to resume, 4 stopped,
-5 busy: running or controlled elsewhere).
+Exit status: EXIT_CODES below (its `--help` lists them): how the run ends, as for `--no-tui`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import argparse
 import dataclasses
 import sys
 
-from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import EnvError, parse_env
@@ -29,7 +28,18 @@ from taehv_console.core.run.outcome import (
 )
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
-from taehv_console.headless import EXIT_CODES_HELP, ExitCode, follow, make_view, report_outcome
+from taehv_console.exit_codes import ExitCode
+from taehv_console.headless import follow, make_view, report_outcome
+
+EXIT_CODES = {
+    ExitCode.DONE: "the run ended done (with --detach: every node started)",
+    ExitCode.TRAINING_FAILED: "the run failed (state.json names the node and rank); another try may get past it",
+    ExitCode.USAGE: "wrong command line or --env, no such run, nothing to resume from, or the world size changed",
+    ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
+    ExitCode.BUSY: "the run is running (attach instead) or another console controls it",
+    ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the run was being followed; it keeps running",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -45,28 +55,24 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="CHECKPOINT",
         help="a checkpoint directory instead of the newest complete one",
     )
-    parser.add_argument(
-        "--env",
-        dest="launch_env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+    add_option(
+        parser,
+        "launch_env",
         help="environment for every node's launcher (added to the run's; KEY= clears one)",
     )
-    parser.add_argument("--grace", type=float, metavar="S", help="seconds a stop waits for the checkpoint")
+    add_option(parser, "grace")
     parser.add_argument(
         "--detach",
         action="store_true",
         help="return once every node has started (attach later); failures are then noticed "
         "only when a console is attached",
     )
-    parser.epilog = EXIT_CODES_HELP
 
 
-def run(args: argparse.Namespace) -> int:
-    def fail(code: ExitCode, message: str) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
+    def fail(code: ExitCode, message: str) -> ExitCode:
         print(f"taehv-console resume: {message}", file=sys.stderr)
-        return int(code)
+        return code
 
     try:
         target = resolve_run(args.run, args.runs)
@@ -115,11 +121,11 @@ def run(args: argparse.Namespace) -> int:
                     return fail(ExitCode.BUSY, str(err))
                 except LaunchError as err:
                     view.note(f"launch failed: {err}")
-                    return int(report_outcome(ctrl, ctrl.outcome(), view))
+                    return report_outcome(ctrl, ctrl.outcome(), view)
                 if args.detach:
                     view.note(f"started; follow it with: taehv-console attach {target.path}")
-                    return int(ExitCode.DONE)
-                return int(follow(ctrl, view, args.grace))
+                    return ExitCode.DONE
+                return follow(ctrl, view, args.grace)
             finally:
                 ctrl.close()
     finally:

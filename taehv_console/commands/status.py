@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import any_alive
 from taehv_console.core.run.lock import is_locked, read_holder
@@ -29,14 +29,23 @@ from taehv_console.core.watch.checkpoints import verify_checkpoints
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import monitor_hosts
 from taehv_console.core.watch.view import duration_text, number_text, progress_dict, stall_texts
+from taehv_console.exit_codes import ExitCode
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
 
+EXIT_CODES = {
+    ExitCode.DONE: "shown",
+    ExitCode.FAILED: "shown, but --verify found a checkpoint whose files do not match its manifest",
+    ExitCode.USAGE: "wrong command line, no such run, or an unreadable state.json",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
 
 def add_run_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("run", nargs="?", metavar="RUN", help=f"run directory or id ({what})")
-    parser.add_argument("--runs", default="runs", metavar="DIR", help="runs directory (default ./runs)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    """RUN (or --run RUN before the command's name), --runs, --json and the SSH options."""
+    add_option(parser, "run", positional=True, help=f"run directory or id ({what})")
+    add_option(parser, "runs")
+    add_option(parser, "json", help="print JSON")
     add_ssh_options(parser)
 
 
@@ -52,7 +61,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     with SshPool(ssh_settings(args)) as pool:
         try:
             if args.run:
@@ -60,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
                 info = run_info(run_dir, pool, check=not args.no_check)
                 bad = _verify(run_dir.path, info) if args.verify else 0
                 _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
-                return 1 if bad else 0
+                return ExitCode.FAILED if bad else ExitCode.DONE
             runs = list_runs(args.runs)
         except (RunNotFoundError, StateError) as err:
             print(f"taehv-console status: {err}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         infos = [run_info(r, pool, check=not args.no_check, brief=True) for r in runs]
     if args.json:
         print(json.dumps(infos, indent=2, default=str))
@@ -72,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs in {args.runs}")
     else:
         _print_list(infos)
-    return 0
+    return ExitCode.DONE
 
 
 def _verify(run_path: Path, info: dict[str, Any]) -> int:

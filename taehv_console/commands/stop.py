@@ -2,8 +2,7 @@
 ranks' `stop` events, SIGKILL what is left, and check nothing of the run remains on any node.
 When another console controls the run, that console is asked to do it (and watched until done).
 
-Exit status: 0 when the run is stopped (or had already ended) and nothing of it is left; 1 when
-something could not be stopped; 2 for a wrong command line or run.
+Exit status: EXIT_CODES below (its `--help` lists them).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import argparse
 import json
 import sys
 
-from taehv_console.commands.options import ssh_settings
+from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
@@ -20,32 +19,35 @@ from taehv_console.core.run.outcome import ControlError
 from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
+from taehv_console.exit_codes import ExitCode
 from taehv_console.headless import make_view
+
+EXIT_CODES = {
+    ExitCode.DONE: "stopped (or it had already ended), and nothing of it is left on any node",
+    ExitCode.FAILED: "something of it could not be stopped, or its controlling console did not stop it",
+    ExitCode.USAGE: "wrong command line, or no such run (no running run without RUN)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) while waiting; the stop may still go on",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "default: the newest running run")
-    parser.add_argument(
-        "--grace",
-        type=float,
-        metavar="S",
-        help="seconds to wait for the checkpoint before SIGKILL (default: 120)",
-    )
+    add_option(parser, "grace")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         target = newest_unended_run(args.run, args.runs)
     except RunNotFoundError as err:
         print(f"taehv-console stop: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
             state = request_stop(target, pool, grace_s=args.grace, on_update=view.update, say=view.note)
     except (ControlError, StateError) as err:
         print(f"taehv-console stop: {err}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     finally:
         view.close()
     s = state.stop
@@ -69,4 +71,4 @@ def run(args: argparse.Namespace) -> int:
             f"{target.run_id}: {state.phase.value}; {where}"
             + ("; nothing of it left on any node" if s and s.verified else "")
         )
-    return 0 if ok else 1
+    return ExitCode.DONE if ok else ExitCode.FAILED

@@ -1,7 +1,7 @@
 """`taehv-console supervise RUN`: the run's supervisor, in the foreground. Consoles start one
 detached whenever they launch, resume or attach to a run; run it by hand in a tmux window or a
 systemd unit to keep a run supervised from there. It waits while a console controls the run, takes
-over when that console goes, and exits with the run's exit code once the run has ended."""
+over when that console goes, and exits with the run's exit code once the run has ended (EXIT_CODES)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,33 @@ import argparse
 import sys
 import time
 
-from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.supervisor import Supervisor
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for
+from taehv_console.exit_codes import ExitCode, exit_code_for
+
+EXIT_CODES = {
+    ExitCode.DONE: "the run ended done",
+    ExitCode.TRAINING_FAILED: "the run failed; another try may get past it",
+    ExitCode.USAGE: "wrong command line, no such run, or the run directory went away",
+    ExitCode.STOPPED: "the run was stopped",
+    ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the run keeps running, unsupervised until a console opens it",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run directory or id")
-    parser.add_argument("--runs", default="runs", metavar="DIR", help="runs directory (default ./runs)")
+    add_option(parser, "run", positional=True, required=True, help="run directory or id")
+    add_option(parser, "runs")
     add_ssh_options(parser)
-    parser.epilog = EXIT_CODES_HELP
 
 
 def say(text: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         target = resolve_run(args.run, args.runs)
     except RunNotFoundError as err:
@@ -37,4 +45,4 @@ def run(args: argparse.Namespace) -> int:
         outcome = Supervisor(target, pool, say).serve()
     if outcome is None:
         return ExitCode.USAGE
-    return int(exit_code_for(outcome.phase, final=outcome.final))
+    return exit_code_for(outcome.phase, final=outcome.final)

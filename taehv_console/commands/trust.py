@@ -8,15 +8,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taehv_console.commands.options import add_ssh_options, ssh_settings
+from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
 from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
 from taehv_console.core.cluster.ssh import SshError, SshSettings, sha256_fingerprint
 from taehv_console.core.flow.trust import TrustOutcome, offer_host_key, trust_offered_key
+from taehv_console.exit_codes import ExitCode
+
+EXIT_CODES = {
+    ExitCode.DONE: "every host's key is trusted (added, or already there)",
+    ExitCode.FAILED: "a key was not added: refused (it changed), not confirmed, or the host did not answer",
+    ExitCode.USAGE: "wrong command line, no host, or a bad host name or hostfile",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("host", nargs="*", help="host names or ssh-config aliases")
-    parser.add_argument("--hosts", metavar="FILE", help="trust every host of a DeepSpeed hostfile")
+    add_option(parser, "hosts", help="trust every host of a DeepSpeed hostfile ('host slots=N' per line)")
     parser.add_argument(
         "--yes",
         action="store_true",
@@ -36,13 +44,13 @@ def _ask(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> int:
+def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> ExitCode:
     offer = offer_host_key(host, settings)
     where = settings.known_hosts
     print(offer.line)
     if offer.already_trusted:
         print(f"  already trusted in {where}")
-        return 0
+        return ExitCode.DONE
     if offer.changed:
         print(
             f"  WARNING: {where} holds a different {offer.key_type} key for {offer.target.known_name}: "
@@ -53,7 +61,7 @@ def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> 
                 "  refused: a changed host key means a reinstalled node or someone in the middle. "
                 "Check with the node's admin, then rerun with --replace."
             )
-            return 1
+            return ExitCode.FAILED
     elif offer.other_types:
         print(f"  {where} has other key types for it ({', '.join(offer.other_types)}); this one is new")
     else:
@@ -63,16 +71,16 @@ def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> 
     )
     if not yes and not _ask(f"Add this key for {offer.target.known_name} to {where}? [y/N]"):
         print("  not added")
-        return 1
+        return ExitCode.FAILED
     outcome = trust_offered_key(offer, settings, replace=replace)
     if outcome is TrustOutcome.REFUSED_CHANGED:
         print(f"  refused: {where} gained a different key for {offer.target.known_name} meanwhile; run again")
-        return 1
+        return ExitCode.FAILED
     print(f"  added {offer.target.known_name} to {where}")
-    return 0
+    return ExitCode.DONE
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     hosts = list(args.host)
     try:
         if args.hosts:
@@ -81,16 +89,16 @@ def run(args: argparse.Namespace) -> int:
             validate_host(h)
     except (HostfileError, InvalidHostError) as err:
         print(f"taehv-console trust: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if not hosts:
         print("taehv-console trust: name at least one host (or --hosts FILE)", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     settings = ssh_settings(args)
-    status = 0
+    status = ExitCode.DONE
     for h in hosts:
         try:
             status = max(status, trust_one(h, settings, yes=args.yes, replace=args.replace))
         except SshError as err:
             print(f"{err}" + (f"\n  fix: {err.fix}" if err.fix else ""), file=sys.stderr)
-            status = 1
+            status = ExitCode.FAILED
     return status

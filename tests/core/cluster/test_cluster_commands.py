@@ -18,6 +18,7 @@ from taehv_console.core.cluster.preflight import PreflightOptions, run_preflight
 from taehv_console.core.cluster.ssh import SshPool, connect
 from taehv_console.core.models import Severity
 from taehv_console.core.plan.presets import load_preset
+from taehv_console.exit_codes import ExitCode
 
 
 @pytest.fixture
@@ -135,7 +136,7 @@ def test_preflight_hostfile_slots_beyond_devices_is_an_error(ssh_env, tmp_path, 
         ]
     )
     out = json.loads(capsys.readouterr().out)
-    assert code == 1 and not out["ok"]
+    assert code == ExitCode.PREFLIGHT_FAILED == 3 and not out["ok"]  # as --no-tui for the same finding
     errors = {(f["id"], f["node"]) for f in out["findings"] if f["severity"] == "error"}
     assert errors == {("slots-exceed-devices", h) for h in ssh_env.addresses[:2]}
 
