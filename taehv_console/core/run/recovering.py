@@ -30,6 +30,7 @@ from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, Stop
 from trainer import checkpoint as ckpt
 
 if TYPE_CHECKING:
+    from taehv_console.core.cluster.ssh import SshPool
     from taehv_console.core.models import BackendKind
     from taehv_console.core.run.lock import RunLock
     from taehv_console.core.run.progress import AttemptEvents
@@ -43,6 +44,7 @@ class RecoveryMixin:
         cfg: TrainConfig
         state: RunState
         lock: RunLock
+        pool: SshPool
         notifier: Notifier
         _pending_recovery: Attempt | None
         _fault_time: float | None
@@ -99,7 +101,7 @@ class RecoveryMixin:
             return
         if self.state.phase.ended and not self.judge_pending():
             return
-        pid = supervision.spawn_supervisor(self.run)
+        pid = supervision.spawn_supervisor(self.run, supervision.ssh_env(self.pool.settings))
         if pid is not None:
             self._note(
                 f"supervisor pid {pid} keeps the run supervised when this console closes "

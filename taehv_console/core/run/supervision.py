@@ -19,9 +19,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from taehv_console.core.cluster.ssh import SshSettings
 from taehv_console.core.models import BackendKind
 from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.rundir import RunDir
@@ -84,10 +86,21 @@ def supervised(kind: BackendKind) -> bool:
     return kind is not BackendKind.PLATFORM
 
 
-def spawn_supervisor(run: RunDir) -> int | None:
+def ssh_env(settings: SshSettings) -> dict[str, str]:
+    """The environment that gives a supervisor the console's way to the nodes (the settings a
+    console took from its --ssh-config, --known-hosts and --python options or from these variables)."""
+    return {
+        "TAEHV_SSH_CONFIG": settings.config_path,
+        "TAEHV_KNOWN_HOSTS": settings.known_hosts_path,
+        "TAEHV_REMOTE_PYTHON": settings.python,
+    }
+
+
+def spawn_supervisor(run: RunDir, env: Mapping[str, str] | None = None) -> int | None:
     """Start the run's supervisor, detached from this terminal (its own session, stdin from
-    /dev/null, output to RUN/supervisor.log), unless one runs already or TAEHV_SUPERVISOR=off.
-    Returns its pid, or None when none was started."""
+    /dev/null, output to RUN/supervisor.log), unless one runs already or TAEHV_SUPERVISOR=off;
+    `env` adds to this process's environment (ssh_env: how to reach the nodes). Returns its pid, or
+    None when none was started."""
     if not enabled():
         return None
     found = running_supervisor(run)
@@ -103,6 +116,7 @@ def spawn_supervisor(run: RunDir) -> int | None:
             start_new_session=True,
             cwd=run.path,
             close_fds=True,
+            env={**os.environ, **(env or {})},
         )
     return proc.pid
 

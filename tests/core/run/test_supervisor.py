@@ -132,3 +132,24 @@ def test_two_supervisors_of_one_run_do_not_take_it_from_each_other(supervised_ru
         second.wait()
     request_stop(run, pool, grace_s=20, wait_s=60)
     assert sup.wait(30) == 4
+
+
+def test_a_spawned_supervisor_reaches_the_nodes_the_way_its_console_does(tmp_path, monkeypatch):
+    """The console's SSH settings (from --ssh-config, --known-hosts, --python, or the environment)
+    reach the detached supervisor, which has no command line of its own for them."""
+    from taehv_console.core.cluster.ssh import SshSettings
+
+    monkeypatch.setenv("TAEHV_SUPERVISOR", "on")
+    run = make_run(tmp_path / "runs", nodes=1, per_node=1)
+    settings = SshSettings(config_path=str(tmp_path / "ssh_config"), known_hosts_path=str(tmp_path / "kh"))
+    pid = supervision.spawn_supervisor(run, supervision.ssh_env(settings))
+    assert pid is not None
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"TAEHV_SSH_CONFIG={tmp_path / 'ssh_config'}".encode() in environ
+        assert f"TAEHV_KNOWN_HOSTS={tmp_path / 'kh'}".encode() in environ
+        wait_for(lambda: supervision.running_supervisor(run) is not None, 20, "its info file")
+        assert supervision.spawn_supervisor(run) == pid  # one per run: a second is not started
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
