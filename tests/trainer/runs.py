@@ -16,6 +16,12 @@ import tomli_w
 
 BIN = Path(sys.executable).parent
 
+# A run is waited for while it makes progress. Before its first step it only starts (imports,
+# DeepSpeed's set-up, a checkpoint's load): QUIET_S without a file written is a hang. After that,
+# STALL_STEPS of its own slowest step, when that is longer: a busy machine's steps are slow.
+QUIET_S = 240.0
+STALL_STEPS = 20
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -94,12 +100,19 @@ class Launch:
                 start_new_session=True,
             )
 
-    def wait(self, timeout: float = 240) -> int:
+    def wait(self, timeout: float = QUIET_S) -> int:
+        """The launcher's exit status. It is waited for as long as the run is making progress: it
+        fails only when nothing in the run directory has changed for `timeout` seconds, or for
+        STALL_STEPS of the run's slowest step so far when that is longer (a busy machine makes a
+        run slow, not hung)."""
         try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            wait_for(
+                lambda: self.proc.poll() is not None, timeout, "the launcher to exit", run_dir=self.run_dir
+            )
+        except AssertionError as e:
             self.kill()
-            raise AssertionError(f"run did not finish in {timeout}s; log:\n{self.tail()}") from None
+            raise AssertionError(f"run did not finish: {e}\nlog:\n{self.tail()}") from None
+        return self.proc.returncode
 
     def kill(self) -> None:
         try:
@@ -120,9 +133,49 @@ def events(run_dir: Path, rank: int = 0, kind: str | None = None) -> list[dict]:
     return [e for e in out if kind is None or e["kind"] == kind]
 
 
-def wait_for(predicate, timeout: float, what: str, launch: Launch | None = None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def activity(run_dir: Path) -> tuple[int, int, int]:
+    """(files, bytes, newest mtime) of what the run has written: events, logs, checkpoints,
+    TensorBoard; heartbeats are left out, they go on while a rank is stuck."""
+    files = size = newest = 0
+    for root, dirs, names in os.walk(run_dir):
+        dirs[:] = [d for d in dirs if d != "heartbeat"]
+        for name in names:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            files += 1
+            size += st.st_size
+            newest = max(newest, st.st_mtime_ns)
+    return files, size, newest
+
+
+def slowest_step_s(run_dir: Path) -> float:
+    """The longest step_time_s any rank has reported so far (0 before the first step)."""
+    times = [
+        e.get("step_time_s") or 0.0
+        for path in (run_dir / "events").glob("rank-*.jsonl")
+        for e in events(run_dir, int(path.stem.split("-")[1]), "step")
+    ]
+    return max(times, default=0.0)
+
+
+def wait_for(
+    predicate,
+    timeout: float,
+    what: str,
+    launch: Launch | None = None,
+    run_dir: Path | None = None,
+):
+    """predicate()'s first true value. With a run (`launch`, or `run_dir`) the wait lasts as long
+    as the run makes progress: it fails when nothing in the run directory has changed for
+    `timeout` seconds, or for STALL_STEPS of the slowest step so far when that is longer. Without
+    one, `timeout` is a plain deadline."""
+    run_dir = run_dir or (launch.run_dir if launch is not None else None)
+    seen = activity(run_dir) if run_dir is not None else None
+    moved = time.monotonic()
+    quiet = float(timeout)
+    while True:
         value = predicate()
         if value:
             return value
@@ -130,8 +183,18 @@ def wait_for(predicate, timeout: float, what: str, launch: Launch | None = None)
             raise AssertionError(
                 f"launcher exited ({launch.proc.returncode}) before {what}:\n{launch.tail()}"
             )
+        now = time.monotonic()
+        if run_dir is not None:
+            now_seen = activity(run_dir)
+            if now_seen != seen:
+                seen, moved = now_seen, now
+                quiet = max(float(timeout), STALL_STEPS * slowest_step_s(run_dir))
+        if now - moved > quiet:
+            idle = f"nothing written in {run_dir} for {now - moved:.0f} s" if run_dir else f"{timeout} s"
+            raise AssertionError(
+                f"timed out waiting for {what} ({idle})" + (f":\n{launch.tail()}" if launch else "")
+            )
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}" + (f":\n{launch.tail()}" if launch else ""))
 
 
 def run_to_end(run_dir: Path, nprocs: int, args: tuple[str, ...] = (), env: dict | None = None) -> Launch:

@@ -273,7 +273,7 @@ def test_sigterm_makes_the_trainer_process_exit_0(tmp_path, clip_dir):
         env={**os.environ, "DS_ACCELERATOR": "cpu"},
     )
     try:
-        wait_for(lambda: len(events(run, 0, "step")) >= 1, 180, "a step")
+        wait_for(lambda: len(events(run, 0, "step")) >= 1, 180, "a step", run_dir=run)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
     finally:
