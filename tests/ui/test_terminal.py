@@ -17,7 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.conftest import end_pids
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -81,7 +84,17 @@ class Tmux:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}; the screen:\n{text}")
 
     def kill(self) -> None:
+        """kill-server hangs up the pane; a console that outlives the hang-up, and a server that
+        does not answer, are then ended by pid (SIGTERM, then SIGKILL) with what is below them."""
+        ids = self._tmux("display-message", "-p", "-t", self.session, "#{pid} #{pane_pid}", check=False)
+        pids = []
+        for pid in (int(p) for p in ids.stdout.split() if p.isdigit()):
+            try:
+                pids += [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+            except psutil.Error:
+                pass
         self._tmux("kill-server", check=False)
+        end_pids(pids)
 
 
 @pytest.fixture
