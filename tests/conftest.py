@@ -588,6 +588,7 @@ def pytest_configure(config):
     REAPER.marker = uuid.uuid4().hex
     os.environ[SESSION_MARK] = REAPER.marker  # everything started from here carries it
     subprocess.Popen = ReapedPopen  # type: ignore[misc]
+    config.pluginmanager.register(_FixtureOwners(), "taehv-reaper-fixtures")
 
 
 @pytest.hookimpl(trylast=True)
@@ -603,20 +604,23 @@ def pytest_sessionstart(session):
             signal.signal(signal.SIGTERM, _sigterm)  # a SIGTERM tears down like Ctrl-C
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    with REAPER.lock:
-        REAPER.owners.append((fixturedef, f"fixture {fixturedef.argname} ({fixturedef.scope})"))
-    try:
-        return (yield)
-    finally:
+class _FixtureOwners:
+    """Fixture hooks, registered as a plugin of their own: a conftest's hooks are only called for
+    nodes below it, and a session-scoped fixture (sshd) is set up and finalized on the session."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
         with REAPER.lock:
-            REAPER.owners.pop()
+            REAPER.owners.append((fixturedef, f"fixture {fixturedef.argname} ({fixturedef.scope})"))
+        try:
+            return (yield)
+        finally:
+            with REAPER.lock:
+                REAPER.owners.pop()
 
-
-def pytest_fixture_post_finalizer(fixturedef, request):
-    with _NoAlarm():
-        REAPER.reap(fixturedef)
+    def pytest_fixture_post_finalizer(self, fixturedef, request):
+        with _NoAlarm():
+            REAPER.reap(fixturedef)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
