@@ -3,7 +3,7 @@ attempt (a resume when asked), and the checkpoint a resume starts from, checked 
 world size before anything starts.
 
 A part of RunController (core/run/control.py); it uses the controller's state and primitives,
-declared below for the type checker.
+declared in parts.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from taehv_console.core.plan.render import RenderOptions, launch_command, launch_env
 from taehv_console.core.run.backends import NodeCommand
@@ -23,37 +22,13 @@ from taehv_console.core.run.outcome import (
     RunLiveError,
     WorldSizeChangedError,
 )
+from taehv_console.core.run.parts import ControllerParts
 from taehv_console.core.run.progress import file_sizes
 from taehv_console.core.run.state import Attempt, Failure, Phase, RunState
 from trainer import checkpoint as ckpt
 
-if TYPE_CHECKING:
-    from taehv_console.core.run.backends import LaunchBackend
-    from taehv_console.core.run.notify import Notifier
-    from taehv_console.core.run.rundir import RunDir
-    from trainer.config import TrainConfig
 
-
-class LaunchMixin:
-    if TYPE_CHECKING:  # what the controller provides
-        run: RunDir
-        cfg: TrainConfig
-        state: RunState
-        backend: LaunchBackend
-        notifier: Notifier
-        grace_s: float
-
-        @property
-        def attempt(self) -> Attempt | None: ...
-        @property
-        def world_size(self) -> int: ...
-        def _event_text(self, text: str) -> str: ...
-        def _host(self, node: int) -> str | None: ...
-        def _reset_follow(self) -> None: ...
-        def _save(self, state: RunState) -> RunState: ...
-        def live_nodes(self) -> dict[int, tuple[int, ...]]: ...
-        def reconcile(self) -> str: ...
-
+class LaunchMixin(ControllerParts):
     def commands(self, attempt: int, resume: str | None, weights_only: bool) -> list[NodeCommand]:
         cfg = self.cfg
         env = {

@@ -3,7 +3,7 @@ decision, then carry it out (a backoff, a relaunch from the newest verified chec
 lost recorded), end a stall past its bound, keep the run supervised, and tell a person.
 
 A part of RunController (core/run/control.py), kept apart so the decisions' plumbing reads on its
-own; it uses the controller's state and primitives, declared below for the type checker.
+own; it uses the controller's state and primitives, declared in parts.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 from taehv_console.core.run import supervision
-from taehv_console.core.run.notify import Notifier
 from taehv_console.core.run.outcome import ControlError, RunSnapshot, whoami
+from taehv_console.core.run.parts import ControllerParts
 from taehv_console.core.run.recovery import (
     Action,
     CauseKind,
@@ -26,45 +25,11 @@ from taehv_console.core.run.recovery import (
     decide,
     stall_bound_s,
 )
-from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from taehv_console.core.run.state import Attempt, Failure, Phase, StopRecord
 from trainer import checkpoint as ckpt
 
-if TYPE_CHECKING:
-    from taehv_console.core.cluster.ssh import SshPool
-    from taehv_console.core.models import BackendKind
-    from taehv_console.core.run.lock import RunLock
-    from taehv_console.core.run.progress import AttemptEvents
-    from taehv_console.core.run.rundir import RunDir
-    from trainer.config import TrainConfig
 
-
-class RecoveryMixin:
-    if TYPE_CHECKING:  # what the controller provides
-        run: RunDir
-        cfg: TrainConfig
-        state: RunState
-        lock: RunLock
-        pool: SshPool
-        notifier: Notifier
-        _pending_recovery: Attempt | None
-        _fault_time: float | None
-
-        @property
-        def attempt(self) -> Attempt | None: ...
-        @property
-        def kind(self) -> BackendKind: ...
-        def _fail(self, failure: Failure) -> None: ...
-        def _host(self, node: int) -> str | None: ...
-        def _note(self, text: str) -> None: ...
-        def _save(self, state: RunState) -> RunState: ...
-        def _stop_request(self) -> dict[str, Any] | None: ...
-        def _tail(self) -> AttemptEvents: ...
-        def live_nodes(self) -> dict[int, tuple[int, ...]]: ...
-        def launch(
-            self, resume: str | None = None, weights_only: bool = False, restarted: int | None = None
-        ) -> RunState: ...
-        def snapshot(self, events: Sequence[Any] = ()) -> RunSnapshot: ...
-
+class RecoveryMixin(ControllerParts):
     def _check_stalls(self, stalls: Callable[[], Sequence[Stall]] | None, now: float) -> bool:
         """End the attempt when a rank has been stalled past the policy's bound (and its forensics
         are in, or a minute more has passed): the collective timeout would end it hours later."""

@@ -3,59 +3,26 @@ and `stop` events up to the grace period, SIGKILL what is left, check that nothi
 process trees remains, and record the verified checkpoint it left.
 
 A part of RunController (core/run/control.py); it uses the controller's state and primitives,
-declared below for the type checker.
+declared in parts.py.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taehv_console.core.run.outcome import RunSnapshot, stop_step, verdict, whoami
-from taehv_console.core.run.state import Attempt, Failure, Phase, RunState, StopRecord
+from taehv_console.core.run.parts import ControllerParts
+from taehv_console.core.run.state import Phase, StopRecord
 from trainer import checkpoint as ckpt
-
-if TYPE_CHECKING:
-    from taehv_console.core.run.backends import LaunchBackend
-    from taehv_console.core.run.progress import AttemptEvents, RunProgress
-    from taehv_console.core.run.rundir import RunDir
-    from taehv_console.core.run.state import NodeStatus
 
 # A node's last `stop` lines reach shared storage a moment after its processes are gone.
 STOP_EVENTS_LAG_S = 5.0
 
 
-class StopMixin:
-    if TYPE_CHECKING:  # what the controller provides
-        run: RunDir
-        state: RunState
-        backend: LaunchBackend
-        grace_s: float
-        hurry: bool
-        _killed: tuple[str, ...]
-
-        @property
-        def attempt(self) -> Attempt | None: ...
-        def _diagnose(
-            self,
-            statuses: Mapping[int, NodeStatus],
-            progress: RunProgress,
-            vanished: Sequence[tuple[int, str]],
-            failing: Mapping[int, int | None],
-            now: float,
-        ) -> Failure: ...
-        def _host(self, node: int) -> str | None: ...
-        def _launched(self) -> Attempt: ...
-        def _note(self, text: str) -> None: ...
-        def _save(self, state: RunState) -> RunState: ...
-        def _statuses(self) -> dict[int, NodeStatus]: ...
-        def _tail(self) -> AttemptEvents: ...
-        def _watched_ranks(self) -> set[int]: ...
-        def live_nodes(self) -> dict[int, tuple[int, ...]]: ...
-        def snapshot(self, events: Sequence[Any] = ()) -> RunSnapshot: ...
-
+class StopMixin(ControllerParts):
     def _wait_gone(self, seconds: float, on_update: Callable[[RunSnapshot], None] | None = None) -> bool:
         deadline = time.time() + seconds
         next_check = 0.0
