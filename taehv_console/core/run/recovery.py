@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from taehv_console.core.run.state import Attempt, Failure
@@ -189,7 +189,6 @@ def decide(
     *,
     nodes: int = 1,
     can_exclude: bool = False,
-    excluded: Mapping[int, str] | None = None,
 ) -> Decision:
     """What to do about the attempt that just failed with `cause`.
 
@@ -197,7 +196,6 @@ def decide(
     `history`: the run's earlier failed attempts this run (oldest first), whose restarts count
     against max_restarts. `nodes`: the run's current node count. `can_exclude`: whether the backend
     can relaunch without a node (spares or fewer nodes)."""
-    excluded = excluded or {}
     if cause.kind in (CauseKind.UNKNOWN, CauseKind.LAUNCH):
         # nothing says whether it would repeat: the console does not burn its budget on it, and
         # does not tell a platform not to try again either
@@ -226,7 +224,7 @@ def decide(
     delay = backoff_s(policy, restart)
     count = strikes([*history, PastAttempt(cause.kind, cause.node, added_checkpoint)])
     node = cause.node
-    if node is not None and node not in excluded:
+    if node is not None:
         struck = count.get(node, 0)
         bad = cause.kind in _HARDWARE or struck >= policy.exclude_after
         if bad and can_exclude and nodes - 1 >= policy.min_nodes:

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from taehv_console.core.cluster.ssh import SshSettings
 from taehv_console.core.models import BackendKind
 from taehv_console.core.run.lock import RunBusyError, RunLock
@@ -52,9 +54,10 @@ def enabled(env: dict[str, str] | None = None) -> bool:
 
 
 def _cmdline(pid: int) -> list[str]:
+    """The process's command line; [] when it is gone or a zombie (exited, not yet reaped)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
 
 
