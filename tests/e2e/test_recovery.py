@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from taehv_console.core.run.lock import read_holder
 from taehv_console.headless import ExitCode
 from tests.e2e.consoles import Console, is_step, run_state
 from tests.e2e.test_headless import THREADS, _no_platform_env
@@ -19,27 +20,40 @@ from tests.e2e.test_headless import THREADS, _no_platform_env
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_kill_9_of_a_rank_is_restarted_from_the_checkpoint_and_reaches_final_weights(tmp_path):
-    console = Console(
+def cpu_smoke(
+    tmp_path, max_steps: int, checkpoint_every: int, *extra: str, env: dict | None = None
+) -> Console:
+    """`--no-tui` on cpu-smoke and generated clips, validating only at the start, 1 s backoff."""
+    return Console(
         "--no-tui",
         "--runs",
         tmp_path / "runs",
         "--json",
         "--set",
-        "optim.max_steps=14",
+        f"optim.max_steps={max_steps}",
         "--set",
-        "schedule.checkpoint_every=5",
+        f"schedule.checkpoint_every={checkpoint_every}",
         "--set",
         "schedule.val_every=1000",
         "--set",
         "recovery.backoff_s=1",
+        *extra,
         *THREADS,
-        env=_no_platform_env(),
+        env=env if env is not None else _no_platform_env(),
         cwd=tmp_path,
     )
-    console.wait_for(lambda o: is_step(o, 7), 300, "step 7, after the checkpoint at step 5")
+
+
+def rank_1(tmp_path):
+    """The run under tmp_path/runs and the pid of its rank 1, from its heartbeat."""
     run = next((tmp_path / "runs").glob("20*"))
-    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    return run, json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+
+
+def test_kill_9_of_a_rank_is_restarted_from_the_checkpoint_and_reaches_final_weights(tmp_path):
+    console = cpu_smoke(tmp_path, 14, 5)
+    console.wait_for(lambda o: is_step(o, 7), 300, "step 7, after the checkpoint at step 5")
+    run, victim = rank_1(tmp_path)
     os.kill(victim, signal.SIGKILL)
     rc = console.wait(400)
     assert rc == ExitCode.DONE, console.tail()
@@ -61,34 +75,15 @@ def test_the_console_killed_then_a_rank_killed_the_supervisor_heals_the_run_alon
     """A closed terminal in the middle of a run, then a crash: nobody watches but the supervisor
     the console started, and the run still reaches final weights."""
     env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
-    console = Console(
-        "--no-tui",
-        "--runs",
-        tmp_path / "runs",
-        "--json",
-        "--set",
-        "optim.max_steps=16",
-        "--set",
-        "schedule.checkpoint_every=4",
-        "--set",
-        "schedule.val_every=1000",
-        "--set",
-        "recovery.backoff_s=1",
-        *THREADS,
-        env=env,
-        cwd=tmp_path,
-    )
+    console = cpu_smoke(tmp_path, 16, 4, env=env)
     console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
-    run = next((tmp_path / "runs").glob("20*"))
+    run, victim = rank_1(tmp_path)
     info = json.loads((run / "supervisor.json").read_text())
     console.kill()  # the terminal closes
-    from taehv_console.core.run.lock import read_holder
-
     wait = time.time() + 30
     while read_holder(run / "lock").get("purpose") != "supervise" and time.time() < wait:
         time.sleep(0.2)
     assert read_holder(run / "lock").get("purpose") == "supervise"
-    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
     os.kill(victim, signal.SIGKILL)
     deadline = time.time() + 400
     while time.time() < deadline and run_state(run)["phase"] != "done":
@@ -114,28 +109,9 @@ def test_a_sigstopped_rank_is_named_its_stack_taken_then_the_run_restarted_and_d
     """A hang: rank 1 stops (SIGSTOP) and never comes back. The stall is named with its stack
     (forensics), the attempt is ended at recovery.stall_restart_after_s instead of at the
     collective timeout (300 s on cpu-smoke), and the restart reaches final weights."""
-    console = Console(
-        "--no-tui",
-        "--runs",
-        tmp_path / "runs",
-        "--json",
-        "--set",
-        "optim.max_steps=14",
-        "--set",
-        "schedule.checkpoint_every=5",
-        "--set",
-        "schedule.val_every=1000",
-        "--set",
-        "recovery.backoff_s=1",
-        "--set",
-        "recovery.stall_restart_after_s=20",
-        *THREADS,
-        env=_no_platform_env(),
-        cwd=tmp_path,
-    )
+    console = cpu_smoke(tmp_path, 14, 5, "--set", "recovery.stall_restart_after_s=20")
     console.wait_for(lambda o: is_step(o, 7), 300, "step 7, after the checkpoint at step 5")
-    run = next((tmp_path / "runs").glob("20*"))
-    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    run, victim = rank_1(tmp_path)
     t_stop = time.time()
     os.kill(victim, signal.SIGSTOP)
     console.wait_for(
