@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,14 @@ def test_two_supervisors_of_one_run_do_not_take_it_from_each_other(supervised_ru
     first = read_holder(run.lock_path)["pid"]
     second = start_supervisor(run, 400, 0.15)
     try:
-        wait_for(lambda: "standby" in supervision.log_path(run).read_text().split("supervising")[-1], 20, "x")
+        # the second one has started (its own "supervising ... (standby" line) and tried the lock
+        # for a few of its 0.5 s rounds
+        wait_for(
+            lambda: supervision.log_path(run).read_text().count("(standby until") >= 2,
+            20,
+            "the second supervisor to start",
+        )
+        time.sleep(2.0)
         assert second.poll() is None and read_holder(run.lock_path)["pid"] == first
     finally:
         os.killpg(second.pid, signal.SIGKILL)
