@@ -177,9 +177,15 @@ class DeepSpeedSection(_Section):
     mixed_precision: Literal["auto", "bf16", "fp16", "no"] = Field(
         "auto", description="auto = bf16 on GPU, fp32 on CPU"
     )
-    allgather_bucket_size: int = Field(500_000_000, ge=1)
-    reduce_bucket_size: int = Field(500_000_000, ge=1)
-    overlap_comm: bool = True
+    # Defaults sized for this model on one node (taehv_console/core/plan/zero.py): one bucket of 2e7
+    # elements holds the whole 11.3M-element gradient, so overlap_comm would overlap nothing and only
+    # add a second bucket buffer and a device synchronisation per micro-batch. Across nodes the
+    # planner sizes buckets of a few million elements with overlap on.
+    allgather_bucket_size: int = Field(20_000_000, ge=1, description="elements per weight all-gather")
+    reduce_bucket_size: int = Field(20_000_000, ge=1, description="elements per gradient reduction bucket")
+    overlap_comm: bool = Field(
+        False, description="reduce buckets while backward runs (needs several buckets)"
+    )
     contiguous_gradients: bool = True
     reduce_scatter: bool = True
     communication_data_type: Literal["auto", "fp32", "fp16", "bf16"] = "auto"

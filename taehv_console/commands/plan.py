@@ -206,6 +206,7 @@ def _comparison(args: argparse.Namespace) -> ExitCode:
         soft_wrap=True,
     )
     _print_checkpoint_table(console, plans)
+    _print_shared_lines(console, "deepspeed", [(p.name, p.deepspeed) for p in plans])
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])
     return ExitCode.DONE
@@ -361,6 +362,7 @@ def _print_plan(resolved, plan, row) -> None:
         f"              {breakdown} (GB)",
         f"timeout       {plan.collective_timeout}",
     ]
+    lines += [f"{'deepspeed' if i == 0 else '':<14}{line}" for i, line in enumerate(plan.deepspeed)]
     if plan.teacher is not None:
         lines += [
             f"{'recipe' if i == 0 else '':<14}{line}"

@@ -55,6 +55,26 @@ def format_bandwidth(bits_per_s: float) -> str:
     return f"{bits_per_s:g}bit"
 
 
+def link_for(nodes: int, device: str, bandwidth_bits_per_s: float | None = None) -> tuple[float, str, str]:
+    """The link a collective is limited by: (usable bytes/s, its name, the assumption in words).
+
+    Several nodes: the inter-node link (`bandwidth_bits_per_s`, else INTER_NODE_DEFAULT), since the
+    ring passes each node boundary with the full per-GPU volume; one node: NVLink, or gloo for CPU
+    processes."""
+    if nodes > 1:
+        bits = (
+            bandwidth_bits_per_s if bandwidth_bits_per_s is not None else parse_bandwidth(INTER_NODE_DEFAULT)
+        )
+        bps = usable_bytes_per_s(bits)
+        why = f"inter-node link {format_bandwidth(bits)}, {USABLE_LINK_FRACTION:.0%} usable = {bps / 1e6:,.0f} MB/s"
+        return bps, f"inter-node {format_bandwidth(bits)}", why
+    if device == "cpu":
+        bps = INTRA_NODE_CPU_BYTES_PER_S
+        return bps, "intra-node gloo", f"CPU processes exchange {bps / GB:g} GB/s over gloo"
+    bps = INTRA_NODE_BYTES_PER_S
+    return bps, "intra-node NVLink", f"one node: NVLink all-reduce at {bps / GB:g} GB/s"
+
+
 def ring_factor(world_size: int | None) -> float:
     """Bytes each GPU moves in a ring all-reduce, per byte of payload: 2(N-1)/N; None = the large-N
     bound 2, which is what the public "201.2 MB per sync" figure for 100.6 MB of gradients uses."""

@@ -2,7 +2,8 @@
 
 The rules are the public project's, made explicit (FACTS.md): the published presets are the
 anchors, and every derived value carries the reason shown on the review screen. Published
-topologies derive back to their published values (ZeRO stage excepted, see `_zero_stage`).
+topologies derive back to their published values, except DeepSpeed's stage, buckets and overlap,
+which are sized for this model's gradient and the link it crosses (zero.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from taehv_console.core.plan.communication import comm_bytes_per_value, link_for, parse_bandwidth
+from taehv_console.core.plan.footprint import parameter_count
 from taehv_console.core.plan.planner import estimate_memory, gpu_family
 from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from taehv_console.core.plan.timeouts import (
@@ -19,7 +22,9 @@ from taehv_console.core.plan.timeouts import (
     collective_timeout_s,
     derived_collective_timeout_s,
 )
+from taehv_console.core.plan.zero import size_zero
 from trainer.config import ConfigError, TrainConfig, config_from_dict
+from trainer.ds_config import resolve_precision
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
 REFERENCE_LR = 1e-4  # their LR; LR is linear in effective batch from here
@@ -28,7 +33,6 @@ MAX_BATCH_PER_GPU = 8  # the largest per-GPU batch in any public preset
 # (world size, value) anchors from the published presets
 WARMUP_ANCHORS = ((8, 2000), (16, 1500), (48, 1200), (64, 1000))
 CHECKPOINT_ANCHORS = ((8, 2000), (16, 1000), (48, 750), (64, 500))
-BUCKET_STEPS = ((16, 500_000_000), (48, 750_000_000), (None, 1_000_000_000))
 MAX_LIVE_STEPS = ((16, 1_000_000_000), (48, 800_000_000), (None, 500_000_000))
 PREFETCH_STEPS = ((16, 200_000_000), (48, 250_000_000), (None, 300_000_000))
 PERSISTENCE_THRESHOLD = 100_000
@@ -135,7 +139,7 @@ def derive_run_config(
     """A complete config for nodes x gpus_per_node, from `base` by the public rules.
 
     Derived: topology, per-GPU batch and accumulation (effective batch by world size, per-GPU batch
-    capped by the memory estimate), LR, warmup, checkpoint interval, ZeRO stage and bucket sizes,
+    capped by the memory estimate), LR, warmup, checkpoint interval, ZeRO stage, bucket sizes and overlap,
     collective timeout, NCCL environment. Everything else (clip size, model, data, max steps)
     comes from `base`. `overrides` (--set) apply last and win over every rule.
     """
@@ -253,13 +257,31 @@ def derive_run_config(
     if data["schedule"]["val_every"] > every:
         put("schedule.val_every", every, "validate at least as often as a checkpoint is written")
 
-    # --- DeepSpeed ---------------------------------------------------------------------------------
-    stage, why = _zero_stage(base)
-    put("deepspeed.zero_stage", stage, why)
-    bucket = _step(world, BUCKET_STEPS)
-    bucket_why = f"{_fmt(bucket)}: published 5e8 up to 16 GPUs, 7.5e8 at 48, 1e9 at 64"
-    put("deepspeed.reduce_bucket_size", bucket, bucket_why)
-    put("deepspeed.allgather_bucket_size", bucket, bucket_why + " (allgather = reduce)")
+    # --- DeepSpeed: sized from the gradient and the link (zero.py) ------------------------------
+    params = parameter_count(src.model).total
+    bandwidth = parse_bandwidth(base.meta.network) if base.meta.network else None
+    bps, link, _ = link_for(nodes, device, bandwidth)
+    asked = _asked_zero_stage(base)
+    sized = size_zero(
+        params,
+        nodes=nodes,
+        world=world,
+        grad_accum=accum,
+        precision=resolve_precision(src, device),
+        bytes_per_value=comm_bytes_per_value(src),
+        bytes_per_s=bps,
+        link=link,
+        stage=asked,
+        stage_why=f"ZeRO-{asked}: your preset {base.name} asks for it",
+    )
+    put("deepspeed.zero_stage", sized.stage, sized.stage_why)
+    put("deepspeed.reduce_bucket_size", sized.bucket, sized.bucket_why)
+    put(
+        "deepspeed.allgather_bucket_size",
+        sized.bucket,
+        "as reduce_bucket_size: one all-gather of the updated weights per bucket",
+    )
+    put("deepspeed.overlap_comm", sized.overlap, sized.overlap_why)
     s3 = "used only under ZeRO-3"
     live = _step(world, MAX_LIVE_STEPS)
     put(
@@ -299,15 +321,10 @@ def derive_run_config(
     return _finish(base, data, reasons, nodes, gpus_per_node, overrides)
 
 
-def _zero_stage(base: Preset) -> tuple[int, str]:
+def _asked_zero_stage(base: Preset) -> int | None:
+    """The stage a user's own preset sets (kept); None for shipped presets (the rule decides)."""
     asked = base.explicit.get("deepspeed", {}).get("zero_stage") if isinstance(base.explicit, dict) else None
-    if base.source != "shipped" and asked is not None:
-        return int(asked), f"ZeRO-{asked}: your preset {base.name} asks for it"
-    return 2, (
-        "ZeRO-2: weights, gradients and AdamW state of this 11.3M-parameter model are ~0.18 GB per GPU, "
-        "so ZeRO-3 (the public presets' choice from 2 nodes up) saves nothing and adds a parameter "
-        "all-gather per layer; set deepspeed.zero_stage=3 to insist"
-    )
+    return int(asked) if base.source != "shipped" and asked is not None else None
 
 
 def _finish(

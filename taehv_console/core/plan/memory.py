@@ -70,14 +70,33 @@ def comm_buffer_bytes(cfg: TrainConfig, params: int, precision: str) -> float:
     which for this model is never more than the whole model. Stage 0 reduces in place.
     """
     ds = cfg.deepspeed
+    return bucket_buffer_bytes(
+        ds.zero_stage,
+        ds.reduce_bucket_size,
+        ds.overlap_comm,
+        precision,
+        contiguous_gradients=ds.contiguous_gradients,
+        gathered=min(ds.stage3_max_live_parameters, params),
+    )
+
+
+def bucket_buffer_bytes(
+    zero_stage: int,
+    reduce_bucket_size: int,
+    overlap_comm: bool,
+    precision: str,
+    *,
+    contiguous_gradients: bool = True,
+    gathered: int = 0,
+) -> float:
+    """comm_buffer_bytes from the settings themselves; `gathered`: ZeRO-3's live weights (elements)."""
     b = value_bytes(precision)
-    if ds.zero_stage in (1, 2) and ds.contiguous_gradients:
-        dtype_bytes = 4 if ds.zero_stage == 1 else b
-        return ds.reduce_bucket_size * dtype_bytes * (2 if ds.overlap_comm else 1)
-    if ds.zero_stage == 3:
-        reduce = ds.reduce_bucket_size * b if ds.contiguous_gradients else 0
-        live = min(ds.stage3_max_live_parameters, params) * b
-        return reduce + live
+    if zero_stage in (1, 2) and contiguous_gradients:
+        dtype_bytes = 4 if zero_stage == 1 else b
+        return reduce_bucket_size * dtype_bytes * (2 if overlap_comm else 1)
+    if zero_stage == 3:
+        reduce = reduce_bucket_size * b if contiguous_gradients else 0
+        return reduce + gathered * b
     return 0.0
 
 
@@ -150,7 +169,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
             f"reduce_bucket_size {cfg.deepspeed.reduce_bucket_size:.3g} elements is "
             f"{cfg.deepspeed.reduce_bucket_size / params:.0f}x the whole gradient ({params:,} elements); "
             f"its buffers take {buffers / GB:.2f} GB per {unit} and a bucket of "
-            f"{_round_up_bucket(params):.3g} would hold the gradient in one piece"
+            f"{round_up_bucket(params):.3g} would hold the gradient in one piece"
         )
     if cfg.loss.teacher:
         notes.append("the teacher VAE's weights and activations are not included in this estimate")
@@ -166,10 +185,10 @@ def estimate_memory(cfg: TrainConfig) -> MemoryFit:
     )
 
 
-def _round_up_bucket(params: int) -> float:
+def round_up_bucket(params: int) -> int:
     """The next 1/2/5 x 10^k at or above `params`: a round bucket that holds the whole gradient."""
     exp = 10 ** math.floor(math.log10(params))
     for m in (1, 2, 5, 10):
         if m * exp >= params:
-            return float(m * exp)
-    return float(10 * exp)  # pragma: no cover
+            return int(m * exp)
+    return int(10 * exp)  # pragma: no cover

@@ -4,7 +4,8 @@ comparison of plans against a baseline, as the CLI, the wizard and --json show t
 Pure functions of a TrainConfig and a few stated assumptions (bandwidth, throughput); every
 assumption is a named constant or argument so the figures can be checked by hand. Units: bytes,
 seconds; "GB" and "MB" are decimal (1e9, 1e6), as the public arithmetic in FACTS.md uses them.
-Each figure lives in its own module: memory, communication, throughput, teacher, checkpointing.
+Each figure lives in its own module: memory, communication, zero (DeepSpeed's sizing), throughput,
+teacher, checkpointing.
 This module re-exports their public names, which callers import from here.
 """
 
@@ -48,6 +49,7 @@ from taehv_console.core.plan.communication import (
     comm_bytes_per_value,
     comm_fraction,
     format_bandwidth,
+    link_for,
     parse_bandwidth,
     ring_factor,
     smallest_accumulation,
@@ -83,6 +85,7 @@ from taehv_console.core.plan.throughput import (
     gpu_family,
 )
 from taehv_console.core.plan.timeouts import explain_collective_timeout
+from taehv_console.core.plan.zero import ZeroSizing, deepspeed_lines, size_zero, size_zero_for
 from trainer.config import TrainConfig
 
 __all__ = [
@@ -117,6 +120,7 @@ __all__ = [
     "Plan",
     "TeacherCost",
     "TimeEstimate",
+    "ZeroSizing",
     "assumed_throughput",
     "bytes_per_optimizer_step",
     "checkpoint_bytes",
@@ -130,12 +134,14 @@ __all__ = [
     "comm_bytes_per_value",
     "comm_fraction",
     "compare_plans",
+    "deepspeed_lines",
     "estimate_checkpointing",
     "estimate_memory",
     "expected_failures",
     "format_bandwidth",
     "format_duration",
     "gpu_family",
+    "link_for",
     "loss_per_failure_s",
     "make_plan",
     "model_state_bytes",
@@ -143,6 +149,8 @@ __all__ = [
     "plan_to_dict",
     "ring_factor",
     "round_steps",
+    "size_zero",
+    "size_zero_for",
     "smallest_accumulation",
     "teacher_cost",
     "teacher_lines",
@@ -163,6 +171,7 @@ class Plan:
     teacher: TeacherCost | None = None
     collective_timeout: str = ""  # the timeout and why (derived configs wait minutes, not hours)
     checkpoint: CheckpointEstimate | None = None  # what a failure costs, and the interval to save at
+    deepspeed: tuple[str, ...] = ()  # what its ZeRO stage and buckets cost, and how they would be sized
 
 
 def make_plan(
@@ -193,21 +202,8 @@ def make_plan(
     params = parameter_count(cfg.model).total
     bpv = comm_bytes_per_value(cfg)
 
-    if t.nodes > 1:
-        bits = (
-            bandwidth_bits_per_s if bandwidth_bits_per_s is not None else parse_bandwidth(INTER_NODE_DEFAULT)
-        )
-        bps = usable_bytes_per_s(bits)
-        link = f"inter-node {format_bandwidth(bits)}"
-        assumptions.append(
-            f"inter-node link {format_bandwidth(bits)}, {USABLE_LINK_FRACTION:.0%} usable = {bps / MB:,.0f} MB/s"
-        )
-    elif t.device == "cpu":
-        bps, link = INTRA_NODE_CPU_BYTES_PER_S, "intra-node gloo"
-        assumptions.append(f"CPU processes exchange {bps / GB:g} GB/s over gloo")
-    else:
-        bps, link = INTRA_NODE_BYTES_PER_S, "intra-node NVLink"
-        assumptions.append(f"one node: NVLink all-reduce at {bps / GB:g} GB/s")
+    bps, link, link_why = link_for(t.nodes, t.device, bandwidth_bits_per_s)
+    assumptions.append(link_why)
 
     if clips_per_s_per_gpu is None:
         clips_per_s_per_gpu, why = assumed_throughput(cfg, gpu)
@@ -276,6 +272,7 @@ def make_plan(
         teacher=teacher,
         collective_timeout=explain_collective_timeout(cfg),
         checkpoint=estimate_checkpointing(cfg, step_s, failures_per_gpu_hour),
+        deepspeed=deepspeed_lines(cfg, bps, link),
     )
 
 
@@ -345,6 +342,7 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
             "max_batch_per_gpu": plan.memory.max_batch_per_gpu,
             "notes": list(plan.memory.notes),
         },
+        "deepspeed": list(plan.deepspeed),
         "assumptions": list(plan.assumptions),
     }
     if plan.teacher is not None:

@@ -44,16 +44,19 @@ def values(cfg):
     "nodes, gpus, expected",
     [
         # 32 GPUs: target 128 x sqrt(2) = 181 -> 6 per GPU = 192; LR 1.5e-4; warmup between
-        # 1500 (16) and 1200 (48) at log2 position 1/1.585 -> 1310.7 -> 1300; derived timeout 600 s
-        (4, 8, (6, 1, 192, 1.5e-4, 1300, 850, 2, 500_000_000 * 3 // 2, 600)),
-        # 12 GPUs: 128 / (8 x 12) needs 2 accumulation steps, then 128 / 24 -> 5 per GPU = 120
-        (3, 4, (5, 2, 120, 9.3e-5, 1700, 1400, 2, 500_000_000, 600)),
-        # 2 GPUs on one node: 8 x 8 x 2 = 128; checkpoints 2000 x 2/8 = 500 steps (same hours as 8 GPUs)
-        (1, 2, (8, 8, 128, 1e-4, 2000, 500, 2, 500_000_000, 600)),
+        # 1500 (16) and 1200 (48) at log2 position 1/1.585 -> 1310.7 -> 1300; derived timeout 600 s;
+        # accumulation 1: ZeRO-2; 4 nodes: the 11.3M gradient in buckets of 11.3M / 4 -> 3e6
+        (4, 8, (6, 1, 192, 1.5e-4, 1300, 850, 2, 3_000_000, 600)),
+        # 12 GPUs: 128 / (8 x 12) needs 2 accumulation steps, then 128 / 24 -> 5 per GPU = 120;
+        # accumulating: ZeRO-1 (gradients reduced once per step)
+        (3, 4, (5, 2, 120, 9.3e-5, 1700, 1400, 1, 3_000_000, 600)),
+        # 2 GPUs on one node: 8 x 8 x 2 = 128; checkpoints 2000 x 2/8 = 500 steps (same hours as 8 GPUs);
+        # one node: one bucket of 2e7 holds the whole gradient
+        (1, 2, (8, 8, 128, 1e-4, 2000, 500, 1, 20_000_000, 600)),
         # 128 GPUs: 128 x sqrt(8) = 362 -> 3 per GPU = 384, LR 3e-4; past the 64-GPU anchors by
         # 1/sqrt(world ratio): warmup 1000/sqrt(2) = 707 -> 700, checkpoints 500/sqrt(2) -> 350;
         # timeout 600 + 30 x 6 nodes over 10 = 780 s
-        (16, 8, (3, 1, 384, 3e-4, 700, 350, 2, 1_000_000_000, 780)),
+        (16, 8, (3, 1, 384, 3e-4, 700, 350, 2, 3_000_000, 780)),
     ],
 )
 def test_derive_for_unpublished_topologies(h100, nodes, gpus, expected):
@@ -71,11 +74,16 @@ def test_derive_for_unpublished_topologies(h100, nodes, gpus, expected):
         "schedule.checkpoint_every",
         "deepspeed.zero_stage",
         "deepspeed.reduce_bucket_size",
+        "deepspeed.allgather_bucket_size",
+        "deepspeed.overlap_comm",
         "distributed.collective_timeout_s",
         "distributed.nccl_env",
     ):
         assert r.reason_for(key), key
     assert c.run.preset == f"8gpu-h100@{nodes}x{gpus}"
+    # buckets: reduce = allgather; overlap only where there are several buckets (across nodes)
+    assert c.deepspeed.allgather_bucket_size == c.deepspeed.reduce_bucket_size
+    assert c.deepspeed.overlap_comm is (nodes > 1)
 
 
 def test_lr_reason_reads_like_the_review_screen(h100):
@@ -91,18 +99,20 @@ def test_lr_reason_reads_like_the_review_screen(h100):
 @pytest.mark.parametrize("name", ["16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-h100"])
 def test_published_topologies_derive_back_to_published_values(h100, name):
     # the rules are fitted to the public presets: deriving their topology gives their values,
-    # except the ZeRO stage, which derive sets to 2 on purpose (ZeRO-3 buys nothing at 11.3M)
+    # except the ZeRO stage, which derive sizes on purpose (ZeRO-1 when accumulating, else ZeRO-2:
+    # ZeRO-3 buys nothing at 11.3M); the shipped buckets are sized by the same rule
     pub = load_preset(name, user_dir=None).config
     got = derive_run_config(h100, pub.topology.nodes, pub.topology.gpus_per_node).config
     assert values(got)[:6] == values(pub)[:6]
     assert values(got)[7] == values(pub)[7]
+    assert got.deepspeed.overlap_comm == pub.deepspeed.overlap_comm
     # derived configs wait minutes, not the published hours: the console names a stall in ~30 s
     assert (
         got.distributed.collective_timeout_s
         == derived_collective_timeout_s(pub.topology.nodes)
         < pub.distributed.collective_timeout_s
     )
-    assert got.deepspeed.zero_stage == 2
+    assert got.deepspeed.zero_stage == (1 if pub.optim.grad_accum > 1 else 2)
     if pub.deepspeed.zero_stage == 3:
         d, p = got.deepspeed, pub.deepspeed
         assert (d.stage3_max_live_parameters, d.stage3_prefetch_bucket_size) == (
@@ -127,8 +137,9 @@ def test_no_fit_at_all_is_a_clear_error(h100):
 
 
 def test_tight_memory_turns_on_activation_checkpointing(h100):
-    # 9 GB: one clip (~7.5 GB at its peak + ~3 GB fixed) fits only with recomputation (~4.3 GB)
-    r = derive_run_config(h100, 1, 8, gpu_memory_gb=9)
+    # 8 GB: one clip (~7.5 GB at its peak + ~1.1 GB fixed with right-sized buckets) fits only with
+    # recomputation (~4.3 GB)
+    r = derive_run_config(h100, 1, 8, gpu_memory_gb=8)
     assert r.config.model.activation_checkpointing
     assert r.reason_for("model.activation_checkpointing")
 

@@ -106,6 +106,30 @@ def test_plan_auto_and_human_output(capsys):
     assert code == 0
     assert "preset 16gpu-h100 matches 2 x 8 H100" in out
     assert "ZeRO-3 cannot help" in out  # the published ZeRO-3 preset, with the planner's note
+    # and what ZeRO-3 costs it, per step and in HBM, against ZeRO-2 (16 GPUs, bf16: 3 x 15/16 x 22.6 MB)
+    assert "deepspeed     ZeRO-3, buckets of 3e+06 elements (4 per gradient), overlap_comm on: 63.6 MB" in out
+    assert (
+        "ZeRO-3 costs this 11.3M-parameter model 63.6 MB per GPU per step against 42.4 MB under ZeRO-2" in out
+    )
+
+
+def test_plan_shows_how_deepspeed_was_sized_for_a_derived_config(capsys):
+    code, data = run_json(
+        capsys, "plan", "--preset", "auto", "--nodes", "1", "--gpus-per-node", "4", "--gpu", "H100", "--json"
+    )
+    assert code == 0 and data["derived"] is True
+    why = {r["key"]: r["reason"] for r in data["reasons"]}
+    assert data["config"]["deepspeed"]["zero_stage"] == 1 and why["deepspeed.zero_stage"].startswith(
+        "ZeRO-1: "
+    )
+    assert data["config"]["deepspeed"]["overlap_comm"] is False and why["deepspeed.overlap_comm"].startswith(
+        "off: "
+    )
+    assert data["plan"]["deepspeed"][0].startswith("ZeRO-1, buckets of 2e+07 elements (1 per gradient)")
+    main(["plan", "--preset", "auto", "--nodes", "1", "--gpus-per-node", "4", "--gpu", "H100"])
+    out = capsys.readouterr().out
+    assert "deepspeed.zero_stage" in out and "deepspeed.overlap_comm" in out  # the reasons table
+    assert "deepspeed     ZeRO-1, buckets of 2e+07 elements (1 per gradient), overlap_comm off" in out
 
 
 def test_plan_memory_misfit_exits_non_zero(capsys):

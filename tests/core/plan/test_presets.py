@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from taehv_console.core.plan.footprint import parameter_count
 from taehv_console.core.plan.presets import (
     list_presets,
     load_preset,
@@ -14,6 +15,7 @@ from taehv_console.core.plan.presets import (
     shipped_preset_dir,
     user_preset_dir,
 )
+from taehv_console.core.plan.zero import sized_bucket
 from trainer.config import ConfigError
 
 SHIPPED = ["1gpu-h100", "8gpu-h100", "16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-a800", "cpu-smoke"]
@@ -77,13 +79,32 @@ def test_shipped_values_follow_the_public_table(name, no_user_dir):
     )
     assert c.data.frames == (20 if name == "1gpu-h100" else 12)
     assert c.run.preset == name
+    # execution settings, not the recipe: NHWC and torch.compile on every GPU preset
+    assert c.model.channels_last and c.model.compile
+
+
+def test_cpu_smoke_runs_eager_in_nchw(no_user_dir):
+    m = load_preset("cpu-smoke").config.model
+    assert not m.channels_last and not m.compile  # a smoke run must not wait for a compile
 
 
 def test_bucket_and_stage3_values_reach_the_config(no_user_dir):
-    buckets = {"8gpu-h100": 5e8, "16gpu-h100": 5e8, "48gpu-h100": 7.5e8, "64gpu-h100": 1e9}
-    for name, size in buckets.items():
-        ds = load_preset(name).config.deepspeed
-        assert ds.reduce_bucket_size == ds.allgather_bucket_size == size and ds.overlap_comm
+    # buckets sized for the 11,315,539-element gradient (not the public 5e8-1e9): one bucket of 2e7
+    # on one node, overlap off; 4 buckets of 3e6 across nodes, overlap on (core/plan/zero.py)
+    buckets = {
+        "1gpu-h100": (2e7, False),
+        "8gpu-h100": (2e7, False),
+        "8gpu-a800": (2e7, False),
+        "cpu-smoke": (2e7, False),
+        "16gpu-h100": (3e6, True),
+        "48gpu-h100": (3e6, True),
+        "64gpu-h100": (3e6, True),
+    }
+    for name, (size, overlap) in buckets.items():
+        c = load_preset(name).config
+        ds = c.deepspeed
+        assert ds.reduce_bucket_size == ds.allgather_bucket_size == size and ds.overlap_comm is overlap, name
+        assert ds.reduce_bucket_size == sized_bucket(parameter_count(c.model).total, c.topology.nodes), name
     stage3 = {"16gpu-h100": (1e9, 2e8), "48gpu-h100": (8e8, 2.5e8), "64gpu-h100": (5e8, 3e8)}
     for name, (live, prefetch) in stage3.items():
         ds = load_preset(name).config.deepspeed
