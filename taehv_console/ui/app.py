@@ -46,6 +46,7 @@ from taehv_console.ui.screens.node import NodeScreen
 from taehv_console.ui.screens.preflight import PreflightScreen
 from taehv_console.ui.screens.preset import PresetScreen
 from taehv_console.ui.screens.review import ReviewScreen
+from taehv_console.ui.screens.samples import SamplesScreen
 from taehv_console.ui.session import RunSession
 from taehv_console.ui.themes import DEFAULT_THEME, HEALTH_DEFAULTS, ThemeSet, health_variables, load_themes
 from taehv_console.ui.widgets.node_grid import NodeGrid
@@ -191,6 +192,14 @@ class TaehvConsole(App):
     def open_node(self, name: str) -> None:
         self.show_dashboard()
         self.push_screen(NodeScreen(name))
+
+    def open_samples(self) -> None:
+        """The Samples view of the run shown (its reconstructions at each validation)."""
+        if isinstance(self.screen, SamplesScreen):
+            return
+        state, session = self.cluster_state, self.session
+        run_dir = state.run.run_dir if state is not None else (str(session.run.path) if session else None)
+        self.push_screen(SamplesScreen(run_dir, images=self.console_config.images))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -438,6 +447,7 @@ def all_bindings() -> list[tuple[str, Binding]]:
         ("dashboard", DashboardScreen),
         ("node grid", NodeGrid),
         ("node", NodeScreen),
+        ("samples", SamplesScreen),
         ("detect", DetectScreen),
         ("preflight", PreflightScreen),
         ("preset", PresetScreen),

@@ -1,5 +1,5 @@
 """Command palette entries (ctrl+p) for the console's actions: attach to a run, switch theme, open
-node N, stop, resume, start, help. Entries depend on what the console knows now: the runs it
+node N, samples, stop, resume, start, help. Entries depend on what the console knows now: the runs it
 listed, the nodes of the newest ClusterState, whether a run is being followed. No I/O here: the
 run list is the one a worker fetched last (refreshed when the palette opens)."""
 
@@ -58,6 +58,14 @@ class ConsoleCommands(Provider):
                         f"{node.state.value}; per-GPU table, ranks, log, charts",
                     )
                 )
+        if state is not None or session is not None:
+            out.append(
+                (
+                    "Show samples (reconstructions)",
+                    app.open_samples,
+                    "each validation's input, reconstruction and error, clip by clip; compare steps",
+                )
+            )
         out.append(("Show keys (help)", app.action_help, "every key binding, with the id to rebind it"))
         return out
 

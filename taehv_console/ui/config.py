@@ -3,6 +3,7 @@
     $TAEHV_CONSOLE_CONFIG, else $XDG_CONFIG_HOME/taehv-console/console.toml (~/.config/...)
 
     theme = "light"              # dark (default), light, high-contrast, or a user theme's name
+    images = "half-blocks"       # the Samples view's images: auto (default), kitty, sixel, half-blocks
     [keys]                       # binding id = key(s); several keys comma-separated
     stop = "ctrl+x"
     help = "f1,question_mark"
@@ -30,6 +31,11 @@ class ConsoleConfig:
     path: Path | None = None  # the file read, None when there was none
     theme: str | None = None
     keys: dict[str, str] = field(default_factory=dict)
+    images: str = "auto"  # how the Samples view draws images: one of IMAGE_MODES
+
+
+# auto: Kitty graphics or Sixel where the terminal answers that it has them, else half-blocks
+IMAGE_MODES = ("auto", "kitty", "sixel", "half-blocks")
 
 
 def config_path() -> Path:
@@ -49,12 +55,15 @@ def load_console_config(path: Path | None = None, binding_ids: Iterable[str] = (
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ConsoleConfigError(f"{path}: cannot read it: {err}") from None
-    unknown = set(data) - {"theme", "keys"}
+    unknown = set(data) - {"theme", "keys", "images"}
     if unknown:
         raise ConsoleConfigError(
             f"{path}: unknown setting(s) {', '.join(sorted(unknown))}; "
-            "the file takes `theme = NAME` and a [keys] table"
+            "the file takes `theme = NAME`, `images = MODE` and a [keys] table"
         )
+    images = data.get("images", "auto")
+    if images not in IMAGE_MODES:
+        raise ConsoleConfigError(f"{path}: images must be one of {', '.join(IMAGE_MODES)}, not {images!r}")
     theme = data.get("theme")
     if theme is not None and (not isinstance(theme, str) or not theme):
         raise ConsoleConfigError(f'{path}: theme must be a theme name such as "dark"')
@@ -69,4 +78,6 @@ def load_console_config(path: Path | None = None, binding_ids: Iterable[str] = (
             )
         if not isinstance(value, str) or not value.strip():
             raise ConsoleConfigError(f'{path}: [keys] {bid}: give the key as a string, e.g. {bid} = "ctrl+x"')
-    return ConsoleConfig(path=path, theme=theme, keys={k: v.replace(" ", "") for k, v in keys.items()})
+    return ConsoleConfig(
+        path=path, theme=theme, keys={k: v.replace(" ", "") for k, v in keys.items()}, images=images
+    )

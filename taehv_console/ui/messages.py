@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:  # annotations only: the flow modules load the planner's pydantic models
+    from PIL.Image import Image as PILImage
+
     from taehv_console.core.flow.config import ChosenConfig, PresetChoice
     from taehv_console.core.flow.launch import Review
     from taehv_console.core.flow.preflight import PreflightResult
     from taehv_console.core.flow.runs import RunEntry
     from taehv_console.core.models import ProbeResult, Topology
     from taehv_console.core.run.outcome import Outcome, RunSnapshot
+    from taehv_console.core.watch.samples import SampleStep
     from taehv_console.core.watch.state import RunView
     from taehv_console.ui.session import RunSession
 
@@ -147,3 +150,21 @@ class RunsListed(Message):
     def __init__(self, runs: tuple[RunEntry, ...]) -> None:
         super().__init__()
         self.runs = runs  # core.flow.RunEntry
+
+
+class SamplesListed(Message):
+    """The run's complete sample steps (core SampleStep, newest first), read again because the
+    list changed; `val_every` is the run's schedule.val_every, for the empty state's words."""
+
+    def __init__(self, steps: tuple[SampleStep, ...], val_every: int | None) -> None:
+        super().__init__()
+        self.steps = steps
+        self.val_every = val_every
+
+
+class SampleImagesRead(Message):
+    """Strip images read by a worker: path -> the decoded image, or the error text naming it."""
+
+    def __init__(self, images: dict[str, PILImage | str]) -> None:
+        super().__init__()
+        self.images = images

@@ -107,10 +107,12 @@ def test_no_color_is_respected_and_states_stay_readable_without_colour(no_color)
 def test_settings_file_is_optional_and_read_when_present(tmp_path, monkeypatch):
     path = tmp_path / "console.toml"
     assert load_console_config(path) == ConsoleConfig()
-    path.write_text('theme = "light"\n[keys]\nstop = "ctrl+x"\nhelp = "f1, question_mark"\n')
+    path.write_text(
+        'theme = "light"\nimages = "half-blocks"\n[keys]\nstop = "ctrl+x"\nhelp = "f1, question_mark"\n'
+    )
     monkeypatch.setenv("TAEHV_CONSOLE_CONFIG", str(path))
     cfg = load_console_config(binding_ids=binding_ids())
-    assert cfg.path == path and cfg.theme == "light"
+    assert cfg.path == path and cfg.theme == "light" and cfg.images == "half-blocks"
     assert cfg.keys == {"stop": "ctrl+x", "help": "f1,question_mark"}
 
 
@@ -122,6 +124,7 @@ def test_settings_file_is_optional_and_read_when_present(tmp_path, monkeypatch):
         ('colour = "red"\n', "unknown setting(s) colour"),
         ('keys = "x"\n', "keys must be a table"),
         ("theme = \n", "cannot read it"),
+        ('images = "ascii"\n', "images must be one of auto, kitty, sixel, half-blocks, not 'ascii'"),
     ],
 )
 def test_a_broken_settings_file_says_where_and_what_to_write(tmp_path, text, message):

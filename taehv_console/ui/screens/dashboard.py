@@ -1,5 +1,6 @@
 """The dashboard: run header, node grid, loss and PSNR sparklines, checkpoints and notable events,
-all drawn from the newest ClusterState. Stop (confirmed), resume, attach and start live here."""
+all drawn from the newest ClusterState. Stop (confirmed), resume, attach, start and the Samples
+view live here."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ class DashboardScreen(Screen):
         Binding("x", "stop_run", "Stop", id="stop", tooltip="Stop the run after a checkpoint (asks first)"),
         Binding(
             "r", "resume_run", "Resume", id="resume", tooltip="Relaunch from the newest complete checkpoint"
+        ),
+        Binding(
+            "v",
+            "show_samples",
+            "Samples",
+            id="show-samples",
+            tooltip="What the model learned: each validation's input, reconstruction and error",
         ),
         Binding(
             "slash",
@@ -137,3 +145,6 @@ class DashboardScreen(Screen):
 
     def action_resume_run(self) -> None:
         self.app.resume_run()
+
+    def action_show_samples(self) -> None:
+        self.app.open_samples()

@@ -67,7 +67,7 @@ class HelpScreen(ModalScreen[None]):
                     Content.styled("ctrl+p", "bold $accent"),
                     "",
                     "everywhere",
-                    "command palette: attach, theme, open node N, stop, resume",
+                    "command palette: attach, theme, open node N, samples, stop, resume",
                 )
             )
         )
