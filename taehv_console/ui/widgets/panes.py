@@ -37,7 +37,10 @@ class MetricSpark(Vertical):
         values = list(series.values) if series is not None else []
         label = self.query_one(".metric-title", Static)
         spark = self.query_one(Sparkline)
-        spark.data = values[-240:] or [0.0]
+        # no line until there is data (a sparkline of [0.0] draws solid blocks); one value draws
+        # as a flat line, not as a wall of full blocks
+        spark.display = bool(values)
+        spark.data = values[-240:] if len(values) != 1 else values * 2
         if not values:
             label.update(
                 Content.assemble(Content.styled(self.title, "bold"), Content.styled("  no data yet", "dim")),
