@@ -142,6 +142,32 @@ def rank_span(ranks: Sequence[int]) -> str:
     return text if len(text) <= 10 else f"r{rs[0]}…{rs[-1]}"
 
 
+# why a node shows no GPU, in the few words a table cell holds; the whole reason is one key away
+# (i on Detect and on the node screen)
+_NO_GPU_WORDS = (
+    ("nvidia-ml-py is not installed", "no nvidia-ml-py"),
+    ("NVML unavailable", "no NVML"),
+    ("NVML query failed", "NVML failed"),
+    ("NVML found no GPU", "none found"),
+    ("CUDA_VISIBLE_DEVICES", "all hidden"),
+)
+
+
+def no_gpu_words(reason: str, width: int = 16) -> str:
+    """'NVML unavailable: NVML Shared Library Not Found' -> 'no NVML': whole words, never cut."""
+    reason = reason.strip()
+    if not reason:
+        return "none visible"
+    for prefix, words in _NO_GPU_WORDS:
+        if reason.startswith(prefix):
+            return words
+    head = reason.split(":")[0].split("(")[0].strip()
+    if len(head) <= width:
+        return head
+    cut = head[: width - 1].rsplit(" ", 1)[0]
+    return cut + "…"
+
+
 def table_cell(value: object) -> object:
     """A DataTable cell: plain strings stay plain (DataTable would read '[rank41]' as markup) and
     Content becomes rich Text with the theme's colours resolved (Text is measured for width)."""

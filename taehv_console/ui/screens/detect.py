@@ -36,7 +36,7 @@ from taehv_console.ui.messages import (
     NodeProbed,
     TopologyDetected,
 )
-from taehv_console.ui.screens.dialogs import ConfirmScreen
+from taehv_console.ui.screens.dialogs import ConfirmScreen, MessageScreen
 from taehv_console.ui.screens.preflight import PreflightScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
@@ -49,7 +49,8 @@ COLUMNS = ("node", "slots", "GPUs", "driver/CUDA", "CPU/RAM", "torch · ds · ac
 
 
 def gpu_summary(facts: NodeFacts) -> str:
-    return gpu_list(facts) if facts.visible_gpu_count else f"0 ({facts.gpu_reason or 'none visible'})"[:40]
+    """The GPUs, or "0 — no NVML": why there are none in words that fit (the whole reason: i)."""
+    return gpu_list(facts) if facts.visible_gpu_count else f"0 — {f.no_gpu_words(facts.gpu_reason)}"
 
 
 def node_row(result: ProbeResult | None, slots: int | None) -> tuple[str | Content, ...]:
@@ -131,6 +132,13 @@ class DetectScreen(Screen):
             "Trust host key",
             id="trust-host",
             tooltip="Show the selected node's SSH host key fingerprint and trust it",
+        ),
+        Binding(
+            "i",
+            "gpu_reason",
+            "Why no GPU",
+            id="gpu-reason",
+            tooltip="The whole reason the selected node shows no GPU",
         ),
     ]
 
@@ -255,6 +263,22 @@ class DetectScreen(Screen):
     def on_detection_failed(self, message: DetectionFailed) -> None:
         self.query_one("#topology", Static).update(Content.assemble(f.badge("failed"), " ", message.message))
         self.query_one("#probe-progress", ProgressBar).update(total=1, progress=0)
+
+    def action_gpu_reason(self) -> None:
+        table = self.query_one("#nodes", DataTable)
+        if not table.row_count:
+            return
+        host = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        result = self._results.get(host) if host is not None else None
+        facts = result.facts if result is not None else None
+        if facts is None:
+            self.notify(f"{host}: no answer from its probe yet", severity="warning")
+        elif facts.visible_gpu_count:
+            self.notify(f"{host}: {gpu_list(facts)}", title="GPUs")
+        else:
+            self.app.push_screen(
+                MessageScreen(f"{host}: no GPU", facts.gpu_reason or "none visible", severity="info")
+            )
 
     # ---------------------------------------------------------------- trust
     def action_trust_host(self) -> None:

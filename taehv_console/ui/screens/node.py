@@ -21,6 +21,7 @@ from textual_plotext import PlotextPlot
 from taehv_console.core.watch.tail import Tailer
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
+from taehv_console.ui.screens.dialogs import MessageScreen
 
 if TYPE_CHECKING:
     from textual import getters
@@ -95,8 +96,8 @@ def gpu_rows(node: NodeSnapshot) -> list[tuple[str | Content, ...]]:
     s = node.sample
     if s is None:
         return [("-", "no agent sample yet", "", "", "", "", "")]
-    if not s.gpu_ok:
-        return [("-", f"no GPU ({s.gpu_reason or 'none reported'})"[:36], "", "", "", "", "")]
+    if not s.gpu_ok:  # the reason in words that fit; i shows the whole of it
+        return [("-", f"no GPU — {f.no_gpu_words(s.gpu_reason)}", "", "", "", "", "")]
     rows: list[tuple[str | Content, ...]] = []
     for g in s.gpus:
         mem = (
@@ -193,6 +194,7 @@ class NodeScreen(Screen):
         Binding(
             "slash", "search_log", "Search", id="search-log", key_display="/", tooltip="Find text in the log"
         ),
+        Binding("i", "gpu_reason", "Why no GPU", id="gpu-reason", tooltip="The whole reason it shows no GPU"),
         Binding(
             "n",
             "next_match",
@@ -375,6 +377,17 @@ class NodeScreen(Screen):
                 )
                 return
         self.notify(f"“{self._search}” is not in the log", severity="warning")
+
+    def action_gpu_reason(self) -> None:
+        state = self.app.cluster_state
+        node = state.node(self.node_name) if state is not None else None
+        s = node.sample if node is not None else None
+        if s is None or s.gpu_ok:
+            self.notify(f"{self.node_name}: {'GPUs reported' if s else 'no agent sample yet'}", timeout=3)
+            return
+        self.app.push_screen(
+            MessageScreen(f"{self.node_name}: no GPU", s.gpu_reason or "none reported", "info")
+        )
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
