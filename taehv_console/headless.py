@@ -8,7 +8,8 @@ on generated clips, so the README's main command works on a laptop.
 
 Progress: a rich progress bar when stdout is a terminal, timestamped lines otherwise (container
 logs), and with --json one JSON object per line (trainer events as they are, plus the console's
-own `phase`, `note` and a final `result`).
+own `phase`, `note` and a final `result`). Each validation's samples are named once, when
+their index.json appears: the step's directory and each clip's PSNR, PNG and video.
 
 Imported on the --no-tui path and by the commands that follow a run, not by `taehv-console --help`
 (its exit codes live in exit_codes.py).
@@ -49,6 +50,7 @@ from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import RunWatch
+from taehv_console.core.watch.samples import SampleStep, list_sample_steps, newest_samples
 from taehv_console.core.watch.state import ForensicsSummary, RunView
 from taehv_console.core.watch.view import StallText, headline, number_text, progress_dict, stall_texts
 from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, exit_code_for  # noqa: F401 - re-exported
@@ -94,6 +96,35 @@ class _Watched:
         return new, cleared, reports
 
 
+class _NewSamples:
+    """The newest reconstruction samples, told once per step validation writes them."""
+
+    def __init__(self) -> None:
+        self._listed: int | None = None  # the newest complete step seen in the listing
+        self._told: int | None = None
+
+    def check(self, run_dir: str) -> SampleStep | None:
+        steps = list_sample_steps(run_dir)  # a directory listing: cheap enough for every update
+        if not steps or steps[0] == self._listed:
+            return None
+        self._listed = steps[0]
+        newest = newest_samples(run_dir)  # a broken index is passed over for the one before
+        if newest is None or newest.step == self._told:
+            return None
+        self._told = newest.step
+        return newest
+
+
+def samples_lines(step: SampleStep) -> list[str]:
+    """Where the newest samples are: the step's directory, then each clip's PSNR, PNG and video."""
+    lines = [f"samples step {step.step}: {step.path}"]
+    for c in step.clips:
+        psnr = f"{c.psnr:.2f} dB" if c.psnr is not None else "not finite"
+        files = " ".join(str(p) for p in (c.png, c.video) if p is not None)
+        lines.append(f"  clip {c.index}: PSNR {psnr}  {files}")
+    return lines
+
+
 def _frames_lines(summary: ForensicsSummary, top: int = 6) -> list[str]:
     head = f"forensics for rank {summary.rank} (pid {summary.pid}, node {summary.node}):"
     lines = [head] + [f"  {f}" for f in summary.frames[:top]]
@@ -120,6 +151,7 @@ class PlainView:
         self._last = 0.0
         self._step_shown: int | None = -1
         self._seen = _Watched()
+        self._samples = _NewSamples()
 
     def _line(self, text: str) -> None:
         self.out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
@@ -152,6 +184,10 @@ class PlainView:
             self._line(self.progress_text(view))
 
     def health(self, view: RunView) -> None:
+        """The phase, stalls, forensics and new samples, each told once."""
+        newest = self._samples.check(view.run.run_dir)
+        for line in samples_lines(newest) if newest is not None else ():
+            self._line(line)
         if view.run.phase != self._seen.phase:
             self._seen.phase = view.run.phase
             self._line(f"{view.run.run_id}: {view.run.phase}")
@@ -221,11 +257,12 @@ class RichView(PlainView):
 
 class JsonView:
     """One JSON object per line: trainer events verbatim (`source: trainer`) and the console's
-    own (`source: console`: phase, note, stall, recovered, forensics, health, result)."""
+    own (`source: console`: phase, note, samples, stall, recovered, forensics, health, result)."""
 
     def __init__(self, out: TextIO):
         self.out = out
         self._seen = _Watched()
+        self._samples = _NewSamples()
         self._health: tuple[tuple[int, str, int | None], ...] | None = None
 
     def emit(self, obj: Mapping[str, Any]) -> None:
@@ -256,6 +293,9 @@ class JsonView:
                     "progress": progress_dict(view),
                 }
             )
+        newest = self._samples.check(view.run.run_dir)
+        if newest is not None:
+            self.emit({**base, "kind": "samples", **newest.to_dict()})
         new, cleared, reports = self._seen.changes(view)
         for s in new:
             self.emit({**base, "kind": "stall", **asdict(s), "message": s.text})

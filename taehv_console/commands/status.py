@@ -1,6 +1,6 @@
 """`taehv-console status [RUN]`: a run's phase, nodes (launcher pid/pgid and whether anything of it
-is alive, asked of each node), progress, newest checkpoint and failure; without RUN, every run
-under --runs. Also home of the run options status/stop/resume/attach share.
+is alive, asked of each node), progress, newest checkpoint, newest samples and failure; without
+RUN, every run under --runs. Also home of the run options status/stop/resume/attach share.
 
 Imports nothing heavy at module level (`taehv-console --help` imports this file).
 """
@@ -28,6 +28,7 @@ from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import monitor_hosts
+from taehv_console.core.watch.samples import newest_samples
 from taehv_console.core.watch.view import duration_text, number_text, progress_dict, stall_texts
 from taehv_console.exit_codes import ExitCode
 from trainer import checkpoint as ckpt
@@ -177,6 +178,8 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     info["failure"] = asdict(state.failure) if state.failure else None
     info["stop"] = asdict(state.stop) if state.stop else None
     info["final_weights"] = str(run.final_weights) if run.final_weights.is_file() else None
+    samples = newest_samples(run.path)
+    info["samples"] = samples.to_dict() if samples is not None else None
     return info
 
 
@@ -247,3 +250,10 @@ def _print_one(i: dict[str, Any]) -> None:
         )
     if i.get("final_weights"):
         c.print(f"  weights: {i['final_weights']}")
+    if i.get("samples"):
+        s = i["samples"]
+        c.print(f"  newest samples: step {s['step']} ({s['dir']})", markup=False)
+        for clip in s["clips"]:
+            psnr = number_text(clip.get("psnr"), ".2f")
+            files = "  ".join(p for p in (clip["png"], clip.get("video")) if p)
+            c.print(f"    clip {clip['index']}: PSNR {psnr} dB  {files}", markup=False)

@@ -87,3 +87,57 @@ async def _agree():
         rows = [[str(getattr(c, "plain", c)) for c in table.get_row_at(i)] for i in range(table.row_count)]
         assert [(int(r[0]), r[2]) for r in rows] == [(r.rank, str(r.step)) for r in view.ranks]
         assert all(r.state.value in row[1] for r, row in zip(view.ranks, rows))
+
+
+def test_headless_and_status_name_the_newest_samples_once_per_validation(tmp_path, capsys):
+    """A validation's samples (index.json written last) are named by --no-tui, plain and JSON, once
+    per new step, and by `status`; a step still being written is not."""
+    import shutil
+
+    from taehv_console.cli import main
+    from tests.sample_steps import write_sample_step
+
+    run = tmp_path / RECORDED.name
+    shutil.copytree(RECORDED, run)
+    view = snapshot_once(run)
+    plain_out, json_out = io.StringIO(), io.StringIO()
+    plain, js = PlainView(plain_out, every_s=0), JsonView(json_out)
+
+    def update() -> None:
+        plain.update(_snap(view), view)
+        js.update(_snap(view), view)
+
+    def json_samples() -> list[dict]:
+        return [o for o in map(json.loads, json_out.getvalue().splitlines()) if o["kind"] == "samples"]
+
+    update()
+    assert "samples" not in plain_out.getvalue() and json_samples() == []
+
+    step_dir = write_sample_step(run, 10, clips=2)
+    write_sample_step(run, 20, clips=2, complete=False)  # validation still writing: not yet
+    update()
+    update()  # told once, not at every update
+    text = plain_out.getvalue()
+    assert text.count("samples step 10:") == 1 and "samples step 20" not in text
+    assert f"samples step 10: {step_dir}" in text
+    assert f"clip 1: PSNR 18.50 dB  {step_dir / 'clip-1.png'} {step_dir / 'clip-1.mp4'}" in text
+    (told,) = json_samples()
+    assert told["step"] == 10 and told["dir"] == str(step_dir) and told["run"] == view.run.run_id
+    assert [c["png"] for c in told["clips"]] == [str(step_dir / "clip-0.png"), str(step_dir / "clip-1.png")]
+    assert told["clips"][0]["video"] == str(step_dir / "clip-0.mp4") and told["clips"][0]["psnr"] == 19.0
+
+    write_sample_step(run, 20, clips=2)  # its index.json lands
+    update()
+    assert plain_out.getvalue().count("samples step 20:") == 1
+    assert [o["step"] for o in json_samples()] == [10, 20]
+
+    # status --json and status name the newest samples' paths
+    info = json.loads(json.dumps(run_info(RunDir(run), pool=None, check=False), default=str))
+    newest = run / "samples" / "step-20"
+    assert info["samples"]["step"] == 20 and info["samples"]["dir"] == str(newest)
+    assert info["samples"]["clips"][1]["png"] == str(newest / "clip-1.png")
+    capsys.readouterr()
+    assert main(["status", str(run), "--no-check"]) == 0
+    out = capsys.readouterr().out
+    assert f"newest samples: step 20 ({newest})" in out
+    assert f"clip 0: PSNR 20.00 dB  {newest / 'clip-0.png'}  {newest / 'clip-0.mp4'}" in out
