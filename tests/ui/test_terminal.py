@@ -217,3 +217,45 @@ def test_console_in_tmux_attaches_quits_without_stopping_and_stops_on_request(tm
     assert live_fake_run.read_state().phase.value == "stopped"
     assert not _still_running(live_fake_run)
     tmux.keys("q")
+
+
+def test_samples_view_in_tmux_draws_half_blocks_and_follows_a_new_validation(tmux, tmp_path):
+    """The Samples view of an ended run in a real terminal: tmux answers no Kitty graphics and no
+    Sixel, so textual-image draws half-blocks, which capture-pane shows with the labels."""
+    from tests.sample_steps import write_sample_step
+
+    recorded = ROOT / "tests" / "fixtures" / "runs" / "cpu-smoke-done"
+    run = tmp_path / "runs" / recorded.name
+    shutil.copytree(recorded, run)
+    for step in (10, 20):
+        write_sample_step(run, step, clips=2, frames=8)
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),  # no settings file: images = auto
+        "TERM": "xterm-256color",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PATH": os.environ.get("PATH", ""),
+        "DS_ACCELERATOR": "cpu",
+    }
+    console = [sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path / "runs"), "--run", str(run)]
+    tmux.start(console, env, tmp_path)
+    tmux.wait(lambda s: "events" in s and "v Samples" in s, 90, "the dashboard of the ended run")
+
+    tmux.keys("v")
+    text = tmux.wait(lambda s: "samples step 20" in s and s.count("▀") > 500, 30, "the newest strip")
+    assert "newest of 2 validations" in text and "clip 0 (1 of 2)" in text
+    assert "step 20  clip 0  PSNR 20.00 dB" in text
+    assert "rows input · reconstruction · error ×4" in text
+
+    tmux.keys("Right")
+    tmux.wait(lambda s: "step 20  clip 1  PSNR 19.50 dB" in s, 15, "clip 1")
+    tmux.keys("c")
+    text = tmux.wait(lambda s: "step 10 (previous validation)  clip 1  PSNR 18.50 dB" in s, 15, "compare")
+    assert "(+1.00 dB)" in text
+
+    write_sample_step(run, 30, clips=2, frames=8)  # a validation writes while the view is open
+    tmux.wait(lambda s: "samples step 30" in s and "step 20 (previous validation)" in s, 30, "step 30")
+
+    tmux.keys("Escape")
+    tmux.wait(lambda s: "events" in s and "v Samples" in s, 15, "the dashboard again")
+    tmux.keys("q")
