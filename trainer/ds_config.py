@@ -33,6 +33,17 @@ def deepspeed_skips_nonfinite_step(zero_stage: int, precision: str) -> bool:
     return hasattr(stage3, "is_invalid_grad_norm")
 
 
+def zero1_runs_bf16_optimizer(zero_stage: int, precision: str) -> bool:
+    """Whether DeepSpeed runs ZeRO-1 as its BF16_Optimizer rather than the bucketed ZeRO optimizer.
+
+    It does for bf16 weights with fp32 gradient accumulation, which build_deepspeed_config always
+    asks for under bf16. BF16_Optimizer still partitions the fp32 master weights and AdamW state,
+    but at the step the engine all-reduces the whole fp32 gradient buffer (cast to the
+    communication dtype; 2(N-1)/N x gradient bytes) and then all-gathers the updated weights in
+    allgather_bucket_size pieces; reduce_bucket_size and overlap_comm are not used."""
+    return zero_stage == 1 and precision == "bf16"
+
+
 def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
     device = device or cfg.topology.device
     ds = cfg.deepspeed

@@ -44,6 +44,9 @@ LAZY: dict[tuple[str, str], str] = {
         "taehv_console/core/cluster/ssh/runners.py",
         "paramiko",
     ): "~0.2 s, only where a connection is made",
+    ("taehv_console/commands/eval.py", "trainer.evaluate"): "torch and PyAV, only once eval runs",
+    ("taehv_console/commands/eval.py", "trainer.eval_report"): "torch and PyAV, only once eval runs",
+    ("taehv_console/commands/eval.py", "trainer.synthetic"): "PyAV, only once eval runs (--size)",
     ("taehv_console/core/flow/config.py", "trainer.synthetic"): "PyAV and numpy, only when clips are made",
     ("taehv_console/core/watch/agent.py", "pynvml"): "a bare node may lack nvidia-ml-py: the agent says so",
     (

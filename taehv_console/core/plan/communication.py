@@ -84,13 +84,21 @@ def ring_factor(world_size: int | None) -> float:
 
 
 def bytes_per_optimizer_step(
-    params: float, bytes_per_value: int, world_size: int | None, zero_stage: int, grad_accum: int
+    params: float,
+    bytes_per_value: int,
+    world_size: int | None,
+    zero_stage: int,
+    grad_accum: int,
+    *,
+    bf16_zero1: bool = False,
 ) -> float:
     """Bytes each GPU sends (= receives) per optimizer step, by ZeRO stage, as DeepSpeed 0.19 does it.
 
     With f = (N-1)/N and P = params x bytes per value (the communication dtype):
     - stage 0: one gradient all-reduce at the accumulation boundary: 2fP;
     - stage 1: reduce-scatter of gradients at the boundary + all-gather of updated weights: 2fP;
+      in bf16 (`bf16_zero1`, DeepSpeed's BF16_Optimizer: trainer.ds_config.zero1_runs_bf16_optimizer)
+      an all-reduce at the boundary + the all-gather: 3fP;
     - stage 2: gradients are reduce-scattered after *every* micro-step (DeepSpeed partitions them
       as backward produces them), weights all-gathered once: grad_accum x fP + fP;
     - stage 3: per micro-step, weights all-gathered in forward and again in backward, gradients
@@ -101,6 +109,8 @@ def bytes_per_optimizer_step(
         return 0.0
     half = ring_factor(world_size) / 2  # f
     payload = params * bytes_per_value
+    if zero_stage == 1 and bf16_zero1:
+        return 3 * half * payload
     if zero_stage in (0, 1):
         return 2 * half * payload
     if zero_stage == 2:
@@ -132,11 +142,15 @@ def smallest_accumulation(
     compute_s_per_micro_step: float,
     bytes_per_s: float,
     limit: int = 4096,
+    bf16_zero1: bool = False,
 ) -> int | None:
     """Fewest accumulation steps keeping communication at or under `target_fraction` of a step;
     None when no accumulation can (ZeRO-2/3 communicate on every micro-step)."""
     for accum in range(1, limit + 1):
-        comm = bytes_per_optimizer_step(params, bytes_per_value, world_size, zero_stage, accum) / bytes_per_s
+        moved = bytes_per_optimizer_step(
+            params, bytes_per_value, world_size, zero_stage, accum, bf16_zero1=bf16_zero1
+        )
+        comm = moved / bytes_per_s
         if comm_fraction(comm, accum * compute_s_per_micro_step) <= target_fraction:
             return accum
     return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from taehv_console.core.plan.footprint import activation_elements, parameter_count
 from trainer.config import TrainConfig
-from trainer.ds_config import resolve_precision
+from trainer.ds_config import resolve_precision, zero1_runs_bf16_optimizer
 
 GB = 1e9
 MB = 1e6
@@ -77,6 +77,7 @@ def comm_buffer_bytes(cfg: TrainConfig, params: int, precision: str) -> float:
         precision,
         contiguous_gradients=ds.contiguous_gradients,
         gathered=min(ds.stage3_max_live_parameters, params),
+        params=params,
     )
 
 
@@ -88,9 +89,16 @@ def bucket_buffer_bytes(
     *,
     contiguous_gradients: bool = True,
     gathered: int = 0,
+    params: int = 0,
 ) -> float:
-    """comm_buffer_bytes from the settings themselves; `gathered`: ZeRO-3's live weights (elements)."""
+    """comm_buffer_bytes from the settings themselves; `gathered`: ZeRO-3's live weights (elements).
+
+    bf16 ZeRO-1 runs as DeepSpeed's BF16_Optimizer (trainer.ds_config.zero1_runs_bf16_optimizer):
+    no reduce buckets, but an fp32 buffer the size of the whole gradient (`params` elements) that
+    micro-batches accumulate into and the step all-reduces."""
     b = value_bytes(precision)
+    if zero1_runs_bf16_optimizer(zero_stage, precision):
+        return 4.0 * params
     if zero_stage in (1, 2) and contiguous_gradients:
         dtype_bytes = 4 if zero_stage == 1 else b
         return reduce_bucket_size * dtype_bytes * (2 if overlap_comm else 1)

@@ -87,6 +87,7 @@ from taehv_console.core.plan.throughput import (
 from taehv_console.core.plan.timeouts import explain_collective_timeout
 from taehv_console.core.plan.zero import ZeroSizing, deepspeed_lines, size_zero, size_zero_for
 from trainer.config import TrainConfig
+from trainer.ds_config import resolve_precision, zero1_runs_bf16_optimizer
 
 __all__ = [
     "CACHE_BUILD_WINDOWS",
@@ -215,8 +216,9 @@ def make_plan(
 
     micro_s = cfg.optim.batch_per_gpu / (clips_per_s_per_gpu * efficiency)
     compute_s = cfg.optim.grad_accum * micro_s
+    bf16_zero1 = zero1_runs_bf16_optimizer(cfg.deepspeed.zero_stage, resolve_precision(cfg, t.device))
     step_bytes = bytes_per_optimizer_step(
-        params, bpv, t.world_size, cfg.deepspeed.zero_stage, cfg.optim.grad_accum
+        params, bpv, t.world_size, cfg.deepspeed.zero_stage, cfg.optim.grad_accum, bf16_zero1=bf16_zero1
     )
     comm_s = step_bytes / bps
     comm = CommEstimate(
@@ -233,6 +235,7 @@ def make_plan(
             zero_stage=cfg.deepspeed.zero_stage,
             compute_s_per_micro_step=micro_s,
             bytes_per_s=bps,
+            bf16_zero1=bf16_zero1,
         ),
         target_fraction=target_fraction,
     )

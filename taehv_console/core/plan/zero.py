@@ -17,7 +17,7 @@ from taehv_console.core.plan.communication import bytes_per_optimizer_step, comm
 from taehv_console.core.plan.footprint import parameter_count
 from taehv_console.core.plan.memory import MB, bucket_buffer_bytes, model_state_bytes, round_up_bucket
 from trainer.config import TrainConfig
-from trainer.ds_config import resolve_precision
+from trainer.ds_config import resolve_precision, zero1_runs_bf16_optimizer
 
 # Across nodes the gradient goes in about this many buckets: the first ones are reduced over the
 # slow link while backward still computes the rest (what overlap_comm is for) ...
@@ -47,16 +47,24 @@ def sized_bucket(params: int, nodes: int) -> int:
     return max(BUCKET_STEP, math.ceil(params / BUCKETS_ACROSS_NODES / BUCKET_STEP) * BUCKET_STEP)
 
 
-def zero_stage_for(grad_accum: int, bytes_zero1: float, bytes_zero2: float, world: int) -> tuple[int, str]:
+def zero_stage_for(
+    grad_accum: int, bytes_zero1: float, bytes_zero2: float, world: int, bf16: bool = False
+) -> tuple[int, str]:
     """ZeRO-1 when gradients are accumulated (reduced once per optimizer step), else ZeRO-2."""
     if grad_accum > 1:
         if world == 1:
             moved = "one process: nothing crosses a link, yet ZeRO-2 still runs its reduction each time"
         else:
             moved = f"{bytes_zero1 / MB:.1f} MB per GPU per step against ZeRO-2's {bytes_zero2 / MB:.1f} MB"
+        how = (
+            "; in bf16 DeepSpeed runs it as its BF16_Optimizer: one all-reduce of the accumulated gradient "
+            "and one all-gather of the updated weights per step"
+            if bf16
+            else ""
+        )
         return 1, (
             f"ZeRO-1: accumulation {grad_accum} > 1, and ZeRO-1 reduces gradients once per optimizer step, "
-            f"not after each of the {grad_accum} micro-batches as ZeRO-2 does ({moved}); AdamW state "
+            f"not after each of the {grad_accum} micro-batches as ZeRO-2 does ({moved}){how}. AdamW state "
             "stays partitioned. ZeRO-3 would add two weight all-gathers per micro-batch to save a few MB "
             "on this 11.3M-parameter model; set deepspeed.zero_stage to insist on another stage"
         )
@@ -83,15 +91,16 @@ def size_zero(
 ) -> ZeroSizing:
     """The ZeRO stage (unless `stage` is given, with `stage_why`), buckets and overlap for a gradient
     of `params` elements crossing `link` at `bytes_per_s`."""
+    bf16 = precision == "bf16"
     if stage is None:
-        b1 = bytes_per_optimizer_step(params, bytes_per_value, world, 1, grad_accum)
+        b1 = bytes_per_optimizer_step(params, bytes_per_value, world, 1, grad_accum, bf16_zero1=bf16)
         b2 = bytes_per_optimizer_step(params, bytes_per_value, world, 2, grad_accum)
-        stage, stage_why = zero_stage_for(grad_accum, b1, b2, world)
+        stage, stage_why = zero_stage_for(grad_accum, b1, b2, world, bf16)
     bucket = sized_bucket(params, nodes)
     grad_ms = params * bytes_per_value / bytes_per_s * 1e3
     if nodes == 1:
-        second = bucket_buffer_bytes(stage, bucket, True, precision) - bucket_buffer_bytes(
-            stage, bucket, False, precision
+        second = bucket_buffer_bytes(stage, bucket, True, precision, params=params) - bucket_buffer_bytes(
+            stage, bucket, False, precision, params=params
         )
         bucket_why = (
             f"{bucket:.3g} elements: one bucket holds the whole {params:,}-element gradient (rounded up); "
@@ -116,6 +125,13 @@ def size_zero(
         overlap_why = (
             f"on: the whole gradient takes {grad_ms:.0f} ms over {link}; with {count} buckets all but the "
             "last are reduced while backward computes the rest"
+        )
+    if zero1_runs_bf16_optimizer(stage, precision):
+        bucket_why += "; under bf16 ZeRO-1 (BF16_Optimizer) it sizes the weight all-gather only"
+        overlap = False
+        overlap_why = (
+            "off: under bf16 ZeRO-1 DeepSpeed's BF16_Optimizer all-reduces the whole accumulated gradient "
+            "at the step, after backward, so there is nothing to overlap"
         )
     return ZeroSizing(stage, bucket, overlap, stage_why, bucket_why, overlap_why)
 
@@ -150,6 +166,7 @@ def _state_and_buffers(
         precision,
         contiguous_gradients=cfg.deepspeed.contiguous_gradients,
         gathered=gathered,
+        params=params,
     )
     return states, buffers
 
@@ -162,20 +179,24 @@ def deepspeed_lines(cfg: TrainConfig, bytes_per_s: float, link: str) -> tuple[st
     bpv = comm_bytes_per_value(cfg)
     accum = cfg.optim.grad_accum
 
+    precision = resolve_precision(cfg, t.device)
+
     def moved(stage: int) -> float:
-        return bytes_per_optimizer_step(params, bpv, t.world_size, stage, accum)
+        bf16_zero1 = zero1_runs_bf16_optimizer(stage, precision)
+        return bytes_per_optimizer_step(params, bpv, t.world_size, stage, accum, bf16_zero1=bf16_zero1)
 
     _, buffers = _state_and_buffers(cfg, params, ds.zero_stage, ds.reduce_bucket_size, ds.overlap_comm)
+    bf16_zero1 = zero1_runs_bf16_optimizer(ds.zero_stage, precision)
     count = math.ceil(params / ds.reduce_bucket_size)
     lines = [
         (
             f"ZeRO-{ds.zero_stage}, buckets of {ds.reduce_bucket_size:.3g} elements ({count} per gradient), "
             f"overlap_comm {'on' if ds.overlap_comm else 'off'}: {moved(ds.zero_stage) / MB:.1f} MB per GPU per "
-            f"step, bucket buffers {buffers / MB:,.0f} MB per GPU"
+            f"step, {'fp32 gradient buffer' if bf16_zero1 else 'bucket buffers'} {buffers / MB:,.0f} MB per GPU"
         )
     ]
     sized = size_zero_for(cfg, bytes_per_s, link, stage=ds.zero_stage)  # the buckets for its own stage
-    if ds.zero_stage == 2 and accum > 1 and t.world_size > 1:
+    if ds.zero_stage == 2 and accum > 1 and moved(2) > moved(1):
         lines.append(
             f"ZeRO-2 at accumulation {accum} reduces gradients after every micro-batch: "
             f"{moved(2) / MB:.1f} MB per GPU per step against {moved(1) / MB:.1f} MB under ZeRO-1 "

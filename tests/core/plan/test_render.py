@@ -17,7 +17,8 @@ import yaml
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at import time
 
-from taehv_console.core.plan.presets import load_preset
+from taehv_console.core.plan.derive import derive_run_config
+from taehv_console.core.plan.presets import load_preset, override_config
 from taehv_console.core.plan.render import (
     RenderOptions,
     accelerate_config_name,
@@ -28,7 +29,7 @@ from taehv_console.core.plan.render import (
     write_launch_files,
 )
 from trainer.config import load_config
-from trainer.ds_config import build_deepspeed_config
+from trainer.ds_config import build_deepspeed_config, zero1_runs_bf16_optimizer
 
 ALL = ["1gpu-h100", "8gpu-h100", "16gpu-h100", "48gpu-h100", "64gpu-h100", "8gpu-a800", "cpu-smoke"]
 
@@ -300,11 +301,25 @@ def test_run_toml_is_what_the_trainer_loads(rendered16):
 def test_preset_values_reach_the_deepspeed_engine(tmp_path):
     # a real DeepSpeed engine (one CPU process, gloo) built from rendered deepspeed.json files:
     # what the engine reports equals the preset. ZeRO-3 (16gpu-h100) and ZeRO-2 (8gpu-a800),
-    # with the topology set to one CPU process so the batch arithmetic holds in a single process.
+    # with the topology set to one CPU process so the batch arithmetic holds in a single process;
+    # and what derive sizes for 1 x 8 (ZeRO-1, one 2e7 bucket, overlap off) and 2 x 8 (ZeRO-2,
+    # 3e6 buckets, overlap on)
     overrides = ["topology.nodes=1", "topology.gpus_per_node=1", "topology.device='cpu'"]
+    base = load_preset("8gpu-h100", user_dir=None)
+    configs = {
+        name: load_preset(name, overrides=overrides, user_dir=None).config
+        for name in ("16gpu-h100", "8gpu-a800")
+    }
+    for nodes in (1, 2):
+        derived = derive_run_config(base, nodes, 8).config
+        configs[f"derived-{nodes}x8"] = override_config(derived, overrides)
+    sized = {
+        n: (c.deepspeed.zero_stage, c.deepspeed.reduce_bucket_size, c.deepspeed.overlap_comm)
+        for n, c in configs.items()
+    }
+    assert sized["derived-1x8"] == (1, 20_000_000, False) and sized["derived-2x8"] == (2, 3_000_000, True)
     expected = {}
-    for name in ("16gpu-h100", "8gpu-a800"):
-        cfg = load_preset(name, overrides=overrides, user_dir=None).config
+    for name, cfg in configs.items():
         write_launch_files(cfg, tmp_path / name)
         ds = cfg.deepspeed
         expected[name] = {
@@ -341,8 +356,10 @@ def test_preset_values_reach_the_deepspeed_engine(tmp_path):
                 "prefetch": engine.zero_prefetch_bucket_size() if stage == 3 else None,
                 "persist": engine.zero_param_persistence_threshold() if stage == 3 else None,
             }
-            # and the ZeRO optimizer itself holds the bucket size (not only the config object)
-            out[name]["optimizer_reduce"] = int(engine.optimizer.reduce_bucket_size)
+            # and the ZeRO optimizer itself holds the bucket size (not only the config object);
+            # bf16 ZeRO-1 runs as DeepSpeed's BF16_Optimizer, which has no reduce buckets
+            out[name]["optimizer"] = type(engine.optimizer).__name__
+            out[name]["optimizer_reduce"] = int(getattr(engine.optimizer, "reduce_bucket_size", -1))
         print("ENGINE " + json.dumps(out))
         from trainer.hard_exit import exit_now  # leave as the trainer does: gloo's threads outlive us
         exit_now(0)
@@ -370,8 +387,13 @@ def test_preset_values_reach_the_deepspeed_engine(tmp_path):
     line = next(l for l in proc.stdout.splitlines() if l.startswith("ENGINE "))
     got = json.loads(line[7:])
     for name, want in expected.items():
-        assert got[name].pop("optimizer_reduce") == want["reduce"]
+        bf16_zero1 = zero1_runs_bf16_optimizer(want["stage"], "bf16")
+        assert got[name].pop("optimizer") == (
+            "BF16_Optimizer" if bf16_zero1 else "DeepSpeedZeroOptimizer" + "_Stage3" * (want["stage"] == 3)
+        ), name
+        assert got[name].pop("optimizer_reduce") == (-1 if bf16_zero1 else want["reduce"]), name
         assert got[name] == want, name
+    assert zero1_runs_bf16_optimizer(expected["derived-1x8"]["stage"], "bf16")  # the case above was met
 
 
 @pytest.mark.slow

@@ -19,50 +19,64 @@ def no_user_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TAEHV_CONSOLE_PRESETS", str(tmp_path / "none"))
 
 
-def sized(nodes: int, gpus: int, accum: int, bandwidth: str | None = None):
+def sized(nodes: int, gpus: int, accum: int, bandwidth: str | None = None, precision: str = "bf16"):
     bps, link, _ = link_for(nodes, "cuda", parse_bandwidth(bandwidth) if bandwidth else None)
     return size_zero(
         PARAMS,
         nodes=nodes,
         world=nodes * gpus,
         grad_accum=accum,
-        precision="bf16",
-        bytes_per_value=2,
+        precision=precision,
+        bytes_per_value=2 if precision == "bf16" else 4,
         bytes_per_s=bps,
         link=link,
     )
 
 
 @pytest.mark.parametrize(
-    "nodes, gpus, accum, stage, bucket, overlap",
+    "nodes, gpus, accum, precision, stage, bucket, overlap",
     [
-        (1, 8, 2, 1, 20_000_000, False),  # 8gpu-h100's topology: accumulating, one node
-        (1, 8, 1, 2, 20_000_000, False),
-        (1, 1, 32, 1, 20_000_000, False),  # 1gpu-h100's
-        (2, 8, 1, 2, 3_000_000, True),  # 16gpu-h100's
-        (8, 8, 1, 2, 3_000_000, True),  # 64gpu-h100's
-        (2, 8, 4, 1, 3_000_000, True),
+        (1, 8, 2, "bf16", 1, 20_000_000, False),  # 8gpu-h100's topology: accumulating, one node
+        (1, 8, 1, "bf16", 2, 20_000_000, False),
+        (1, 1, 32, "bf16", 1, 20_000_000, False),  # 1gpu-h100's
+        (2, 8, 1, "bf16", 2, 3_000_000, True),  # 16gpu-h100's
+        (8, 8, 1, "bf16", 2, 3_000_000, True),  # 64gpu-h100's
+        # accumulating across nodes: ZeRO-1; in bf16 DeepSpeed's BF16_Optimizer reduces the whole
+        # gradient at the step (nothing to overlap), in fp32 the bucketed ZeRO-1 overlaps
+        (2, 8, 4, "bf16", 1, 3_000_000, False),
+        (2, 8, 4, "no", 1, 3_000_000, True),
     ],
 )
-def test_stage_buckets_and_overlap_by_topology_and_accumulation(nodes, gpus, accum, stage, bucket, overlap):
-    z = sized(nodes, gpus, accum)
+def test_stage_buckets_and_overlap_by_topology_and_accumulation(
+    nodes, gpus, accum, precision, stage, bucket, overlap
+):
+    z = sized(nodes, gpus, accum, precision=precision)
     assert (z.stage, z.bucket, z.overlap) == (stage, bucket, overlap)
     assert z.stage_why.startswith(f"ZeRO-{stage}: accumulation {accum}")
+    assert z.overlap_why.startswith("on: " if overlap else "off: ")
     if nodes == 1:
         # one right-sized bucket: at least the whole gradient, and no more than 2x it
         assert PARAMS <= z.bucket < 2 * PARAMS
-        assert f"{PARAMS:,}-element gradient" in z.bucket_why and z.overlap_why.startswith("off: ")
+        assert f"{PARAMS:,}-element gradient" in z.bucket_why
     else:
         # a few million elements: several buckets, so reduction can overlap backward
         assert 1_000_000 <= z.bucket <= PARAMS / 3
-        assert "in 4 buckets" in z.bucket_why and z.overlap_why.startswith("on: ")
+        assert "in 4 buckets" in z.bucket_why
+    assert ("BF16_Optimizer" in z.overlap_why) is (stage == 1 and precision == "bf16")
 
 
 def test_the_stage_reason_carries_the_bytes_it_saves():
-    z = sized(1, 8, 2)
-    # 8 GPUs, bf16: f = 7/8 of 22.6 MB; ZeRO-1 2f P = 39.6 MB, ZeRO-2 (2 + 1) f P = 59.4 MB
-    assert "39.6 MB per GPU per step against ZeRO-2's 59.4 MB" in z.stage_why
+    # 8 GPUs, bf16: f = 7/8 of P = 22.6 MB. ZeRO-2 reduce-scatters after each micro-batch and
+    # all-gathers once: (A + 1) f P. bf16 ZeRO-1 (BF16_Optimizer) all-reduces once and all-gathers:
+    # 3 f P = 59.4 MB, the same as ZeRO-2 at accumulation 2 and a third of it at 8
+    assert "59.4 MB per GPU per step against ZeRO-2's 59.4 MB" in sized(1, 8, 2).stage_why
+    at8 = sized(1, 8, 8).stage_why
+    assert "59.4 MB per GPU per step against ZeRO-2's 178.2 MB" in at8 and "BF16_Optimizer" in at8
+    # fp32 ZeRO-1 (the bucketed optimizer): reduce-scatter + all-gather, 2 f P of 4-byte values
+    fp32 = sized(1, 8, 2, precision="no").stage_why
+    assert "79.2 MB per GPU per step against ZeRO-2's 118.8 MB" in fp32 and "BF16_Optimizer" not in fp32
     assert bytes_per_optimizer_step(PARAMS, 2, 8, 1, 2) == pytest.approx(39.6e6, rel=1e-3)
+    assert bytes_per_optimizer_step(PARAMS, 2, 8, 1, 2, bf16_zero1=True) == pytest.approx(59.4e6, rel=1e-3)
 
 
 def test_the_bucket_reason_follows_the_link():
@@ -122,10 +136,15 @@ def test_the_planner_prices_the_published_buckets_and_zero2_accumulation():
         "ZeRO-2, buckets of 5e+08 elements (1 per gradient), overlap_comm on: 59.4 MB per GPU per step, "
         "bucket buffers 2,000 MB per GPU"
     )
-    assert lines[1].startswith("ZeRO-2 at accumulation 2 reduces gradients after every micro-batch: 59.4 MB")
-    assert "against 39.6 MB under ZeRO-1" in lines[1]
-    assert lines[2].startswith(
+    # at accumulation 2 bf16 ZeRO-1 moves as much as ZeRO-2: no advice on the stage
+    assert lines[1].startswith(
         "sized for this gradient: buckets of 2e+07, overlap_comm off, 40 MB of buffers"
+    )
+    # 8gpu-a800 accumulates 8 micro-batches: ZeRO-2 moves 3x what ZeRO-1 would
+    a800 = make_plan(load_preset("8gpu-a800").config).deepspeed
+    assert a800[1] == (
+        "ZeRO-2 at accumulation 8 reduces gradients after every micro-batch: 178.2 MB per GPU per step "
+        "against 59.4 MB under ZeRO-1 (--set deepspeed.zero_stage=1)"
     )
     # the shipped preset is sized already: no advice about its buckets
     shipped = make_plan(load_preset("8gpu-h100").config).deepspeed
