@@ -25,6 +25,8 @@ tests/core/test_lazy_imports.py):
 - core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, and the trainer's data,
   teacher and cache modules, only in the checks that use them;
 - core/watch/tbscalars.py: TensorBoard's reader, only when a logdir is followed;
+- commands/eval.py: the trainer's scoring (torch, PyAV) only once `eval` runs, so its `--help`
+  stays light;
 - trainer/: torch, DeepSpeed and accelerate where training needs them.
 """
 
@@ -59,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "supervise": (
         "taehv_console.commands.supervise",
         "keep a run supervised with no console open: take over, restart, notify (started for you)",
+    ),
+    "eval": (
+        "taehv_console.commands.eval",
+        "score weights on videos: PSNR, SSIM, flicker, baselines, a contact sheet",
     ),
 }
 

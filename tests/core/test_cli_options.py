@@ -17,7 +17,11 @@ from taehv_console.commands.options import SHARED, SPEC
 from tests.core.run.conftest import make_run
 
 # what a command needs besides the option under test for its line to parse
-REQUIRED: dict[str, list[str]] = {"render": ["--out", "OUT", "--preset", "P"], "supervise": ["R"]}
+REQUIRED: dict[str, list[str]] = {
+    "render": ["--out", "OUT", "--preset", "P"],
+    "supervise": ["R"],
+    "eval": ["W", "--data", "D"],
+}
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
@@ -77,6 +81,8 @@ def test_a_shared_option_parses_the_same_before_and_after_the_command(command, d
     rest = [a for a in REQUIRED.get(command, []) if not (dest == "run" and command == "supervise")]
     if dest == "preset" and command == "render":
         rest = ["--out", "OUT"]
+    if dest == "data" and command == "eval":
+        rest = ["W"]
     given_before = parse([*before, command, *rest])
     given_after = parse([command, *rest, *after])
     assert given_before[dest] == given_after[dest] == want

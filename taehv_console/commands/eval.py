@@ -1,0 +1,144 @@
+"""`taehv-console eval WEIGHTS|RUN --data DIR`: score weights on any videos (PSNR, SSIM, the temporal
+figure, two baselines), beside a second set of weights (--compare) or as a decoder of the teacher's
+latents (--teacher); a contact sheet PNG and every figure as JSON.
+
+Imports nothing heavy at module level: the scoring (torch, PyAV) is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from taehv_console.commands.options import add_option
+from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
+from taehv_console.exit_codes import ExitCode
+
+EXIT_CODES = {
+    ExitCode.DONE: "scored; the contact sheet and the JSON were written",
+    ExitCode.USAGE: "wrong command line; no such weights, run or teacher; weights of another "
+    "architecture or latent width (or --compare weights of another shape); no readable video",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="WEIGHTS|RUN",
+        help="a .safetensors/.pth file, a run (directory or id under --runs: scores final/), its "
+        "final/ or best/, or a checkpoint's step-<N>/",
+    )
+    add_option(parser, "data", required=True, help="folder of videos or annotation JSON to score on")
+    parser.add_argument("--compare", metavar="WEIGHTS", help="second weights (same forms), scored beside")
+    parser.add_argument(
+        "--teacher", metavar="DIR", help="HunyuanVideo VAE folder: also score decoding its latents"
+    )
+    parser.add_argument(
+        "--frames", type=int, help="frames per clip, a multiple of 4 (default: the run's, else 12)"
+    )
+    parser.add_argument(
+        "--size", metavar="HxW", help="clip size (default: the run's crop, else whole frames)"
+    )
+    parser.add_argument(
+        "--clips", type=int, default=0, metavar="N", help="score at most N videos (default all)"
+    )
+    parser.add_argument("--best", action="store_true", help="with a run: score best/ instead of final/")
+    parser.add_argument(
+        "--streaming", action="store_true", help="run the model frame by frame (bounded memory)"
+    )
+    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="where the PNG and JSON go (default RUN/eval/, or beside the weights)"
+    )
+    add_option(parser, "runs")
+    add_option(parser, "json", help="print every figure as JSON")
+
+
+def _weights(target: str, runs: str, best: bool, resolve_weights: Callable[[str, bool], Any]) -> Any:
+    """A path as given, else a run id (or unique prefix) under --runs."""
+    if Path(target).expanduser().exists() or "/" in target:
+        return resolve_weights(target, best)
+    try:
+        return resolve_weights(str(resolve_run(target, runs).path), best)
+    except RunNotFoundError:
+        return resolve_weights(target, best)  # says: no such weights file or run directory
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    # torch and PyAV only now: `eval --help` stays light
+    from trainer.eval_report import write_report
+    from trainer.evaluate import resolve_weights, score
+    from trainer.synthetic import parse_size
+
+    err_console = Console(stderr=True)
+    try:
+        primary = _weights(args.target, args.runs, args.best, resolve_weights)
+        compare = _weights(args.compare, args.runs, False, resolve_weights) if args.compare else None
+        result = score(
+            primary,
+            args.data,
+            compare=compare,
+            teacher=args.teacher,
+            frames=args.frames,
+            size=parse_size(args.size) if args.size else None,
+            streaming=args.streaming,
+            limit=args.clips,
+            device=args.device,
+            progress=(lambda line: None)
+            if args.json
+            else (lambda line: err_console.print(line, highlight=False)),
+        )
+        report = write_report(result, Path(args.out) if args.out else None)
+    except ValueError as err:  # the trainer's errors (weights, data, teacher, config) name the file
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.USAGE
+    except OSError as err:
+        print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        return ExitCode.USAGE
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    return ExitCode.DONE
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _print_table(report: dict) -> None:
+    console = Console()
+    for m in report["models"]:
+        console.print(f"[bold]{m['label']}[/]: {m['weights']}  ({m['config']})", highlight=False)
+    table = Table(
+        title=f"{len(report['clips'])} clip(s) from {report['data']}: {report['frames']} frames "
+        f"({report['scored_frames']} scored) at {report['height']}x{report['width']}"
+    )
+    teacher = "teacher" in report["models"][0]
+    columns = ["", "PSNR dB", "SSIM", "temporal PSNR dB"]
+    columns += ["decoding teacher latents, PSNR dB vs teacher / vs input"] if teacher else []
+    for column in columns:
+        table.add_column(column, justify="right" if column else "left")
+    for m in report["models"]:
+        o = m["overall"]
+        row = [m["label"], _num(o["psnr"]), _num(o["ssim"], 4), _num(o["temporal_psnr"])]
+        if teacher:
+            row.append(f"{_num(m['teacher']['psnr_vs_teacher'])} / {_num(m['teacher']['psnr_vs_input'])}")
+        table.add_row(*row)
+    for name, text in (("mid_grey", "mid-grey output"), ("mean_colour", "each clip's mean colour")):
+        b = report["baselines"][name]
+        table.add_row(f"[dim]{text}[/]", _num(b["psnr"]), _num(b["ssim"], 4), _num(b["temporal_psnr"]))
+    if teacher:
+        table.add_row("[dim]the teacher's own decode[/]", _num(report["teacher_psnr_vs_input"]))
+    console.print(table)
+    for s in report["skipped"]:
+        console.print(f"skipped {s['path']}: {s['reason']}", highlight=False)
+    console.print(f"contact sheet: {report['contact_sheet']}\nfigures: {report['json']}", highlight=False)

@@ -1,0 +1,349 @@
+"""Score TAEHV weights on any folder of videos (or annotation JSON), read as validation reads it:
+PSNR, SSIM, a temporal figure that exposes flicker, two baselines; optionally beside a second set
+of weights and as a decoder of the teacher's latents. `taehv-console eval` is its front end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from trainer.checkpoint import WEIGHTS
+from trainer.config import DataSection, ModelSection, format_validation_error, load_config
+from trainer.data import DataSourceError, VideoClipDataset, find_videos, read_frames
+from trainer.metrics import psnr_from_mse, ssim_per_frame
+from trainer.model import (
+    TAEHV,
+    WeightsError,
+    build_model,
+    load_weights,
+    read_state_dict,
+    reconstruction_target,
+)
+from trainer.streaming import stream_decode, stream_forward
+from trainer.teacher import encode as teacher_encode
+from trainer.teacher import load_teacher
+
+EXPORTED = "taehv.safetensors"  # final/ and best/ hold the exported weights under this name
+DEFAULT_FRAMES = 12
+
+
+class EvalError(ValueError):
+    """Eval cannot run as asked; the message names the file or folder and what is wrong."""
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    path: Path  # the weights file
+    label: str  # final, best, step-<N>, or the file's stem
+    run_dir: Path | None  # the run it belongs to (its run.toml gives the architecture and clip size)
+
+
+def _run_above(path: Path) -> Path | None:
+    """The run directory holding a weights file: RUN/final/x, RUN/best/x, RUN/checkpoints/step-N/x."""
+    for parent in list(path.parents)[:3]:
+        if (parent / "run.toml").is_file():
+            return parent
+    return None
+
+
+def resolve_weights(target: str | Path, best: bool = False) -> WeightsSource:
+    """What WEIGHTS|RUN names: a run directory (or its run.toml) scores final/, best/ with `best`;
+    final/, best/ or a checkpoint's step-<N>/ their weights; any other path is a weights file."""
+    p = Path(target).expanduser()
+    if p.name == "run.toml" and p.is_file():
+        p = p.parent
+    if p.is_dir() and (p / "run.toml").is_file():
+        sub = "best" if best else "final"
+        weights = p / sub / EXPORTED
+        if not weights.is_file():
+            other = "final" if best else "best"
+            hint = f"; {p / other / EXPORTED} exists (use {'no ' if best else ''}--best)"
+            hint = hint if (p / other / EXPORTED).is_file() else "; the run has exported no weights yet"
+            raise EvalError(f"{weights}: no {sub} weights in run {p}{hint}")
+        return WeightsSource(weights, sub, p)
+    if best:
+        raise EvalError(f"{p}: --best needs a run directory (one holding run.toml)")
+    if p.is_dir():
+        for name in (EXPORTED, WEIGHTS):
+            if (p / name).is_file():
+                return WeightsSource(p / name, p.name, _run_above(p / name))
+        raise EvalError(
+            f"{p}: no weights here (expected a run directory, its final/ or best/, a checkpoint "
+            "step-<N>/, or a .safetensors / .pth file)"
+        )
+    if not p.is_file():
+        raise EvalError(f"{p}: no such weights file or run directory")
+    in_run = _run_above(p)
+    return WeightsSource(p, p.parent.name if in_run else p.stem, in_run)
+
+
+def _stride(sd: dict[str, torch.Tensor], key: str, path: Path, grow: bool) -> bool:
+    shape = tuple(sd[key].shape)  # TPool: (n, n·stride, 1, 1); TGrow: (n·stride, n, 1, 1)
+    stride = shape[0] // shape[1] if grow else shape[1] // shape[0]
+    if stride not in (1, 2):
+        raise WeightsError(f"{path}: {key} has shape {shape}: not a TAEHV time stride of 1 or 2")
+    return stride == 2
+
+
+def infer_model_section(sd: dict[str, torch.Tensor], path: Path) -> ModelSection:
+    """The architecture a TAEHV state dict implies (latent width, patch size, time scales), for
+    weights that come without their run.toml. Spatial upscaling has no weights: the default."""
+    needed = ["encoder.0.weight", "encoder.17.weight", "decoder.1.weight"]
+    needed += [f"encoder.{i}.conv.weight" for i in (2, 7, 12)] + [
+        f"decoder.{i}.conv.weight" for i in (7, 13, 19)
+    ]
+    missing = [k for k in needed if k not in sd]
+    if missing:
+        some = ", ".join(sorted(sd)[:5]) or "none"
+        raise WeightsError(f"{path}: not TAEHV weights: no {missing[0]} (its keys begin: {some})")
+    patch = math.isqrt(sd["encoder.0.weight"].shape[1] // 3)
+    try:
+        return ModelSection(
+            latent_channels=int(sd["encoder.17.weight"].shape[0]),
+            patch_size=patch,
+            encoder_time_downscale=tuple(
+                _stride(sd, f"encoder.{i}.conv.weight", path, False) for i in (2, 7, 12)
+            ),
+            decoder_time_upscale=tuple(
+                _stride(sd, f"decoder.{i}.conv.weight", path, True) for i in (7, 13, 19)
+            ),
+        )
+    except ValidationError as err:
+        raise WeightsError(format_validation_error(err, str(path))) from None
+
+
+def architecture(source: WeightsSource) -> tuple[ModelSection, DataSection | None, str]:
+    """The model's config (from the run's run.toml, else inferred from the weights), the run's data
+    section (None without a run) and a sentence saying where the config came from."""
+    if source.run_dir is not None:
+        cfg = load_config(source.run_dir / "run.toml")
+        model = cfg.model.model_copy(update={"init_weights": "", "activation_checkpointing": False})
+        return model, cfg.data, f"architecture and clip size from {source.run_dir / 'run.toml'}"
+    model = infer_model_section(read_state_dict(source.path), source.path)
+    note = (
+        f"no run.toml: architecture inferred from {source.path.name} (latent_channels="
+        f"{model.latent_channels}, patch_size={model.patch_size}, time strides: encoder "
+        f"{tuple(2 if b else 1 for b in model.encoder_time_downscale)}, decoder "
+        f"{tuple(2 if b else 1 for b in model.decoder_time_upscale)})"
+    )
+    return model, None, note
+
+
+def load_model(source: WeightsSource, model_cfg: ModelSection, device: torch.device) -> TAEHV:
+    model = build_model(model_cfg.model_copy(update={"channels_last": False, "init_weights": ""}))
+    load_weights(model, source.path, strict=True)  # WeightsError names the file and the keys
+    return model.to(device).eval()
+
+
+# ---- figures ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    psnr: float  # dB, of the clip's mean squared error (as validation computes it)
+    ssim: float  # mean over frames
+    temporal_mse: float  # MSE of frame-to-frame differences: (y[t+1]-y[t]) vs (x[t+1]-x[t])
+    temporal_psnr: float  # the same in dB; low where the reconstruction flickers
+
+    @staticmethod
+    def mean(items: list[Figures]) -> Figures:
+        def avg(name: str) -> float:
+            values = [getattr(f, name) for f in items]
+            return sum(values) / len(values) if values else float("nan")
+
+        return Figures(avg("psnr"), avg("ssim"), avg("temporal_mse"), avg("temporal_psnr"))
+
+
+def figures(x: torch.Tensor, y: torch.Tensor) -> Figures:
+    """The figures of a reconstruction y of frames x (both T×3×H×W in [0, 1])."""
+    if x.shape != y.shape or x.dim() != 4:
+        raise ValueError(f"figures: shapes {tuple(x.shape)} and {tuple(y.shape)} must be the same T×3×H×W")
+    x, y = x.float(), y.float()
+    mse = torch.mean((y - x) ** 2).item()
+    ssim = ssim_per_frame(y, x).mean().item()
+    if x.shape[0] < 2:
+        tmse = float("nan")
+    else:
+        tmse = torch.mean(((y[1:] - y[:-1]) - (x[1:] - x[:-1])) ** 2).item()
+    return Figures(psnr_from_mse(mse), ssim, tmse, psnr_from_mse(tmse))
+
+
+def baselines(x: torch.Tensor) -> dict[str, Figures]:
+    """What a model that learned nothing scores: a mid-grey output, and each clip's mean colour."""
+    grey = torch.full_like(x, 0.5)
+    mean_colour = x.float().mean(dim=(0, 2, 3), keepdim=True).expand_as(x)
+    return {"mid_grey": figures(x, grey), "mean_colour": figures(x, mean_colour)}
+
+
+# ---- the clips ----------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalClip:
+    source: Path
+    video: torch.Tensor  # T×3×H×W in [0, 1], float32, on the scoring device
+
+
+def _frame_size(path: Path) -> tuple[int, int] | None:
+    try:
+        h, w = read_frames(path, [0], allow_seek=False).shape[1:3]
+    except Exception:  # noqa: BLE001 - an unreadable video is reported when the clips are read
+        return None
+    return h, w
+
+
+def _first_frame_size(paths: list[Path]) -> tuple[int, int] | None:
+    """The first readable video's frame size, rounded down to multiples of 8."""
+    for path in paths:
+        size = _frame_size(path)
+        if size is not None:
+            return max(8, size[0] // 8 * 8), max(8, size[1] // 8 * 8)
+    return None
+
+
+def clip_section(
+    paths: list[Path], run_data: DataSection | None, frames: int | None, size: tuple[int, int] | None
+) -> DataSection:
+    """How the clips are read: the run's data section (crop size, frame height, frame step) or,
+    without a run, whole frames of the first video (rounded down to multiples of 8); --frames and
+    --size override either. One clip a video, its first frames, centred (validation's way)."""
+    base: dict[str, object] = run_data.model_dump() if run_data is not None else {"frames": DEFAULT_FRAMES}
+    if run_data is None and size is None:
+        size = _first_frame_size(paths)
+    # --data is read on its own terms: an annotation JSON's paths from its own folder
+    base.update(source="", root="", max_skip_per_item=1, val_fraction=0.0)
+    if frames is not None:
+        base["frames"] = frames
+    if size is not None:
+        base["height"], base["width"] = size
+    try:
+        return DataSection.model_validate(base)
+    except ValidationError as err:
+        raise EvalError(format_validation_error(err, "--frames/--size")) from None
+
+
+def read_clips(
+    data: str, cfg: DataSection, device: torch.device, limit: int = 0
+) -> tuple[list[EvalClip], list[tuple[str, str]]]:
+    """One clip from each video under `data` that gives one, and (path, reason) for those that do not."""
+    paths = find_videos(data, cfg.root)
+    dataset = VideoClipDataset(paths, cfg, train=False)
+    clips: list[EvalClip] = []
+    skipped: list[tuple[str, str]] = []
+    for i, path in enumerate(paths):
+        if limit and len(clips) >= limit:
+            break
+        try:
+            item = dataset[i]
+        except DataSourceError:
+            skipped.append((str(path), dataset.bad.get(str(path), "unreadable")))
+            continue
+        clips.append(EvalClip(path, item["video"].to(device).float() / 255))
+    if not clips:
+        reasons = "; ".join(f"{p}: {r}" for p, r in skipped[:3])
+        raise EvalError(f"{data}: no readable video ({len(skipped)} tried: {reasons})")
+    return clips, skipped
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelScore:
+    source: WeightsSource
+    note: str
+    clips: list[Figures] = field(default_factory=list)
+    recon: list[torch.Tensor] = field(default_factory=list)  # per clip, on the CPU, for the sheet
+    teacher_vs_teacher: list[float] = field(default_factory=list)  # decode of teacher latents vs teacher's
+    teacher_vs_input: list[float] = field(default_factory=list)  # the same decode vs the input
+
+    @property
+    def overall(self) -> Figures:
+        return Figures.mean(self.clips)
+
+
+@dataclass
+class EvalResult:
+    data: str
+    section: DataSection
+    clips: list[EvalClip]
+    skipped: list[tuple[str, str]]
+    models: list[ModelScore]
+    baselines: list[dict[str, Figures]]
+    teacher_reference: list[float]  # the teacher's own reconstruction vs the input (with --teacher)
+    streaming: bool
+    device: str
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return psnr_from_mse(torch.mean((a.float() - b.float()) ** 2).item())
+
+
+def score(
+    primary: WeightsSource,
+    data: str,
+    compare: WeightsSource | None = None,
+    teacher: str | None = None,
+    frames: int | None = None,
+    size: tuple[int, int] | None = None,
+    streaming: bool = False,
+    limit: int = 0,
+    device: str | None = None,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> EvalResult:
+    """Score `primary` (and `compare`, on the same clips with the same architecture) on `data`."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model_cfg, run_data, note = architecture(primary)
+    models = [(primary, note, load_model(primary, model_cfg, dev))]
+    if compare is not None:
+        try:
+            b = load_model(compare, model_cfg, dev)
+        except WeightsError as err:
+            raise EvalError(
+                f"--compare {compare.path}: its weights do not match {primary.path}'s: {err}"
+            ) from None
+        models.append((compare, f"the architecture of {primary.path.name}", b))
+    section = clip_section(find_videos(data), run_data, frames, size)
+    clips, skipped = read_clips(data, section, dev, limit)
+    progress(
+        f"scoring {len(clips)} clip(s) of {section.frames} frames at {section.height}x{section.width} on {dev}"
+    )
+    teacher_model = None
+    if teacher:
+        teacher_model = load_teacher(
+            teacher, latent_channels=model_cfg.latent_channels, where="--teacher"
+        ).to(dev)
+    result = EvalResult(
+        data, section, clips, skipped, [ModelScore(s, n) for s, n, _m in models], [], [], streaming, str(dev)
+    )
+    with torch.no_grad():
+        for clip in clips:
+            x = clip.video[None]
+            target = None
+            for (_s, _n, model), out in zip(models, result.models):
+                _z, y = stream_forward(model, x) if streaming else model(x)
+                target = reconstruction_target(x, y.shape[1])
+                out.clips.append(figures(target[0], y[0]))
+                out.recon.append(y[0].cpu())
+            assert target is not None
+            result.baselines.append(baselines(target[0]))
+            if teacher_model is not None:
+                latents = teacher_encode(teacher_model, x)
+                frames_t = teacher_model.decode(latents.permute(0, 2, 1, 3, 4)).sample
+                decoded = frames_t.permute(0, 2, 1, 3, 4).float().add(1).div(2).clamp(0, 1)
+                truth = x[:, : decoded.shape[1]]
+                result.teacher_reference.append(_psnr(decoded, truth))
+                for (_s, _n, model), out in zip(models, result.models):
+                    z = latents.to(next(model.parameters()).dtype)
+                    y_t = stream_decode(model, z) if streaming else model.decode(z)
+                    out.teacher_vs_teacher.append(_psnr(y_t, decoded))
+                    out.teacher_vs_input.append(_psnr(y_t, truth))
+            progress(
+                f"  {clip.source.name}: " + "  ".join(f"{m.clips[-1].psnr:.2f} dB" for m in result.models)
+            )
+    return result
