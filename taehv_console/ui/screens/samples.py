@@ -17,11 +17,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
-from textual_image.widget import HalfcellImage, SixelImage, TGPImage
-from textual_image.widget import Image as AutoImage
 
 from taehv_console.core.watch.samples import (
     SamplesError,
@@ -30,6 +27,7 @@ from taehv_console.core.watch.samples import (
     load_sample_step,
     validation_every,
 )
+from taehv_console.ui.images import IMAGE_WIDGETS
 from taehv_console.ui.messages import SampleImagesRead, SamplesListed
 
 if TYPE_CHECKING:
@@ -38,13 +36,6 @@ if TYPE_CHECKING:
     from taehv_console.core.watch.samples import SampleClip
     from taehv_console.ui.apptype import ConsoleApp
 
-# the settings file's `images` (ui/config.py: IMAGE_MODES) -> the widget that draws them
-IMAGE_WIDGETS: dict[str, type[Widget]] = {
-    "auto": AutoImage,
-    "kitty": TGPImage,
-    "sixel": SixelImage,
-    "half-blocks": HalfcellImage,
-}
 POLL_S = 1.0
 
 
@@ -107,7 +98,7 @@ class SamplesScreen(Screen):
         IMAGE_WIDGETS (the settings file's `images`)."""
         super().__init__()
         self.run_dir = run_dir
-        self.image_widget = IMAGE_WIDGETS.get(images, AutoImage)
+        self.image_widget = IMAGE_WIDGETS.get(images, IMAGE_WIDGETS["auto"])
         self.steps: tuple[SampleStep, ...] = ()
         self.val_every: int | None = None
         self.step_at = 0  # index into steps: 0 is the newest (followed as new ones come)
@@ -241,7 +232,7 @@ class SamplesScreen(Screen):
         elif self.compare:
             previous_label.update(Content.styled("no earlier validation to compare with", "dim"))
         amplify = f"×{step.amplify:g}" if step.amplify else "amplified"
-        legend = [
+        legend: list[str | Content] = [
             Content.styled("rows ", "dim"),
             f"input · reconstruction · error {amplify}",
             Content.styled("   source ", "dim"),
