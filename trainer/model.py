@@ -39,8 +39,10 @@ class MemBlock(nn.Module):
         self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
         self.act = nn.ReLU(inplace=True)
 
-    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None, n: int = 1) -> torch.Tensor:
+        """past=None: each frame's past is its predecessor in x, frames (N*T, ...) of n videos."""
+        xp = _CatPast.apply(x, n) if past is None else torch.cat([x, past], 1)
+        return self.act(self.conv(xp) + self.skip(x))
 
 
 class TPool(nn.Module):
@@ -52,8 +54,7 @@ class TPool(nn.Module):
         self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _nt, c, h, w = x.shape
-        return self.conv(_same_layout(x.reshape(-1, self.stride * c, h, w), x))
+        return self.conv(_frames_to_channels(x, self.stride))
 
 
 class TGrow(nn.Module):
@@ -65,16 +66,81 @@ class TGrow(nn.Module):
         self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _nt, c, h, w = x.shape
-        return _same_layout(self.conv(x).reshape(-1, c, h, w), x)
+        return _channels_to_frames(self.conv(x), self.stride)
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def _frames_to_channels(x: torch.Tensor, s: int) -> torch.Tensor:
+    """(N*T, C, H, W) -> (N*T/s, s*C, H, W), s consecutive frames stacked along channels, in x's layout.
+
+    A view in NCHW. In channels_last, one permuted copy straight into channels_last (a plain
+    reshape would copy to NCHW and a second copy would bring it back); its gradient is one copy too.
+    """
+    nt, c, h, w = x.shape
+    if s == 1:
+        return x
+    if not _is_channels_last(x):
+        return x.reshape(nt // s, s * c, h, w)
+    nhwc = x.permute(0, 2, 3, 1).reshape(nt // s, s, h, w, c).permute(0, 2, 3, 1, 4)
+    return nhwc.reshape(nt // s, h, w, s * c).permute(0, 3, 1, 2)
+
+
+def _channels_to_frames(x: torch.Tensor, s: int) -> torch.Tensor:
+    """(N*T, s*C, H, W) -> (N*T*s, C, H, W): the inverse of _frames_to_channels, with the same costs."""
+    nt, sc, h, w = x.shape
+    if s == 1:
+        return x
+    if not _is_channels_last(x):
+        return x.reshape(nt * s, sc // s, h, w)
+    nhwc = x.permute(0, 2, 3, 1).reshape(nt, h, w, s, sc // s).permute(0, 3, 1, 2, 4)
+    return nhwc.reshape(nt * s, h, w, sc // s).permute(0, 3, 1, 2)
+
+
+class _CatPast(torch.autograd.Function):
+    """cat([x, past], channels) for a MemBlock, past being each frame's predecessor in its own video
+    (zeros for frame 0), written straight into one buffer in x's layout.
+
+    The same values as torch.cat([x, _shift_one_frame(x, n)], 1) for about half the memory traffic:
+    no zero-filled copy of x and no second copy into the cat, and a backward that adds the two
+    halves of the gradient in one pass (autograd's would clone, zero-fill and add). Saves no tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:  # type: ignore[override]
+        nt, c, h, w = x.shape
+        t = nt // n
+        fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
+        out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
+        out[:, :c] = x
+        out5 = out.view(n, t, 2 * c, h, w)
+        out5[:, 1:, c:] = x.view(n, t, c, h, w)[:, :-1]
+        out5[:, :1, c:].zero_()
+        ctx.n, ctx.fmt = n, fmt
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        n, fmt = ctx.n, ctx.fmt
+        nt, c2, h, w = grad.shape
+        c, t = c2 // 2, nt // n
+        g5 = grad.reshape(n, t, c2, h, w)
+        gx = torch.empty((nt, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=fmt)
+        gx5 = gx.view(n, t, c, h, w)
+        # frame i's gradient: its own half of the cat, plus the past half of frame i+1
+        if torch.compiler.is_compiling():  # fused by the compiler; Dynamo refuses a strided out=
+            gx5[:, :-1] = g5[:, :-1, :c] + g5[:, 1:, c:]
+        else:
+            torch.add(g5[:, :-1, :c], g5[:, 1:, c:], out=gx5[:, :-1])
+        gx5[:, -1:] = g5[:, -1:, :c]
+        return gx, None
 
 
 def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`out` in channels_last when `like` is: folding frames into channels (or back) is a copy
-    that would otherwise silently return to NCHW for the rest of the network."""
-    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) and not like.is_contiguous():
-        return out.contiguous(memory_format=torch.channels_last)
-    return out
+    """`out` in channels_last when `like` is (the published order's second copy; see apply_published)."""
+    return out.contiguous(memory_format=torch.channels_last) if _is_channels_last(like) else out
 
 
 def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -89,23 +155,55 @@ def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
 def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
     """Apply layers to frames folded into the batch (N*T, C, H, W); MemBlocks see the previous frame."""
     for layer in layers:
+        x = layer(x, n=n) if isinstance(layer, MemBlock) else layer(x)
+    return x
+
+
+def apply_published(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
+    """The layers run as the author's code runs them, in the published order with its operators: a
+    zero-filled shifted copy and a cat for each MemBlock, frames folded in and out of channels by a
+    reshape (plus a copy back to channels_last). What the faster run must equal, and the baseline of
+    benchmarks/memory_traffic.py."""
+    for layer in layers:
         if isinstance(layer, MemBlock):
             x = layer(x, _shift_one_frame(x, n))
+        elif isinstance(layer, TPool):
+            _nt, c, h, w = x.shape
+            x = layer.conv(_same_layout(x.reshape(-1, layer.stride * c, h, w), x))
+        elif isinstance(layer, TGrow):
+            _nt, c, h, w = x.shape
+            x = _same_layout(layer.conv(x).reshape(-1, c, h, w), x)
         else:
             x = layer(x)
     return x
+
+
+def run_order(layers: list[nn.Module]) -> list[nn.Module]:
+    """The layers in the order they run: each TGrow before the nearest-neighbour Upsample it follows.
+
+    A 1x1 conv and a channels-to-frames reshape act on each pixel alone, so they commute exactly with
+    repeating pixels; run first, TGrow reads and writes a quarter of the pixels (forward and backward).
+    Only the running order changes: the modules keep their published places and names.
+    """
+    out = list(layers)
+    for i in range(len(out) - 1):
+        up, grow = out[i], out[i + 1]
+        if isinstance(up, nn.Upsample) and up.mode == "nearest" and isinstance(grow, TGrow):
+            out[i], out[i + 1] = grow, up
+    return out
 
 
 class _Stage(nn.Module):
     """A run of layers that activation checkpointing recomputes as one piece (never registered as a
     submodule, so parameter names stay the published flat `encoder.N` / `decoder.N`)."""
 
-    def __init__(self, layers: list[nn.Module]):
+    def __init__(self, layers: list[nn.Module], published: bool = False):
         super().__init__()
         self.layers = layers
+        self.published = published
 
     def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        return apply_parallel(self.layers, x, n)
+        return apply_published(self.layers, x, n) if self.published else apply_parallel(self.layers, x, n)
 
 
 class TAEHV(nn.Module):
@@ -178,8 +276,9 @@ class TAEHV(nn.Module):
             conv(n_f[3], 3 * p2),
         )
         self.init_weights()
-        self._encoder_stages = self._split_stages(self.encoder)
-        self._decoder_stages = self._split_stages(self.decoder)
+        self._encoder_stages: list[_Stage] = []
+        self._decoder_stages: list[_Stage] = []
+        self.use_published_order(False)
 
     def init_weights(self) -> None:
         """An init under which the signal survives 40 convolutions from the first step.
@@ -212,19 +311,29 @@ class TAEHV(nn.Module):
         nn.init.constant_(head.bias, 0.5)
 
     @staticmethod
-    def _split_stages(seq: nn.Sequential) -> list[_Stage]:
-        """Cut a sequence after each run of MemBlocks: the pieces activation checkpointing recomputes."""
-        stages, current = [], []
-        layers = list(seq)
+    def _split_stages(seq: nn.Sequential, published: bool = False) -> list[_Stage]:
+        """Cut a sequence after each run of MemBlocks: the pieces activation checkpointing recomputes
+        (and torch.compile compiles). published=True keeps the author's order and operators."""
+        stages: list[_Stage] = []
+        current: list[nn.Module] = []
+        layers = list(seq) if published else run_order(list(seq))
         for i, layer in enumerate(layers):
             current.append(layer)
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if isinstance(layer, MemBlock) and not isinstance(nxt, MemBlock):
-                stages.append(_Stage(current))
+                stages.append(_Stage(current, published))
                 current = []
         if current:
-            stages.append(_Stage(current))
+            stages.append(_Stage(current, published))
         return stages
+
+    def use_published_order(self, published: bool = True) -> TAEHV:
+        """Run the layers as the author's code does (True), or reordered and with fewer copies
+        (False, the default): the same outputs to float rounding. For parity tests and the baseline
+        of benchmarks/memory_traffic.py."""
+        self._encoder_stages = self._split_stages(self.encoder, published)
+        self._decoder_stages = self._split_stages(self.decoder, published)
+        return self
 
     def use_channels_last(self) -> TAEHV:
         """NHWC activations: faster convolutions on tensor-core GPUs, same results.
@@ -235,6 +344,26 @@ class TAEHV(nn.Module):
         NHWC weight cannot give ("self.stride(-1) must be 1 to view Float as Byte").
         """
         self.channels_last = True
+        return self
+
+    def compile_stages(self, **kwargs) -> TAEHV:
+        """torch.compile each encoder and decoder stage (kwargs go to torch.compile; dynamic=False
+        unless given), so forward, encode and decode (on teacher latents too) all run compiled.
+
+        Per stage rather than the whole forward: each stage is one graph with no break (tests/trainer/
+        test_compile.py), the stages are what activation checkpointing recomputes, and decode() on its
+        own reuses the decoder's compiled stages. The weights and their names are untouched. Call it
+        after use_channels_last() / use_published_order() (the latter rebuilds the stages).
+        """
+        kwargs.setdefault("dynamic", False)
+        stages = self._encoder_stages + self._decoder_stages
+        # Dynamo keeps its graphs per code object, and every stage runs _Stage.forward: 8 stages, each
+        # with and without grad and at each clip size. Past the default limit (8 graphs) the rest would
+        # silently run eager; 8 per stage leaves room for a few sizes.
+        limit = 8 * len(stages)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+        for stage in stages:
+            stage.compile(**kwargs)
         return self
 
     def _run(self, stages: list[_Stage], x: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,110 @@
+"""The model's faster run (TGrow before Upsample, one permuted copy in and out of channels_last, the
+MemBlock's shifted cat in one buffer) gives the published order's outputs and gradients, in NCHW and
+channels_last, with the published names untouched."""
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.model import TAEHV, TGrow, TPool, _CatPast, _shift_one_frame, reconstruction_target, run_order
+
+
+def _random_weights(model: TAEHV) -> TAEHV:
+    # the published init starts every MemBlock as the identity (last conv zero), which would hide
+    # a wrong past frame: give every weight a value
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (1.0 / max(p[0].numel(), 1)) ** 0.5)
+    return model
+
+
+def _step(model: TAEHV, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    model.zero_grad()
+    z, y = model(x, clamp=False)
+    loss = ((y - reconstruction_target(x, y.shape[1])) ** 2).mean()
+    loss.backward()
+    return z.detach(), y.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_faster_run_equals_the_published_order(channels_last):
+    fast = _random_weights(TAEHV()).double().train()
+    plain = TAEHV().double().train()
+    plain.load_state_dict(fast.state_dict())
+    plain.use_published_order()
+    if channels_last:
+        fast.use_channels_last()
+        plain.use_channels_last()
+    # two videos, so a frame's past never crosses into the other video
+    x = torch.rand(2, 8, 3, 16, 24, dtype=torch.float64)
+    z1, y1, g1 = _step(fast, x)
+    z2, y2, g2 = _step(plain, x)
+    assert y1.shape == (2, 5, 3, 16, 24)
+    assert y1.std() > 0.1  # random weights: every block changes the signal
+    torch.testing.assert_close(z1, z2, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(y1, y2, rtol=1e-9, atol=1e-9)
+    assert g1.keys() == g2.keys()
+    for k in g1:
+        torch.testing.assert_close(g1[k], g2[k], rtol=1e-8, atol=1e-9, msg=k)
+    if channels_last:  # the teacher-latent path (decode on its own) too
+        lat = torch.randn_like(z1)
+        with torch.no_grad():
+            torch.testing.assert_close(fast.decode(lat), plain.decode(lat), rtol=1e-9, atol=1e-9)
+
+
+def test_tgrow_runs_before_upsample_and_the_names_stay_published():
+    m = TAEHV()
+    names = [type(layer).__name__ for layer in run_order(list(m.decoder))]
+    published = [type(layer).__name__ for layer in m.decoder]
+    assert published[6:8] == ["Upsample", "TGrow"] and names[6:8] == ["TGrow", "Upsample"]
+    assert names.count("Upsample") == names.count("TGrow") == 3
+    assert all(names[i + 1] == "Upsample" for i, n in enumerate(names) if n == "TGrow")
+    # stages only hold references: the state dict is the published flat one
+    assert list(m.state_dict()) == list(TAEHV().use_published_order().state_dict())
+    assert "decoder.7.conv.weight" in m.state_dict()  # TGrow keeps its published index
+    # a bilinear Upsample does not commute with a 1x1 conv: it stays where it is
+    seq = [nn.Upsample(scale_factor=2, mode="bilinear"), TGrow(4, 2)]
+    assert run_order(seq) == seq
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_memblock_shifted_cat_matches_zeros_shift_cat_and_its_gradient(channels_last):
+    x = torch.randn(6, 3, 4, 5, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    out = _CatPast.apply(x, 2)
+    assert torch.equal(out, torch.cat([x, _shift_one_frame(x, 2)], 1))
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert torch.autograd.gradcheck(lambda t: _CatPast.apply(t, 2), (x,))
+    assert torch.autograd.gradcheck(lambda t: _CatPast.apply(t, 1), (x,))
+    (grad,) = torch.autograd.grad(_CatPast.apply(x, 3).sum(), x)
+    assert grad.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def test_channels_last_frames_fold_in_one_copy_each_way_and_stay_channels_last():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("clone", "copy_", "_to_copy", "contiguous"):
+                Copies.n += 1
+            return func(*args, **(kwargs or {}))
+
+    pool, grow = TPool(4, 2), TGrow(4, 2)
+    x = torch.randn(4, 4, 6, 5).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    for layer, frames in ((pool, 2), (grow, 8)):
+        y = layer(x)
+        assert y.shape[0] == frames and y.is_contiguous(memory_format=torch.channels_last)
+        g = torch.randn_like(y).contiguous(memory_format=torch.channels_last)
+        with Copies():
+            Copies.n = 0
+            y = layer(x)
+            assert Copies.n == 1  # the permuted copy (the 1x1 conv copies nothing)
+            Copies.n = 0
+            (gx,) = torch.autograd.grad(y, x, g)
+            assert Copies.n == 1
+        assert gx.is_contiguous(memory_format=torch.channels_last)
