@@ -119,9 +119,8 @@ def samples_lines(step: SampleStep) -> list[str]:
     """Where the newest samples are: the step's directory, then each clip's PSNR, PNG and video."""
     lines = [f"samples step {step.step}: {step.path}"]
     for c in step.clips:
-        psnr = f"{c.psnr:.2f} dB" if c.psnr is not None else "not finite"
         files = " ".join(str(p) for p in (c.png, c.video) if p is not None)
-        lines.append(f"  clip {c.index}: PSNR {psnr}  {files}")
+        lines.append(f"  clip {c.index}: PSNR {c.psnr_text}  {files}")
     return lines
 
 

@@ -155,6 +155,29 @@ def test_no_samples_yet_says_why_and_the_first_one_shows_when_written(tmp_path):
     asyncio.run(go())
 
 
+def test_a_step_written_again_shows_its_new_strip(tmp_path):
+    """A resumed run redoing a validation removes the step's index.json, then writes it all again."""
+    run_dir = tmp_path / "run"
+    step_dir = write_sample_step(run_dir, 10, clips=1, frames=4, videos=False)
+    app = sample_app(config=HALF_BLOCKS)
+
+    async def go():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _open_samples(pilot, run_dir)
+            await wait_until(
+                pilot, lambda: _same_pixels(_strip(app), step_dir / "clip-0.png"), 10, "the strip"
+            )
+            (step_dir / "index.json").unlink()
+            await wait_until(pilot, lambda: "No samples yet" in _text(app, "samples-title"), 10, "no samples")
+            write_sample_step(run_dir, 10, clips=1, frames=6, videos=False)  # 6 frames: another picture
+            await wait_until(
+                pilot, lambda: _strip(app) is not None and _strip(app).width == 6 * 32, 10, "the new"
+            )
+            assert _same_pixels(_strip(app), step_dir / "clip-0.png")
+
+    asyncio.run(go())
+
+
 def test_the_palette_opens_the_samples_view_and_an_unreadable_strip_is_named(tmp_path):
     from taehv_console.ui.commands import ConsoleCommands
     from taehv_console.ui.screens.dashboard import DashboardScreen

@@ -32,6 +32,10 @@ class SampleClip:
     height: int | None = None
     width: int | None = None
 
+    @property
+    def psnr_text(self) -> str:
+        return f"{self.psnr:.2f} dB" if self.psnr is not None else "not finite"
+
 
 @dataclass(frozen=True)
 class SampleStep:

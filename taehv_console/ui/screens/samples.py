@@ -39,16 +39,12 @@ if TYPE_CHECKING:
 POLL_S = 1.0
 
 
-def _psnr(value: float | None) -> str:
-    return f"{value:.2f} dB" if value is not None else "not finite"
-
-
 def clip_label(step: SampleStep, clip: SampleClip, what: str, versus: SampleClip | None = None) -> Content:
     parts: list[str | Content] = [
         Content.styled(f"step {step.step}", "bold"),
         Content.styled(f" {what}" if what else "", "dim"),
         f"  clip {clip.index}  PSNR ",
-        Content.styled(_psnr(clip.psnr), "bold $accent"),
+        Content.styled(clip.psnr_text, "bold $accent"),
     ]
     if versus is not None and clip.psnr is not None and versus.psnr is not None:
         parts.append(Content.styled(f" ({clip.psnr - versus.psnr:+.2f} dB)", "dim"))
@@ -143,7 +139,8 @@ class SamplesScreen(Screen):
                             known[step] = load_sample_step(run_dir, step)
                         except SamplesError:
                             continue  # a broken index is passed over; the next listing tries again
-                steps = tuple(known[s] for s in listed if s in known)
+                known = {s: known[s] for s in listed if s in known}  # a step written again reloads
+                steps = tuple(known.values())
                 if len(steps) < len(listed):
                     shown = None
                 self.post_message(SamplesListed(steps, val_every))
@@ -167,6 +164,10 @@ class SamplesScreen(Screen):
     def on_samples_listed(self, message: SamplesListed) -> None:
         current = self.steps[self.step_at].step if self.steps and self.step_at > 0 else None
         self.steps, self.val_every, self._listed = message.steps, message.val_every, True
+        # a step validation wrote again (a resumed run redoing it) vanished from the listing first:
+        # its old strips are not shown for the new ones
+        kept = {str(c.png) for step in self.steps for c in step.clips}
+        self._images = {path: image for path, image in self._images.items() if path in kept}
         # the newest is followed; an older step the user chose stays chosen as new ones arrive
         found = [i for i, s in enumerate(self.steps) if s.step == current]
         self.step_at = found[0] if found else 0
