@@ -109,7 +109,7 @@ class _CatPast(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
         nt, c, h, w = x.shape
         t = nt // n
         fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
@@ -122,7 +122,7 @@ class _CatPast(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         n, fmt = ctx.n, ctx.fmt
         nt, c2, h, w = grad.shape
         c, t = c2 // 2, nt // n

@@ -1,0 +1,92 @@
+"""TAEHV.compile_stages: torch.compile over each encoder and decoder stage. Every stage is one graph
+(Dynamo reports no break) in both layouts, and the compiled model (inductor on CPU) gives eager's loss
+and gradients, and compiles decode() on its own (the teacher-latent path) through the same stages."""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from trainer.model import TAEHV, reconstruction_target
+
+from .test_model_run_order import _random_weights
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_every_stage_is_one_graph_with_no_break(channels_last):
+    torch._dynamo.reset()
+    model = TAEHV().train()
+    if channels_last:
+        model.use_channels_last()
+    n = 2  # two videos: the MemBlocks' past frames are per video
+    h = torch.rand(n * 4, 3, 16, 16)
+    if channels_last:
+        h = h.contiguous(memory_format=torch.channels_last)
+    stages = model._encoder_stages + model._decoder_stages
+    assert len(stages) == 8
+    for i, stage in enumerate(stages):
+        explained = torch._dynamo.explain(stage)(h, n)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (i, explained.break_reasons)
+        h = stage(h, n)
+    assert h.shape == (n * 4, 3, 16, 16)
+
+
+def _loss(model: TAEHV, x: torch.Tensor) -> torch.Tensor:
+    _z, y = model(x, clamp=False)
+    return torch.nn.functional.mse_loss(y, reconstruction_target(x, y.shape[1]))
+
+
+@pytest.mark.slow  # inductor compiles 8 forward and 8 backward graphs with gcc: ~100 CPU-seconds
+@pytest.mark.timeout(900)
+def test_compiled_stages_give_eager_loss_and_gradients():
+    torch._dynamo.reset()
+    eager = _random_weights(TAEHV()).train()
+    compiled = TAEHV().train()
+    compiled.load_state_dict(eager.state_dict())
+    counter = CompileCounterWithBackend("inductor")
+    assert compiled.compile_stages(backend=counter) is compiled
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # the published names
+    x = torch.rand(1, 4, 3, 16, 16)
+    losses, grads = [], []
+    for model in (eager, compiled):
+        loss = _loss(model, x)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    assert counter.frame_count == 8  # each stage compiled once, forward and backward
+    assert losses[0] > 0.01
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-3, atol=1e-5, msg=k)
+
+
+class _RunCounter:
+    """A Dynamo backend that runs each graph as captured and counts the runs: a stage that fell back
+    to eager (a graph break, the recompile limit) runs no graph."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def __call__(self, gm, _example_inputs):
+        def run(*args):
+            self.runs += 1
+            return gm(*args)
+
+        return run
+
+
+def test_decode_on_teacher_latents_validation_and_new_sizes_run_compiled():
+    torch._dynamo.reset()
+    model = TAEHV().train()
+    backend = _RunCounter()
+    model.compile_stages(backend=backend)
+    x = torch.rand(2, 4, 3, 16, 16)
+    z, y = model(x, clamp=False)  # training: grads on
+    assert backend.runs == 8
+    teacher = torch.randn_like(z)  # the trainer's teacher-latent decode: same shape, no grad of its own
+    y_t = model.decode(teacher, clamp=False)
+    (y.square().mean() + y_t.square().mean()).backward()
+    assert backend.runs == 12  # the decoder's 4 stages ran compiled
+    with torch.no_grad():  # validation, at another size: each stage compiles again and runs compiled
+        model.decode(torch.randn(1, 2, 16, 3, 3))
+        model(torch.rand(1, 8, 3, 24, 32))
+    assert backend.runs == 12 + 4 + 8
