@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import av
 import numpy as np
 import torch
 
@@ -67,7 +68,6 @@ class _TimedDataset(VideoClipDataset):
 
 
 def _describe(path: Path) -> str:
-    import av
 
     try:
         with av.open(str(path)) as c:

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import json
 import math
+import mmap
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import xxhash
 
 from trainer.events import atomic_write_text
 
@@ -103,9 +106,6 @@ def check_files(ckpt_dir: Path, world_size: int, zero_stage: int, parts: tuple[s
 def file_hash(path: Path) -> str:
     """`xxh3_128:<hex>` of a file's bytes. Hashed through mmap: no copy into Python buffers, which
     made chunked reads 5x slower than the hash itself (benchmarks/checkpoint_hash.py)."""
-    import mmap
-
-    import xxhash
 
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:

@@ -4,6 +4,7 @@ data-path benchmark."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -78,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    import json
 
     from trainer.bench_data import default_target_clips_per_s, measure_loader, report_lines
     from trainer.config import ConfigError, DataSection, load_config

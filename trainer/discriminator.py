@@ -16,7 +16,9 @@ import hashlib
 from typing import cast
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 GROUP = 3  # frames per discriminator sample
@@ -117,7 +119,6 @@ class Adversary:
     ) -> torch.Tensor:
         """One update on detached fakes plus replayed ones; gradients averaged over all ranks. Returns
         the loss as a device tensor (metrics leave the device only at log steps)."""
-        import torch.distributed as dist
 
         f, c = frame_groups(fake.detach().float(), latents.detach().float())
         r, rc = frame_groups(real.float(), latents.detach().float())
@@ -157,7 +158,6 @@ class Adversary:
 
     def broadcast_from_rank0(self) -> None:
         """Start every rank from rank 0's weights (seeded alike, but a resume or a custom init must agree)."""
-        import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             for t in [*self.net.parameters(), *self.net.buffers()]:
@@ -166,7 +166,6 @@ class Adversary:
     # ------------------------------------------------------------------ checkpoint
     def save(self, directory) -> None:
         """Rank 0: weights as safetensors, optimizer state as a torch archive (no pickled code)."""
-        from safetensors.torch import save_file
 
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()},
@@ -175,7 +174,6 @@ class Adversary:
         torch.save(self.opt.state_dict(), directory / OPTIMIZER)
 
     def load(self, directory) -> None:
-        from safetensors.torch import load_file
 
         device = next(self.net.parameters()).device
         self.net.load_state_dict({k: v.to(device) for k, v in load_file(str(directory / WEIGHTS)).items()})

@@ -29,10 +29,22 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.data import DataSourceError, ResumableSampler, find_videos, read_frames
+from trainer.config import ConfigError, load_config
+from trainer.data import (
+    DataSourceError,
+    ResumableSampler,
+    _count_frames,
+    _ignore_stop_signals,
+    find_videos,
+    read_frames,
+)
 from trainer.events import atomic_write_text
+from trainer.synthetic import parse_size
+from trainer.teacher import TeacherError, encode, load_teacher, teacher_identity
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
@@ -139,7 +151,6 @@ def data_differences(manifest: dict, current: list[dict]) -> list[str]:
 def open_cache(cache_dir: str | Path, cfg) -> dict:
     """The manifest of a cache that matches this config's data and settings, checked before any process
     group starts; CacheError says what differs. Reads file metadata only, never a latent."""
-    from trainer.teacher import teacher_identity
 
     cache_dir = Path(cache_dir).expanduser()
     manifest = read_manifest(cache_dir)
@@ -201,7 +212,6 @@ def open_cache(cache_dir: str | Path, cfg) -> dict:
 
 
 def _entry_matches(path: Path, identity: dict, spec_digest: str) -> bool:
-    from safetensors import safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
@@ -212,14 +222,12 @@ def _entry_matches(path: Path, identity: dict, spec_digest: str) -> bool:
 
 
 def _frame_count(path: Path) -> int:
-    from trainer.data import _count_frames
 
     return _count_frames(path)
 
 
 def encode_clip(teacher, path: Path, spec: CacheSpec, device) -> tuple[torch.Tensor, list[int]]:
     """Latents [windows, T/4, C, H/8, W/8] of one clip and the windows' first frames."""
-    from trainer.teacher import encode
 
     starts = window_starts(_frame_count(path), spec)
     out = []
@@ -242,7 +250,6 @@ def encode_clip(teacher, path: Path, spec: CacheSpec, device) -> tuple[torch.Ten
 def _write_entry(
     target: Path, latents: torch.Tensor, starts: list[int], identity: dict, spec_digest: str
 ) -> None:
-    from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -270,7 +277,6 @@ def build_cache(
     are already there for the same clip and settings; then, if every clip is done, the manifest.
     Several ranks run it at once without talking to each other: whichever finishes last sees every
     clip done and writes the manifest. Returns {"encoded", "kept", "manifest": bool}."""
-    from trainer.teacher import load_teacher, teacher_identity
 
     cache_dir = Path(cache_dir).expanduser()
     if not cfg.loss.teacher:
@@ -331,7 +337,6 @@ def build_cache(
 
 def _finish(cache_dir: Path, spec: CacheSpec, identities: list[dict], digest: str, log) -> bool:
     """Write the manifest when every clip's latents are there (any rank may; the content is the same)."""
-    from safetensors import safe_open
 
     clips = []
     for ident in identities:
@@ -385,7 +390,6 @@ class CachedLatentDataset(Dataset):
         return len(self.clips)
 
     def __getitem__(self, item: tuple[int, int]) -> dict:
-        from safetensors import safe_open
 
         index, seed = item
         clip = self.clips[index]
@@ -431,7 +435,6 @@ def make_cached_loader(
     prefetch_factor: int,
 ) -> DataLoader:
     """As trainer.data.make_train_loader, for cached items (latents ride along with the video)."""
-    from trainer.data import _ignore_stop_signals
 
     workers = num_workers > 0
     return DataLoader(
@@ -453,8 +456,6 @@ def make_cached_loader(
 def cache_main(run_dir: Path, out: str | None, size: str | None, max_windows: int) -> int:
     """`taehv-train cache-latents`: this process's share, by RANK/WORLD_SIZE (torchrun, accelerate
     launch or srun set them; one process without). Resumable: run it again after any interruption."""
-    from trainer.config import ConfigError, load_config
-    from trainer.teacher import TeacherError
 
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
@@ -465,8 +466,6 @@ def cache_main(run_dir: Path, out: str | None, size: str | None, max_windows: in
             raise CacheError("no cache directory: set loss.teacher_cache in run.toml or pass --out DIR")
         height = width = None
         if size:
-            from trainer.synthetic import parse_size
-
             height, width = parse_size(size)
         device = "cpu"
         if cfg.topology.device == "cuda" and torch.cuda.is_available():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from deepspeed.utils import safe_get_full_fp32_param
 
 # Where DeepSpeed's optimizers keep this rank's flat fp32 master partitions: ZeRO-1/2, ZeRO-3,
 # and the bf16 optimizer used without ZeRO.
@@ -35,7 +36,6 @@ def full_fp32_weights(engine) -> dict[str, torch.Tensor]:
 
     Collective: every rank must call it (ZeRO-2 all-reduces, ZeRO-3 all-gathers each parameter).
     """
-    from deepspeed.utils import safe_get_full_fp32_param
 
     if hasattr(engine, "empty_partition_cache") and engine.zero_optimization_stage() == 3:
         # params prefetched by the last forward are in flight; settle them before gathering

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 
@@ -84,7 +85,6 @@ class DeviceMetrics:
     def reduce(self, world: int) -> tuple[dict[str, float], float | None, float]:
         """(means by key, mean gradient norm or None, mean step seconds) since the last reduce;
         collective when world > 1."""
-        import torch.distributed as dist
 
         keys = sorted(self.sums)
         values = [self.sums[k].to(self.device) for k in keys]

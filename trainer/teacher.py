@@ -5,8 +5,11 @@ shape, its identity for the latent cache, and the frame alignment shared by ever
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 # HunyuanVideo's causal convention: latent 0 is frame 0 alone, latent j >= 1 is frames 4j-3..4j.
 # For a T = 4k clip the student's k latents line up with the teacher's encode of frames [0, T-3).
@@ -43,7 +46,6 @@ def load_teacher(
             f"{where} = {str(model_dir)!r}: no config.json (not a diffusers model directory; "
             f"save one with {TEACHER_CLASS}.save_pretrained, or set loss.teacher_subfolder)"
         )
-    import warnings
 
     try:
         from diffusers import AutoencoderKLHunyuanVideo
@@ -66,7 +68,6 @@ def load_teacher(
 def encode(teacher, video, t_upscale: int = 4):
     """Raw teacher latents (N x k x C x H/8 x W/8) of a [0, 1] clip N x T x 3 x H x W: the teacher
     sees frames [0, T-3) in [-1, 1], the mode of its posterior, no scaling factor."""
-    import torch
 
     n = teacher_frames(video.shape[1], t_upscale)
     with torch.no_grad():
@@ -87,7 +88,6 @@ class TeacherProbe:
 
 def probe_teacher(teacher, latent_channels: int = 16, frames: int = 8, size: int = 16) -> TeacherProbe:
     """Encode one tiny clip and compare the latent shape with the student's (T/4 x C x H/8 x W/8)."""
-    import torch
 
     video = torch.rand(1, frames, 3, size, size)
     lat = encode(teacher, video)

@@ -66,9 +66,9 @@ LAZY: dict[tuple[str, str], str] = {
 }
 
 
-def function_level_imports(root: Path) -> set[tuple[str, str]]:
+def function_level_imports(root: Path, package: str = "taehv_console") -> set[tuple[str, str]]:
     found = set()
-    for path in sorted((root / "taehv_console").rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for n in ast.walk(node):
