@@ -4,6 +4,8 @@ conversion and the jitter run here, where they cost next to nothing instead of ~
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -18,6 +20,13 @@ def jitter_factors(rng: np.random.Generator, strength: float) -> tuple[float, fl
         return NO_JITTER
     b, c, s = rng.uniform(1 - strength, 1 + strength, 3)
     return float(b), float(c), float(s)
+
+
+@functools.cache
+def _luma_on(device: torch.device) -> torch.Tensor:
+    """The luma weights on `device`, made once: a tensor built from a Python list per micro-batch is
+    a blocking host-to-device copy on a GPU."""
+    return torch.tensor(LUMA, device=device, dtype=torch.float32).view(1, 1, 3, 1, 1)
 
 
 def to_model_input(
@@ -38,7 +47,7 @@ def to_model_input(
         if f.shape != (x.shape[0], 3):
             raise ValueError(f"jitter factors must be [{x.shape[0]}, 3], got {tuple(f.shape)}")
         brightness, contrast, saturation = (f[:, i].view(-1, 1, 1, 1, 1) for i in range(3))
-        luma = torch.tensor(LUMA, device=x.device, dtype=torch.float32).view(1, 1, 3, 1, 1)
+        luma = _luma_on(x.device)
         x.mul_(brightness)
         pivot = (x * luma).sum(2, keepdim=True).mean(dim=(1, 2, 3, 4), keepdim=True)
         x.sub_(pivot).mul_(contrast).add_(pivot)

@@ -120,6 +120,59 @@ def test_zero2_run_learns_and_writes_every_artifact(zero2_run):
     assert all(0 < v["ema_ssim"] <= 1 for v in vals)
 
 
+def test_each_validation_writes_samples_that_a_decode_of_the_exported_weights_reproduces(zero2_run):
+    """Rank 0 writes RUN/samples/step-<N>/ at every validation from validation's own outputs: a PNG
+    strip per clip (input, reconstruction, error ×4), a side-by-side video, and index.json last."""
+    import av
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainer.model import TAEHV, reconstruction_target
+    from trainer.samples import AMPLIFY
+
+    vals = events(zero2_run, 0, "val")
+    assert [v["step"] for v in vals] == [3, 6]
+    assert [v["samples"] for v in vals] == [str(zero2_run / "samples" / f"step-{s}") for s in (3, 6)]
+    indexes = [json.loads((zero2_run / "samples" / f"step-{s}" / "index.json").read_text()) for s in (3, 6)]
+    # the same clips at every validation: rank 0's share of the validation split (2 of 4 clips here)
+    assert [c["source"] for c in indexes[0]["clips"]] == [c["source"] for c in indexes[1]["clips"]]
+    assert [c["index"] for c in indexes[1]["clips"]] == [0, 1]
+    cfg = load_config(zero2_run / "run.toml")
+    _train, val_paths = split_train_val(find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips)
+    ds = VideoClipDataset(val_paths, cfg.data, train=False)
+    model = TAEHV()
+    model.load_state_dict(load_file(str(zero2_run / "final" / "taehv_ema.safetensors")))  # EMA on: it is shown
+    model.eval()
+    step_dir = zero2_run / "samples" / "step-6"
+    for clip in indexes[1]["clips"]:
+        x = ds[(val_paths.index(Path(clip["source"])), 0)]["video"][None].float() / 255
+        with torch.no_grad():
+            _z, y = model(x)
+        x = reconstruction_target(x, y.shape[1])
+        t, h, w = clip["frames"], clip["height"], clip["width"]
+        assert (t, h, w) == (y.shape[1], y.shape[3], y.shape[4])
+        png = np.asarray(Image.open(step_dir / clip["png"]).convert("RGB")).astype(np.int16)
+        assert png.shape == (3 * h, t * w, 3)
+
+        def row(frames: torch.Tensor) -> np.ndarray:
+            u8 = (frames[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+            return u8.transpose(1, 0, 2, 3).reshape(h, t * w, 3).astype(np.int16)
+
+        assert np.abs(png[:h] - row(x)).max() <= 1
+        assert np.abs(png[h : 2 * h] - row(y)).max() <= 2  # the decode of the exported EMA weights
+        error = row(((y - x).abs() * AMPLIFY).clamp(0, 1))
+        assert np.abs(png[2 * h :] - error).max() <= 2 * AMPLIFY and error.max() > 0
+        with av.open(str(step_dir / clip["video"])) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == t and frames[0].shape[:2] == (h + h % 2, 2 * w + (2 * w) % 2)
+    tb = EventAccumulator(str(zero2_run / "tensorboard"), size_guidance={"images": 0})
+    tb.Reload()
+    assert {"val/samples/clip-0", "val/samples/clip-1"} <= set(tb.Tags()["images"])
+    assert [e.step for e in tb.Images("val/samples/clip-0")] == [3, 6]
+
+
 def test_corrupt_and_short_videos_are_skipped_and_reported(zero2_run, data_with_bad_clips):
     train, _val = split_train_val(find_videos(str(data_with_bad_clips)), 0.25, 64)
     bad_in_train = {str(p) for p in train if "corrupt" in p.name or "short" in str(p)}

@@ -1,0 +1,121 @@
+"""What trains: the DeepSpeed engine around TAEHV with its optimizer, and the pieces that move with
+it (the EMA of the master weights, the discriminator, the teacher on this rank's device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
+from safetensors.torch import load_file
+
+from trainer import checkpoint as ckpt
+from trainer.checkpointing import CheckpointManager
+from trainer.config import TrainConfig
+from trainer.discriminator import Adversary
+from trainer.ds_config import deepspeed_skips_nonfinite_step, effective_deepspeed_config
+from trainer.events import atomic_write_json
+from trainer.master_weights import MasterEMA, full_fp32_weights
+from trainer.model import TAEHV, build_model
+from trainer.runtime import Runtime
+from trainer.state import lr_at
+
+
+@dataclass
+class Learner:
+    engine: Any  # deepspeed.DeepSpeedEngine (accelerate's prepared model)
+    optimizer: Any  # accelerate's wrapper of DeepSpeed's optimizer
+    zero_stage: int
+    ema: MasterEMA | None
+    adversary: Adversary | None
+    teacher: torch.nn.Module | None
+    # Who keeps a non-finite loss out of the weights. DeepSpeed's ZeRO optimizers under bf16 or fp16
+    # check the gradients at the optimizer step and skip the whole step (engine.skipped_steps), so the
+    # trainer need not look at the loss on the host between forward and backward: no host
+    # synchronisation per micro-batch. Elsewhere (fp32, where DeepSpeed checks nothing; a ZeRO-3 that
+    # checks only fp16; the discriminator, which DeepSpeed does not step) the trainer checks each
+    # micro-batch's loss and skips it on every rank.
+    nonfinite_guard: str
+
+    @property
+    def module(self) -> TAEHV:
+        return self.engine.module
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """Optional parts this run's checkpoints carry (trainer.checkpoint.PART_FILES)."""
+        return ("discriminator",) if self.adversary is not None else ()
+
+    def full_weights(self, use_ema: bool = False) -> dict[str, torch.Tensor]:
+        """Full fp32 tensors from the optimizer's master weights (not the module's bf16 copies).
+        Collective: every rank must call it; only rank 0's are whole."""
+        if use_ema:
+            assert self.ema is not None  # callers ask for the EMA only when there is one
+            return self.ema.full_weights()
+        return full_fp32_weights(self.engine)
+
+
+def build_learner(
+    rt: Runtime,
+    cfg: TrainConfig,
+    ckpts: CheckpointManager,
+    weights_only: bool,
+    teacher_cpu: torch.nn.Module | None,
+) -> Learner:
+    """The model, optimizer and engine, with a weights-only resume already loaded into the model.
+    A full resume is loaded afterwards by the checkpoint manager, into the engine."""
+    torch.manual_seed(cfg.run.seed)
+    model = build_model(cfg.model)
+    if ckpts.resume_from and weights_only:
+        model.load_state_dict(load_file(str(ckpts.resume_from.path / ckpt.WEIGHTS)))
+    # saved into every checkpoint: what ds_to_universal needs to convert it for another world size
+    setattr(
+        model,
+        UNIVERSAL_CHECKPOINT_INFO,
+        {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
+    )
+    if ckpts.universal:
+        # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
+        rt.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
+    if cfg.model.compile:
+        model.compile()
+    teacher = None
+    if teacher_cpu is not None:
+        teacher = teacher_cpu.to(rt.device, torch.bfloat16 if rt.precision == "bf16" else torch.float32)
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.optim.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=lr_at(0, cfg),
+        betas=cfg.optim.betas,
+        eps=cfg.optim.eps,
+    )
+    engine, optimizer = rt.accelerator.prepare(model, optimizer)
+    zero_stage = int(rt.ds_config["zero_optimization"]["stage"])
+    if rt.is_main:
+        # what DeepSpeed really runs with, beside what was asked: a knob that never reached it shows here
+        atomic_write_json(rt.run_dir / "deepspeed.effective.json", effective_deepspeed_config(engine))
+    adversary = None
+    if cfg.adversarial.weight > 0:
+        adversary = Adversary(cfg.adversarial, cfg.model.latent_channels, rt.device, cfg.run.seed)
+    return Learner(
+        engine=engine,
+        optimizer=optimizer,
+        zero_stage=zero_stage,
+        ema=MasterEMA(engine, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None,
+        adversary=adversary,
+        teacher=teacher,
+        nonfinite_guard=(
+            "deepspeed-step"
+            if adversary is None and deepspeed_skips_nonfinite_step(zero_stage, rt.precision)
+            else "micro-batch"
+        ),
+    )

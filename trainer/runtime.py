@@ -1,0 +1,213 @@
+"""A rank's process setup: environment, the process group with the configured timeout, accelerate's
+DeepSpeed plugin, and what follows from them (rank, world, device, precision), plus the stop flag
+and the collectives every shared decision goes through."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DeepSpeedPlugin
+
+from trainer.config import TrainConfig
+from trainer.ds_config import build_deepspeed_config, resolve_precision
+from trainer.events import CollectiveWatch, EventWriter
+from trainer.faults import FaultPlan
+from trainer.log import RankLogger
+
+
+class SetupError(RuntimeError):
+    """The run cannot start as configured (device, teacher, world size); the message says why."""
+
+
+class StopRequest:
+    """SIGTERM/SIGINT only set a flag; the loop finishes the step and all ranks agree to stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+def set_single_process_env() -> None:
+    """A run started without a launcher still gets a (1-process) process group, so one code path
+    serves 1 and N processes."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+class Collectives:
+    """The small all-reduces and barriers the trainer's shared decisions ride on. Each is marked in
+    the collective watch (a rank blocked in one says so in its heartbeat), and the time blocked is
+    summed into `wait_s`: every rank's step time is the same (collectives line them up), so step time
+    minus this wait is what tells a straggler from the ranks waiting for it."""
+
+    def __init__(self, device: torch.device, on_cuda: bool, watch: CollectiveWatch):
+        self.device = device if on_cuda else torch.device("cpu")
+        self.watch = watch
+        self.wait_s = 0.0
+        self._flag = torch.zeros(1, device=self.device)  # the stop flag's buffer, reused every step
+        self._in_flight: dist.Work | None = None  # its reduction, launched at the last call
+
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        t0 = time.time()
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        self.watch.enter("all_reduce")
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+            out = t.tolist()  # on CUDA the wait for the other ranks lands here, so it is inside the timing
+        finally:
+            self.watch.leave()
+        self.wait_s += time.time() - t0
+        return out
+
+    def stop_agreed(self, requested: bool) -> bool:
+        """Whether any rank had asked to stop at the previous call. This call's flag is reduced in
+        the background and read at the next call, when its reduction is long done: one host read
+        of a device value per optimizer step, which never waits for this step's work. Every rank
+        calls it at the same steps, so all of them stop at the same step, one step after the ask."""
+        agreed = self._finish_stop_flag()
+        self._flag.fill_(1.0 if requested else 0.0)  # the last reduction is done: the buffer is free
+        self._in_flight = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+        return agreed
+
+    def _finish_stop_flag(self) -> bool:
+        if self._in_flight is None:
+            return False
+        work, self._in_flight = self._in_flight, None
+        t0 = time.time()
+        self.watch.enter("all_reduce")
+        try:
+            work.wait()
+            agreed = self._flag.item() > 0
+        finally:
+            self.watch.leave()
+        self.wait_s += time.time() - t0
+        return agreed
+
+    def settle(self) -> None:
+        """Wait for the stop flag's reduction in flight (before the process group goes down)."""
+        self._finish_stop_flag()
+
+    def barrier(self) -> None:
+        self.watch.enter("barrier")
+        try:
+            dist.barrier()
+        finally:
+            self.watch.leave()
+
+
+@dataclass
+class Runtime:
+    """What one rank runs on. `start` builds it; a SetupError from it means no event was written."""
+
+    run_dir: Path
+    accelerator: Accelerator
+    ds_config: dict[str, Any]
+    precision: str
+    device_kind: str
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    events: EventWriter
+    collectives: Collectives
+    faults: FaultPlan
+    log: RankLogger
+    stop: StopRequest
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
+
+    @classmethod
+    def start(cls, run_dir: Path, cfg: TrainConfig) -> Runtime:
+        device_kind = cfg.topology.device
+        if device_kind == "cuda" and not torch.cuda.is_available():
+            raise SetupError(f"{run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+        os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_kind == "cpu" else "cuda")
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        set_single_process_env()
+        if device_kind == "cuda":
+            # clip shapes are fixed for a run, so cuDNN's per-shape algorithm search pays off
+            torch.backends.cudnn.benchmark = True
+        if device_kind == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        for k, v in cfg.distributed.nccl_env.items():
+            os.environ.setdefault(k, v)
+        # The process group is created here, with the configured timeout: DeepSpeed and accelerate
+        # reuse it, so collective_timeout_s really is what a hung collective waits for.
+        PartialState(
+            backend="gloo" if device_kind == "cpu" else "nccl",
+            timeout=timedelta(seconds=cfg.distributed.collective_timeout_s),
+        )
+        ds_config = build_deepspeed_config(cfg, device_kind)
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
+        rank, world = accelerator.process_index, accelerator.num_processes
+        if world != cfg.topology.world_size:
+            raise SetupError(
+                f"run.toml says {cfg.topology.nodes} node(s) × {cfg.topology.gpus_per_node} = "
+                f"{cfg.topology.world_size} processes, but the launcher started {world}"
+            )
+        events = EventWriter(run_dir, rank)
+        rt = cls(
+            run_dir=run_dir,
+            accelerator=accelerator,
+            ds_config=ds_config,
+            precision=resolve_precision(cfg, device_kind),
+            device_kind=device_kind,
+            rank=rank,
+            world=world,
+            local_rank=accelerator.local_process_index,
+            device=accelerator.device,
+            events=events,
+            collectives=Collectives(accelerator.device, device_kind == "cuda", CollectiveWatch(events)),
+            faults=FaultPlan(rank),
+            log=RankLogger(rank),
+            stop=StopRequest(),
+        )
+        rt.stop.install()
+        return rt
+
+    def leave(self, engine: Any) -> None:
+        """Leave together and take the process group down: rank 0 still writes the exported weights
+        after the last collective, and NCCL wants its communicators destroyed. On gloo this alone
+        does not stop the SIGABRT a finalising interpreter now and then met ("terminate called
+        without an active exception", so torchrun called a finished run failed): the process then
+        leaves without finalising (trainer.cli.entry, trainer.hard_exit)."""
+        self.collectives.settle()
+        self.collectives.barrier()
+        engine.destroy()
+        self.accelerator.end_training()
