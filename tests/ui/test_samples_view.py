@@ -107,6 +107,17 @@ def test_keys_switch_clip_and_step_compare_and_a_new_step_shows(tmp_path):
             assert "step 10 (previous validation)  clip 2  PSNR 18.00 dB" in _text(app, "previous-label")
             assert "clip 2  PSNR 19.00 dB (+1.00 dB)" in _text(app, "current-label")
 
+            # at the oldest validation there is nothing earlier: said in words, no second strip
+            await pilot.press("down")
+            await wait_until(
+                pilot, lambda: "no earlier validation" in _text(app, "previous-label"), 10, "oldest"
+            )
+            assert not screen.query_one("#previous-box").display
+            await pilot.press("up")
+            await wait_until(
+                pilot, lambda: "step 10 (previous" in _text(app, "previous-label"), 10, "step 20"
+            )
+
             # a validation writes step 30 while the view is open: the newest is followed
             write_sample_step(run_dir, 30, clips=3)
             await wait_until(pilot, lambda: "step 30" in _text(app, "samples-title"), 15, "step 30 to show")
