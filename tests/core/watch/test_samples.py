@@ -101,3 +101,25 @@ def test_validation_every_comes_from_run_toml(tmp_path):
     assert validation_every(tmp_path) == 10
     (tmp_path / "run.toml").write_text("[schedule]\nval_every = 0\n")
     assert validation_every(tmp_path) is None
+
+
+def test_reads_what_the_trainer_writes(tmp_path):
+    """The trainer's own writer (trainer/samples.py), on small tensors: the console finds the step,
+    each clip's strip (3 rows of H, T frames of W), video and PSNR."""
+    import torch
+
+    from trainer.samples import SampleClip as TrainerClip
+    from trainer.samples import write_step_samples
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 16, 24, generator=g)
+    clips = [TrainerClip(k, f"/data/v{k}.mp4", x, (x * 0.9).clamp(0, 1), 20.0 + k) for k in range(2)]
+    write_step_samples(tmp_path, 30, clips)
+    assert list_sample_steps(tmp_path) == (30,)
+    s = load_sample_step(tmp_path, 30)
+    assert [c.index for c in s.clips] == [0, 1] and s.amplify == 4
+    c = s.clips[1]
+    assert c.psnr == pytest.approx(21.0) and c.source == "/data/v1.mp4" and c.video is not None
+    with Image.open(c.png) as im:
+        assert im.size == (4 * 24, 3 * 16)
+    assert c.video.is_file()
