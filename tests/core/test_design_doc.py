@@ -66,6 +66,11 @@ RECEIVERS: dict[str, dict[str, str | None]] = {
     "taehv_console/core/watch/checkpoints.py": {"ev": EVENT},
     "taehv_console/core/watch/agent.py": {
         "beat": HEARTBEAT,  # RunProcesses finds its node's ranks by host and pid
+        "out": OTHER,  # the line the agent is building (HostSampler.read)
+        "info": OTHER,  # psutil's process info
+        "call:psutil.Process(pid).environ": OTHER,  # a process's environment
+    },
+    "taehv_console/core/watch/nodeline.py": {
         # parse_sample and gpu_samples: the agent's own line and its raw NVML reading
         "data": AGENT,
         "reading": AGENT,
@@ -74,9 +79,6 @@ RECEIVERS: dict[str, dict[str, str | None]] = {
         "p": AGENT,
         "util": AGENT,
         "mem": AGENT,
-        "out": OTHER,  # the line the agent is building (HostSampler.read)
-        "info": OTHER,  # psutil's process info
-        "call:psutil.Process(pid).environ": OTHER,  # a process's environment
     },
     "taehv_console/core/run/progress.py": {"event": EVENT},
     "taehv_console/core/run/control.py": {

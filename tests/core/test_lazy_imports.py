@@ -48,7 +48,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("taehv_console/commands/eval.py", "trainer.eval_report"): "torch and PyAV, only once eval runs",
     ("taehv_console/commands/eval.py", "trainer.synthetic"): "PyAV, only once eval runs (--size)",
     ("taehv_console/core/flow/config.py", "trainer.synthetic"): "PyAV and numpy, only when clips are made",
-    ("taehv_console/core/watch/agent.py", "pynvml"): "a bare node may lack nvidia-ml-py: the agent says so",
+    ("taehv_console/core/watch/nvml.py", "pynvml"): "a bare node may lack nvidia-ml-py: the agent says so",
     (
         "taehv_console/core/watch/tbscalars.py",
         "tensorboard.backend.event_processing.event_file_loader",

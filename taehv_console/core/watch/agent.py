@@ -1,6 +1,6 @@
 """Per-node agent: prints one JSON object per interval with what changes on the node (per-GPU
-utilisation, memory, temperature, power, the run's processes; CPU, RAM, disk, network), and the
-console-side parser that turns such a line into a NodeSample.
+utilisation, memory, temperature, power, the run's processes; CPU, RAM, disk, network). The
+console turns such a line into a NodeSample (core/watch/nodeline.py).
 
     python -m taehv_console.core.watch.agent [--interval 1] [--run RUN_DIR] [--disk PATH]...
 
@@ -8,8 +8,9 @@ It exits when its stdin closes (the console holds the other end of the pipe or S
 never outlives the console. No GPU or no NVML gives a CPU-only sample with gpu.ok = false. It never
 imports torch: it runs on every node every second.
 
-The GPU part of a line is the raw NVML reading (`read` of NvmlSampler); all decisions are made on
-the console from it (`gpu_samples`), so they are tested on recorded readings.
+The GPU part of a line is the raw NVML reading (`read` of core/watch/nvml.py's NvmlSampler); all
+decisions are made on the console from it (`nodeline.gpu_samples`), so they are tested on recorded
+readings.
 """
 
 from __future__ import annotations
@@ -21,157 +22,15 @@ import select
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample
+from taehv_console.core.watch.nvml import MB, NvmlSampler
 
 AGENT_VERSION = 1
-MB = 1024 * 1024
-
-# Clock-event reasons that mean the GPU runs slower than it could. GPU idle, application clocks and
-# sync boost are not problems; the software power cap is routine at full load on SXM boards.
-THROTTLE_REASONS = {
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-}
-SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
-
-
-# ------------------------------------------------------------------------------------------- NVML
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-class NvmlSampler:
-    """NVML opened once for the agent's life; `read()` returns plain data (the recorded-sample shape):
-
-    {"ok": bool, "reason": str, "driver_version": str,
-     "devices": [{"index", "name", "uuid", "utilization": {"gpu", "memory"} (%),
-                  "memory": {"used", "total"} (bytes), "temperature" (C), "power_usage_mw",
-                  "power_limit_mw", "clocks_event_reasons" (bitmask),
-                  "processes": [{"pid", "used_memory" (bytes or null)}],
-                  "errors": {field: NVML message}, "error": message when the device failed}]}
-    """
-
-    def __init__(self, nvml: Any = None):
-        self._nvml = nvml
-        self._handles: list[Any] = []
-        self.reason = ""
-        self.driver_version = ""
-        if self._nvml is None:
-            try:
-                import pynvml
-
-                self._nvml = pynvml
-            except ImportError as err:  # a dependency, but a bare node may lack it
-                self.reason = f"nvidia-ml-py is not installed ({err})"
-                return
-        try:
-            self._nvml.nvmlInit()
-        except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            self.reason = f"NVML unavailable: {str(err) or type(err).__name__}"
-            self._nvml = None
-            return
-        try:
-            self.driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
-            self._handles = [
-                self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())
-            ]
-        except Exception as err:  # noqa: BLE001 - any NVML failure: a CPU-only sample with the reason
-            self.reason = f"NVML query failed: {str(err) or type(err).__name__}"
-            self.close()
-        if self._nvml is not None and not self._handles:
-            self.reason = "NVML found no GPU"
-
-    @property
-    def ok(self) -> bool:
-        return self._nvml is not None and bool(self._handles)
-
-    def read(self) -> dict[str, Any]:
-        if not self.ok:
-            return {"ok": False, "reason": self.reason, "devices": []}
-        return {
-            "ok": True,
-            "reason": "",
-            "driver_version": self.driver_version,
-            "devices": [self._device(i, h) for i, h in enumerate(self._handles)],
-        }
-
-    def _device(self, index: int, h: Any) -> dict[str, Any]:
-        nv = self._nvml
-        dev: dict[str, Any] = {"index": index}
-        errors: dict[str, str] = {}
-
-        def field(name: str, fn: Callable[[], Any]) -> None:
-            try:
-                dev[name] = fn()
-            except Exception as err:  # noqa: BLE001 - NotSupported on some boards; GpuIsLost off the bus
-                errors[name] = str(err) or type(err).__name__
-
-        field("name", lambda: _text(nv.nvmlDeviceGetName(h)))
-        field("uuid", lambda: _text(nv.nvmlDeviceGetUUID(h)))
-        field("utilization", lambda: _util(nv.nvmlDeviceGetUtilizationRates(h)))
-        field("memory", lambda: _mem(nv.nvmlDeviceGetMemoryInfo(h)))
-        field("temperature", lambda: int(nv.nvmlDeviceGetTemperature(h, 0)))  # 0 = NVML_TEMPERATURE_GPU
-        field("power_usage_mw", lambda: int(nv.nvmlDeviceGetPowerUsage(h)))
-        field("power_limit_mw", lambda: int(nv.nvmlDeviceGetEnforcedPowerLimit(h)))
-        field("clocks_event_reasons", lambda: int(_clock_reasons(nv, h)))
-        field(
-            "processes",
-            lambda: [
-                {"pid": int(p.pid), "used_memory": _proc_mem(p)}
-                for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
-            ],
-        )
-        if errors:
-            dev["errors"] = errors
-            lost = [m for m in errors.values() if "lost" in m.lower() or "reset" in m.lower()]
-            if lost or len(errors) >= 8:  # nothing answered: the device itself is gone
-                dev["error"] = lost[0] if lost else next(iter(errors.values()))
-        return dev
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110 - shutting down a library that failed: nothing to do
-                pass
-        self._nvml = None
-        self._handles = []
-
-
-def _util(u: Any) -> dict[str, int]:
-    return {"gpu": int(u.gpu), "memory": int(u.memory)}
-
-
-def _mem(m: Any) -> dict[str, int]:
-    return {"used": int(m.used), "total": int(m.total)}
-
-
-def _clock_reasons(nv: Any, h: Any) -> int:
-    # NVML renamed "throttle reasons" to "clock event reasons" (driver 535); older bindings lack it.
-    fn = (
-        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
-    )
-    return fn(h)
-
-
-def _proc_mem(p: Any) -> int | None:
-    used = getattr(p, "usedGpuMemory", None)
-    # NVML reports "not available" (e.g. without permission in a container) as a huge sentinel.
-    return int(used) if isinstance(used, int) and used < (1 << 60) else None
-
-
 # ------------------------------------------------------------------------------- host and processes
 
 
@@ -511,112 +370,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         agent.close()
-
-
-# ------------------------------------------------------------------------------ console-side parse
-
-
-_THROTTLE_ITEMS = tuple(sorted(THROTTLE_REASONS.items()))
-_NUM = (int, float)
-
-
-def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = None) -> tuple[GpuSample, ...]:
-    """GpuSample per device of a raw NVML reading; `owners` (pid -> rank) picks the run's processes.
-    On the console's hot path (64 nodes x 8 GPUs a second): plain type checks, no helpers per field."""
-    owners = owners or {}
-    out: list[GpuSample] = []
-    if not reading.get("ok"):
-        return ()
-    for d in reading.get("devices", ()):
-        util: Any = d.get("utilization") or {}  # JSON: the checks below look at each value
-        mem: Any = d.get("memory") or {}
-        run_mem, run_pids = 0.0, []
-        for p in d.get("processes") or ():
-            if p.get("pid") in owners:
-                run_pids.append(int(p["pid"]))
-                run_mem += (p.get("used_memory") or 0) / MB
-        bits = d.get("clocks_event_reasons") or 0
-        gu, mu, used, total = util.get("gpu"), util.get("memory"), mem.get("used"), mem.get("total")
-        temp, pw, pl = d.get("temperature"), d.get("power_usage_mw"), d.get("power_limit_mw")
-        out.append(
-            GpuSample(
-                index=int(d.get("index", len(out))),
-                name=str(d.get("name", "")),
-                uuid=str(d.get("uuid", "")),
-                util_pct=float(gu) if type(gu) in _NUM else None,
-                mem_util_pct=float(mu) if type(mu) in _NUM else None,
-                mem_used_mb=used / MB if type(used) in _NUM else None,
-                mem_total_mb=total / MB if type(total) in _NUM else None,
-                temp_c=float(temp) if type(temp) in _NUM else None,
-                power_w=pw / 1000 if type(pw) in _NUM else None,
-                power_limit_w=pl / 1000 if type(pl) in _NUM else None,
-                run_mem_mb=round(run_mem, 1),
-                run_pids=tuple(run_pids),
-                throttle=tuple(name for bit, name in _THROTTLE_ITEMS if bits & bit) if bits else (),
-                error=str(d.get("error", "")),
-            )
-        )
-    return tuple(out)
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if type(v) in _NUM else None
-
-
-def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None = None) -> NodeSample:
-    """A NodeSample from one agent line. Raises ValueError on a line that is not an agent sample."""
-    if isinstance(data, (str, bytes)):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not an agent sample: {err}") from None
-    if not isinstance(data, Mapping) or "host" not in data or "time" not in data:
-        raise ValueError("not an agent sample: no host/time")
-    owners = {int(k): v for k, v in (data.get("owners") or {}).items()}
-    reading = data.get("nvml") or {"ok": False, "reason": "no NVML reading", "devices": []}
-    gpus = gpu_samples(reading, owners)
-    gpu_mem: dict[int, float] = {}
-    for dev in reading.get("devices", ()) if reading.get("ok") else ():
-        for p in dev.get("processes") or ():
-            rank_pid = p.get("pid")
-            if rank_pid in owners:
-                gpu_mem[owners[rank_pid]] = (
-                    gpu_mem.get(owners[rank_pid], 0.0) + (p.get("used_memory") or 0) / MB
-                )
-    procs = tuple(
-        ProcessSample(
-            pid=int(p["pid"]),
-            rank=p.get("rank"),
-            status=str(p.get("status", "gone")),
-            cpu_pct=_num(p.get("cpu_pct")),
-            rss_mb=_num(p.get("rss_mb")),
-            gpu_mem_mb=round(gpu_mem.get(p.get("rank"), 0.0), 1),
-        )
-        for p in data.get("processes") or ()
-    )
-    return NodeSample(
-        host=str(data["host"]),
-        time=float(data["time"]),
-        seq=int(data.get("seq", 0)),
-        interval_s=float(data.get("interval_s", 1.0)),
-        gpu_ok=bool(reading.get("ok")) and bool(gpus),
-        gpu_reason="" if (reading.get("ok") and gpus) else str(reading.get("reason") or "NVML found no GPU"),
-        gpus=gpus,
-        cpu_pct=_num(data.get("cpu_pct")),
-        cpu_count=int(data.get("cpu_count") or 0),
-        load1=_num(data.get("load1")),
-        ram_used_gb=_num(data.get("ram_used_gb")),
-        ram_total_gb=_num(data.get("ram_total_gb")),
-        disks=tuple(
-            DiskSample(str(d["path"]), float(d["used_gb"]), float(d["total_gb"]), float(d["free_gb"]))
-            for d in data.get("disks") or ()
-        ),
-        net_rx_mbps=_num(data.get("net_rx_mbps")),
-        net_tx_mbps=_num(data.get("net_tx_mbps")),
-        processes=procs,
-        agent_pid=int(data.get("agent_pid") or 0),
-        received=time.time() if received is None else received,
-    )
 
 
 if __name__ == "__main__":

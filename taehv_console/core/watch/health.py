@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from taehv_console.core.watch.agent import SLOWDOWN_REASONS
+from taehv_console.core.watch.nvml import SLOWDOWN_REASONS
 from taehv_console.core.watch.state import (
     CollectiveStall,
     LogSignal,

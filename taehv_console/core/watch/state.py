@@ -216,7 +216,7 @@ class ForensicsSummary:
     report: str = ""  # the report file, relative to the run directory
 
     @classmethod
-    def from_report(cls, data: Any, path: str = "") -> ForensicsSummary:
+    def from_report(cls, data: object, path: str = "") -> ForensicsSummary:
         """From a ForensicsReport's to_json() dict; unknown keys are ignored, missing ones empty."""
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a forensics report is a JSON object")  # noqa: TRY004 - callers catch ValueError for bad files
@@ -243,7 +243,7 @@ class ForensicsSummary:
                 **{k: v for k, v in ref.items() if v is not None},
             }
 
-        def text(v: Any) -> str:
+        def text(v: object) -> str:
             if v is None:
                 return ""
             if isinstance(v, str):
@@ -271,11 +271,11 @@ class ForensicsSummary:
         )
 
 
-def _opt_str(v: Any) -> str | None:
+def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
-def _frame_text(f: Any) -> str:
+def _frame_text(f: object) -> str:
     if isinstance(f, str):
         return f
     if isinstance(f, dict):
@@ -286,7 +286,7 @@ def _frame_text(f: Any) -> str:
     return str(f)
 
 
-def json_text(v: Any) -> str:
+def json_text(v: object) -> str:
     return json.dumps(v, default=str)[:300]
 
 

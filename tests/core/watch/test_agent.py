@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from taehv_console.core.watch.agent import NvmlSampler, gpu_samples, parse_sample
+from taehv_console.core.watch.nodeline import gpu_samples, parse_sample
+from taehv_console.core.watch.nvml import NvmlSampler
 from tests.core.watch.conftest import agent_line, nvml_fixture
 
 MB = 1024 * 1024

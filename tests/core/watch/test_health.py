@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from taehv_console.core.logscan import LogSignal
-from taehv_console.core.watch.agent import parse_sample
+from taehv_console.core.watch.nodeline import parse_sample
 from taehv_console.core.watch.health import HealthPolicy, RankObservation, assess_node, assess_ranks
 from taehv_console.core.watch.state import NodeState, ProcessSample, RankState
 from tests.core.watch.conftest import agent_line, nvml_fixture
@@ -270,7 +270,7 @@ def test_node_lost_when_its_agent_is_silent_past_the_timeout():
 def test_node_degraded_by_gpu_problems_from_recorded_readings():
     base = sample("agent_line_h100_node2.json")
     assert assess_node("g2", [], base, 0.5, POL, agent_expected=True) == (NodeState.OK, "")
-    from taehv_console.core.watch.agent import gpu_samples
+    from taehv_console.core.watch.nodeline import gpu_samples
 
     lost = replace(base, gpus=gpu_samples(nvml_fixture("h100x8_gpu5_lost.json")))
     assert assess_node("g2", [], lost, 0.5, POL, agent_expected=True) == (
