@@ -18,7 +18,7 @@ from typing import Any
 EVENT_VERSION = 1
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     # JSON has no NaN/Infinity; a non-finite metric becomes null rather than an unparseable line.
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from deepspeed import DeepSpeedEngine
 from deepspeed.checkpoint.constants import (
     UNIVERSAL_CHECKPOINT_INFO,
     UNIVERSAL_CHECKPOINT_VERSION_KEY,
@@ -15,7 +16,6 @@ from deepspeed.checkpoint.constants import (
 from safetensors.torch import load_file
 
 from trainer import checkpoint as ckpt
-from trainer.checkpointing import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.discriminator import Adversary
 from trainer.ds_config import deepspeed_skips_nonfinite_step, effective_deepspeed_config
@@ -28,7 +28,7 @@ from trainer.state import lr_at
 
 @dataclass
 class Learner:
-    engine: Any  # deepspeed.DeepSpeedEngine (accelerate's prepared model)
+    engine: DeepSpeedEngine  # accelerate's prepared model
     optimizer: Any  # accelerate's wrapper of DeepSpeed's optimizer
     zero_stage: int
     ema: MasterEMA | None
@@ -63,23 +63,25 @@ class Learner:
 def build_learner(
     rt: Runtime,
     cfg: TrainConfig,
-    ckpts: CheckpointManager,
+    resume_from: ckpt.CheckpointStatus | None,
+    universal: bool,
     weights_only: bool,
     teacher_cpu: torch.nn.Module | None,
 ) -> Learner:
-    """The model, optimizer and engine, with a weights-only resume already loaded into the model.
-    A full resume is loaded afterwards by the checkpoint manager, into the engine."""
+    """The model, optimizer and engine, with a weights-only resume from `resume_from` already loaded
+    into the model; `universal`: a universal checkpoint will load. A full resume is loaded afterwards
+    by the checkpoint manager, into the engine."""
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg.model)
-    if ckpts.resume_from and weights_only:
-        model.load_state_dict(load_file(str(ckpts.resume_from.path / ckpt.WEIGHTS)))
+    if resume_from and weights_only:
+        model.load_state_dict(load_file(str(resume_from.path / ckpt.WEIGHTS)))
     # saved into every checkpoint: what ds_to_universal needs to convert it for another world size
     setattr(
         model,
         UNIVERSAL_CHECKPOINT_INFO,
         {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
     )
-    if ckpts.universal:
+    if universal:
         # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
         rt.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
     if cfg.model.compile:

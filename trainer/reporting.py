@@ -75,7 +75,13 @@ class StepReporter:
             rt.log.info(f"resumed from {ckpts.resume_from.path} at step {state.step}")
 
     def step(
-        self, state: TrainState, grad_norm: Any, step_time: float, data_wait_s: float, lr: float, stop: bool
+        self,
+        state: TrainState,
+        grad_norm: float | torch.Tensor | None,
+        step_time: float,
+        data_wait_s: float,
+        lr: float,
+        stop: bool,
     ) -> None:
         """After each optimizer step: the heartbeat, and at log steps the reduced metrics."""
         self.metrics.add_step(grad_norm, step_time)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DeepSpeedPlugin
+from deepspeed import DeepSpeedEngine
 
 from trainer.config import TrainConfig
 from trainer.ds_config import build_deepspeed_config, resolve_precision
@@ -201,7 +202,7 @@ class Runtime:
         rt.stop.install()
         return rt
 
-    def leave(self, engine: Any) -> None:
+    def leave(self, engine: DeepSpeedEngine) -> None:
         """Leave together and take the process group down: rank 0 still writes the exported weights
         after the last collective, and NCCL wants its communicators destroyed. On gloo this alone
         does not stop the SIGABRT a finalising interpreter now and then met ("terminate called

@@ -61,7 +61,9 @@ class Trainer:
         self.state = state
         self.ckpts = CheckpointManager(rt, cfg)
         self.ckpts.resolve(resume, weights_only)
-        self.learner = build_learner(rt, cfg, self.ckpts, weights_only, teacher)
+        self.learner = build_learner(
+            rt, cfg, self.ckpts.resume_from, self.ckpts.universal, weights_only, teacher
+        )
         if self.ckpts.resume_from:
             self.ckpts.load(state, self.learner, weights_only)
         # DeepSpeed's count comes back with its checkpoint, and nonfinite_skipped with ours: only
