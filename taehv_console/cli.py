@@ -20,7 +20,7 @@ tests/core/test_lazy_imports.py):
 - core/flow/config.py `generated_clips`: trainer.synthetic (PyAV, numpy) only when clips are made;
 - core/cluster/ssh/config.py, hostkeys.py and runners.py: paramiko where ~/.ssh/config is read,
   a host key handled or a connection made;
-- core/cluster/probe.py and core/watch/agent.py: pynvml (a bare node may lack it, and they say so),
+- core/cluster/probe.py and core/watch/nvml.py: pynvml (a bare node may lack it, and they say so),
   and torch for the NCCL version;
 - core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, and the trainer's data,
   teacher and cache modules, only in the checks that use them;
