@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.evaluate import EvalResult, Figures, ModelScore
+from trainer.evaluate import SHEET_CLIPS, EvalResult, Figures, ModelScore
 from trainer.samples import AMPLIFY, strip, write_png
 
-SHEET_CLIPS = 8  # clips on the contact sheet
 SHEET_FRAMES = 8  # frames per clip on it, evenly spaced
 
 
@@ -52,11 +51,10 @@ def _model_dict(m: ModelScore) -> dict:
 def result_dict(result: EvalResult, files: dict[str, str] | None = None) -> dict:
     """Every figure: overall per model and baseline, then per clip, in the models' order."""
     s = result.section
-    scored = result.models[0].recon[0].shape[0] if result.models[0].recon else 0
     out: dict = {
         "data": result.data,
         "frames": s.frames,
-        "scored_frames": scored,  # T = 4k frames decode to 4k-3 (the causal warm-up)
+        "scored_frames": result.scored_frames,  # T = 4k frames decode to 4k-3 (the causal warm-up)
         "height": s.height,
         "width": s.width,
         "device": result.device,
@@ -96,11 +94,12 @@ def contact_sheet(result: EvalResult) -> np.ndarray:
     reconstruction and its error ×AMPLIFY, frames evenly spaced; a black band between clips."""
     blocks: list[np.ndarray] = []
     for i, clip in enumerate(result.clips[:SHEET_CLIPS]):
+        assert clip.video is not None  # kept for the first SHEET_CLIPS
         y0 = result.models[0].recon[i]
         pick = torch.from_numpy(
             np.unique(np.linspace(0, y0.shape[0] - 1, SHEET_FRAMES).round().astype(np.int64))
         )
-        x = clip.video[: y0.shape[0]].cpu()[pick]
+        x = clip.video[: y0.shape[0]][pick]
         h = x.shape[2]
         rows = [strip(x, y0[pick], AMPLIFY)]
         rows += [strip(x, m.recon[i][pick], AMPLIFY)[h:] for m in result.models[1:]]

@@ -5,7 +5,7 @@ of weights and as a decoder of the teacher's latents. `taehv-console eval` is it
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,10 +183,13 @@ def baselines(x: torch.Tensor) -> dict[str, Figures]:
 # ---- the clips ----------------------------------------------------------------------------------
 
 
+SHEET_CLIPS = 8  # clips whose frames are kept for the contact sheet
+
+
 @dataclass
 class EvalClip:
     source: Path
-    video: torch.Tensor  # T×3×H×W in [0, 1], float32, on the scoring device
+    video: torch.Tensor | None  # T×3×H×W in [0, 1] on the CPU; kept for the first SHEET_CLIPS only
 
 
 def _frame_size(path: Path) -> tuple[int, int] | None:
@@ -227,27 +230,19 @@ def clip_section(
         raise EvalError(format_validation_error(err, "--frames/--size")) from None
 
 
-def read_clips(
-    data: str, cfg: DataSection, device: torch.device, limit: int = 0
-) -> tuple[list[EvalClip], list[tuple[str, str]]]:
-    """One clip from each video under `data` that gives one, and (path, reason) for those that do not."""
-    paths = find_videos(data, cfg.root)
+def iter_clips(
+    paths: list[Path], cfg: DataSection, skipped: list[tuple[str, str]]
+) -> Iterator[tuple[Path, torch.Tensor]]:
+    """One clip (uint8 T×3×H×W) from each video that gives one, read when asked for; (path,
+    reason) of each that does not goes to `skipped`."""
     dataset = VideoClipDataset(paths, cfg, train=False)
-    clips: list[EvalClip] = []
-    skipped: list[tuple[str, str]] = []
     for i, path in enumerate(paths):
-        if limit and len(clips) >= limit:
-            break
         try:
             item = dataset[i]
         except DataSourceError:
             skipped.append((str(path), dataset.bad.get(str(path), "unreadable")))
             continue
-        clips.append(EvalClip(path, item["video"].to(device).float() / 255))
-    if not clips:
-        reasons = "; ".join(f"{p}: {r}" for p, r in skipped[:3])
-        raise EvalError(f"{data}: no readable video ({len(skipped)} tried: {reasons})")
-    return clips, skipped
+        yield path, item["video"]
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -258,7 +253,7 @@ class ModelScore:
     source: WeightsSource
     note: str
     clips: list[Figures] = field(default_factory=list)
-    recon: list[torch.Tensor] = field(default_factory=list)  # per clip, on the CPU, for the sheet
+    recon: list[torch.Tensor] = field(default_factory=list)  # the first SHEET_CLIPS', on the CPU
     teacher_vs_teacher: list[float] = field(default_factory=list)  # decode of teacher latents vs teacher's
     teacher_vs_input: list[float] = field(default_factory=list)  # the same decode vs the input
 
@@ -273,6 +268,7 @@ class EvalResult:
     section: DataSection
     clips: list[EvalClip]
     skipped: list[tuple[str, str]]
+    scored_frames: int  # T = 4k frames decode to 4k - 3
     models: list[ModelScore]
     baselines: list[dict[str, Figures]]
     teacher_reference: list[float]  # the teacher's own reconstruction vs the input (with --teacher)
@@ -308,10 +304,10 @@ def score(
                 f"--compare {compare.path}: its weights do not match {primary.path}'s: {err}"
             ) from None
         models.append((compare, f"the architecture of {primary.path.name}", b))
-    section = clip_section(find_videos(data), run_data, frames, size)
-    clips, skipped = read_clips(data, section, dev, limit)
+    paths = find_videos(data)
+    section = clip_section(paths, run_data, frames, size)
     progress(
-        f"scoring {len(clips)} clip(s) of {section.frames} frames at {section.height}x{section.width} on {dev}"
+        f"scoring {len(paths)} video(s): clips of {section.frames} frames at {section.height}x{section.width} on {dev}"
     )
     teacher_model = None
     if teacher:
@@ -319,31 +315,51 @@ def score(
             teacher, latent_channels=model_cfg.latent_channels, where="--teacher"
         ).to(dev)
     result = EvalResult(
-        data, section, clips, skipped, [ModelScore(s, n) for s, n, _m in models], [], [], streaming, str(dev)
+        data, section, [], [], 0, [ModelScore(s, n) for s, n, _m in models], [], [], streaming, str(dev)
     )
     with torch.no_grad():
-        for clip in clips:
-            x = clip.video[None]
-            target = None
-            for (_s, _n, model), out in zip(models, result.models):
-                _z, y = stream_forward(model, x) if streaming else model(x)
-                target = reconstruction_target(x, y.shape[1])
-                out.clips.append(figures(target[0], y[0]))
-                out.recon.append(y[0].cpu())
-            assert target is not None
-            result.baselines.append(baselines(target[0]))
+        for path, video in iter_clips(paths, section, result.skipped):
+            if limit and len(result.clips) >= limit:
+                break
+            x = video.to(dev)[None].float() / 255
+            keep = len(result.clips) < SHEET_CLIPS
+            result.clips.append(EvalClip(path, x[0].cpu() if keep else None))
+            _score_clip(x, models, result, keep)
             if teacher_model is not None:
-                latents = teacher_encode(teacher_model, x)
-                frames_t = teacher_model.decode(latents.permute(0, 2, 1, 3, 4)).sample
-                decoded = frames_t.permute(0, 2, 1, 3, 4).float().add(1).div(2).clamp(0, 1)
-                truth = x[:, : decoded.shape[1]]
-                result.teacher_reference.append(_psnr(decoded, truth))
-                for (_s, _n, model), out in zip(models, result.models):
-                    z = latents.to(next(model.parameters()).dtype)
-                    y_t = stream_decode(model, z) if streaming else model.decode(z)
-                    out.teacher_vs_teacher.append(_psnr(y_t, decoded))
-                    out.teacher_vs_input.append(_psnr(y_t, truth))
-            progress(
-                f"  {clip.source.name}: " + "  ".join(f"{m.clips[-1].psnr:.2f} dB" for m in result.models)
-            )
+                _score_teacher_latents(teacher_model, x, models, result)
+            progress(f"  {path.name}: " + "  ".join(f"{m.clips[-1].psnr:.2f} dB" for m in result.models))
+    if not result.clips:
+        reasons = "; ".join(f"{p}: {r}" for p, r in result.skipped[:3])
+        raise EvalError(f"{data}: no readable video ({len(result.skipped)} tried: {reasons})")
     return result
+
+
+def _score_clip(
+    x: torch.Tensor, models: list[tuple[WeightsSource, str, TAEHV]], result: EvalResult, keep: bool
+) -> None:
+    target = x
+    for (_s, _n, model), out in zip(models, result.models):
+        _z, y = stream_forward(model, x) if result.streaming else model(x)
+        target = reconstruction_target(x, y.shape[1])
+        out.clips.append(figures(target[0], y[0]))
+        if keep:
+            out.recon.append(y[0].cpu())
+    result.scored_frames = target.shape[1]
+    result.baselines.append(baselines(target[0]))
+
+
+def _score_teacher_latents(
+    teacher, x: torch.Tensor, models: list[tuple[WeightsSource, str, TAEHV]], result: EvalResult
+) -> None:
+    """TAEHV as the teacher's decoder: its decode of the teacher's latents against the teacher's own
+    decode and against the input frames they stand for (the first T - 3)."""
+    latents = teacher_encode(teacher, x)
+    own = teacher.decode(latents.permute(0, 2, 1, 3, 4)).sample
+    decoded = own.permute(0, 2, 1, 3, 4).float().add(1).div(2).clamp(0, 1)
+    truth = x[:, : decoded.shape[1]]
+    result.teacher_reference.append(_psnr(decoded, truth))
+    for (_s, _n, model), out in zip(models, result.models):
+        z = latents.to(next(model.parameters()).dtype)
+        y = stream_decode(model, z) if result.streaming else model.decode(z)
+        out.teacher_vs_teacher.append(_psnr(y, decoded))
+        out.teacher_vs_input.append(_psnr(y, truth))
