@@ -17,7 +17,7 @@ from tests.trainer.runs import write_run
 from trainer.config import DataSection
 from trainer.data import VideoClipDataset, find_videos
 from trainer.eval_report import result_dict, write_report
-from trainer.evaluate import EvalError, figures, resolve_weights, score
+from trainer.evaluate import EvalError, architecture, figures, load_model, resolve_weights, score
 from trainer.model import TAEHV, WeightsError
 from trainer.streaming import stream_forward
 from trainer.synthetic import make_synthetic, write_video
@@ -259,3 +259,19 @@ def test_resolve_weights_reads_runs_checkpoints_and_files(tmp_path):
         resolve_weights(tmp_path / "x.pth")
     with pytest.raises(EvalError, match="--best needs a run directory"):
         resolve_weights(step, best=True)
+
+
+def test_the_authors_pth_layout_loads_and_its_architecture_is_read_from_it(tmp_path):
+    # the author's taehv.pth is a plain torch.save'd state dict with these same key names; TAEHV
+    # 1.5's is patch size 2 with 32 latent channels
+    torch.manual_seed(0)
+    reference = TAEHV(latent_channels=32, patch_size=2)
+    path = tmp_path / "taehv1_5.pth"
+    torch.save(reference.state_dict(), path)
+    source = resolve_weights(path)
+    model_cfg, run_data, note = architecture(source)
+    assert (model_cfg.latent_channels, model_cfg.patch_size, run_data) == (32, 2, None)
+    assert "inferred from taehv1_5.pth" in note
+    model = load_model(source, model_cfg, torch.device("cpu"))
+    for key, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
