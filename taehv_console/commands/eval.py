@@ -42,7 +42,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--teacher", metavar="DIR", help="HunyuanVideo VAE folder: also score decoding its latents"
     )
     parser.add_argument(
-        "--frames", type=int, help="frames per clip, a multiple of 4 (default: the run's, else 12)"
+        "--frames",
+        type=int,
+        metavar="N",
+        help="frames per clip, a multiple of 4 (default: the run's, else 12)",
     )
     parser.add_argument(
         "--size", metavar="HxW", help="clip size (default: the run's crop, else whole frames)"
@@ -54,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--streaming", action="store_true", help="run the model frame by frame (bounded memory)"
     )
-    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    parser.add_argument("--device", metavar="D", help="torch device (default: cuda when present, else cpu)")
     parser.add_argument(
         "--out", metavar="DIR", help="where the PNG and JSON go (default RUN/eval/, or beside the weights)"
     )
