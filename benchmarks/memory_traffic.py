@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.frame_ops import is_channels_last
 from trainer.model import TAEHV, reconstruction_target
 
 aten = torch.ops.aten
@@ -72,10 +73,6 @@ def distinct_bytes(t: torch.Tensor) -> int:
     return n * t.element_size()
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
 def _as_cudnn_layout(name: str, out):
     """cuDNN's layout for a convolution over an NHWC activation: its output (forward) or the gradient
     of its input (backward) is NHWC too. The meta kernels return NCHW there, which would hide every
@@ -108,7 +105,7 @@ class TrafficCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if name in GROUPS["conv"] and _channels_last(args[0]):
+        if name in GROUPS["conv"] and is_channels_last(args[0]):
             out = _as_cudnn_layout(name, out)
         if func.is_view or name in FREE or name.startswith("_unsafe_view"):
             return out

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.frame_ops import CatPast, channels_to_frames, frames_to_channels, same_layout, shift_one_frame
+
 
 def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
     return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
@@ -41,7 +43,7 @@ class MemBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, past: torch.Tensor | None = None, n: int = 1) -> torch.Tensor:
         """past=None: each frame's past is its predecessor in x, frames (N*T, ...) of n videos."""
-        xp = _CatPast.apply(x, n) if past is None else torch.cat([x, past], 1)
+        xp = CatPast.apply(x, n) if past is None else torch.cat([x, past], 1)
         return self.act(self.conv(xp) + self.skip(x))
 
 
@@ -54,7 +56,7 @@ class TPool(nn.Module):
         self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(_frames_to_channels(x, self.stride))
+        return self.conv(frames_to_channels(x, self.stride))
 
 
 class TGrow(nn.Module):
@@ -66,90 +68,7 @@ class TGrow(nn.Module):
         self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _channels_to_frames(self.conv(x), self.stride)
-
-
-def _is_channels_last(x: torch.Tensor) -> bool:
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-
-
-def _frames_to_channels(x: torch.Tensor, s: int) -> torch.Tensor:
-    """(N*T, C, H, W) -> (N*T/s, s*C, H, W), s consecutive frames stacked along channels, in x's layout.
-
-    A view in NCHW. In channels_last, one permuted copy straight into channels_last (a plain
-    reshape would copy to NCHW and a second copy would bring it back); its gradient is one copy too.
-    """
-    nt, c, h, w = x.shape
-    if s == 1:
-        return x
-    if not _is_channels_last(x):
-        return x.reshape(nt // s, s * c, h, w)
-    nhwc = x.permute(0, 2, 3, 1).reshape(nt // s, s, h, w, c).permute(0, 2, 3, 1, 4)
-    return nhwc.reshape(nt // s, h, w, s * c).permute(0, 3, 1, 2)
-
-
-def _channels_to_frames(x: torch.Tensor, s: int) -> torch.Tensor:
-    """(N*T, s*C, H, W) -> (N*T*s, C, H, W): the inverse of _frames_to_channels, with the same costs."""
-    nt, sc, h, w = x.shape
-    if s == 1:
-        return x
-    if not _is_channels_last(x):
-        return x.reshape(nt * s, sc // s, h, w)
-    nhwc = x.permute(0, 2, 3, 1).reshape(nt, h, w, s, sc // s).permute(0, 3, 1, 2, 4)
-    return nhwc.reshape(nt * s, h, w, sc // s).permute(0, 3, 1, 2)
-
-
-class _CatPast(torch.autograd.Function):
-    """cat([x, past], channels) for a MemBlock, past being each frame's predecessor in its own video
-    (zeros for frame 0), written straight into one buffer in x's layout.
-
-    The same values as torch.cat([x, _shift_one_frame(x, n)], 1) for about half the memory traffic:
-    no zero-filled copy of x and no second copy into the cat, and a backward that adds the two
-    halves of the gradient in one pass (autograd's would clone, zero-fill and add). Saves no tensor.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
-        nt, c, h, w = x.shape
-        t = nt // n
-        fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
-        out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
-        out[:, :c] = x
-        out5 = out.view(n, t, 2 * c, h, w)
-        out5[:, 1:, c:] = x.view(n, t, c, h, w)[:, :-1]
-        out5[:, :1, c:].zero_()
-        ctx.n, ctx.fmt = n, fmt
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        n, fmt = ctx.n, ctx.fmt
-        nt, c2, h, w = grad.shape
-        c, t = c2 // 2, nt // n
-        g5 = grad.reshape(n, t, c2, h, w)
-        gx = torch.empty((nt, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=fmt)
-        gx5 = gx.view(n, t, c, h, w)
-        # frame i's gradient: its own half of the cat, plus the past half of frame i+1
-        if torch.compiler.is_compiling():  # fused by the compiler; Dynamo refuses a strided out=
-            gx5[:, :-1] = g5[:, :-1, :c] + g5[:, 1:, c:]
-        else:
-            torch.add(g5[:, :-1, :c], g5[:, 1:, c:], out=gx5[:, :-1])
-        gx5[:, -1:] = g5[:, -1:, :c]
-        return gx, None
-
-
-def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`out` in channels_last when `like` is (the published order's second copy; see apply_published)."""
-    return out.contiguous(memory_format=torch.channels_last) if _is_channels_last(like) else out
-
-
-def _shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
-    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0.
-    Keeps x's memory layout (frames are whole blocks of memory in NCHW and NHWC alike)."""
-    nt, c, h, w = x.shape
-    past = torch.zeros_like(x)
-    past.view(n, nt // n, c, h, w)[:, 1:] = x.view(n, nt // n, c, h, w)[:, :-1]
-    return past
+        return channels_to_frames(self.conv(x), self.stride)
 
 
 def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
@@ -166,13 +85,13 @@ def apply_published(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n:
     benchmarks/memory_traffic.py."""
     for layer in layers:
         if isinstance(layer, MemBlock):
-            x = layer(x, _shift_one_frame(x, n))
+            x = layer(x, shift_one_frame(x, n))
         elif isinstance(layer, TPool):
             _nt, c, h, w = x.shape
-            x = layer.conv(_same_layout(x.reshape(-1, layer.stride * c, h, w), x))
+            x = layer.conv(same_layout(x.reshape(-1, layer.stride * c, h, w), x))
         elif isinstance(layer, TGrow):
             _nt, c, h, w = x.shape
-            x = _same_layout(layer.conv(x).reshape(-1, c, h, w), x)
+            x = same_layout(layer.conv(x).reshape(-1, c, h, w), x)
         else:
             x = layer(x)
     return x

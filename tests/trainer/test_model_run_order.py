@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.model import TAEHV, TGrow, TPool, _CatPast, _shift_one_frame, reconstruction_target, run_order
+from trainer.frame_ops import CatPast, shift_one_frame
+from trainer.model import TAEHV, TGrow, TPool, reconstruction_target, run_order
 
 
 def _random_weights(model: TAEHV) -> TAEHV:
@@ -74,12 +75,12 @@ def test_memblock_shifted_cat_matches_zeros_shift_cat_and_its_gradient(channels_
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     x.requires_grad_(True)
-    out = _CatPast.apply(x, 2)
-    assert torch.equal(out, torch.cat([x, _shift_one_frame(x, 2)], 1))
+    out = CatPast.apply(x, 2)
+    assert torch.equal(out, torch.cat([x, shift_one_frame(x, 2)], 1))
     assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
-    assert torch.autograd.gradcheck(lambda t: _CatPast.apply(t, 2), (x,))
-    assert torch.autograd.gradcheck(lambda t: _CatPast.apply(t, 1), (x,))
-    (grad,) = torch.autograd.grad(_CatPast.apply(x, 3).sum(), x)
+    assert torch.autograd.gradcheck(lambda t: CatPast.apply(t, 2), (x,))
+    assert torch.autograd.gradcheck(lambda t: CatPast.apply(t, 1), (x,))
+    (grad,) = torch.autograd.grad(CatPast.apply(x, 3).sum(), x)
     assert grad.is_contiguous(memory_format=torch.channels_last) == channels_last
 
 

@@ -1,0 +1,90 @@
+"""Tensor operations on video frames folded into the batch (N*T, C, H, W), in NCHW or channels_last:
+frames in and out of channels, and a MemBlock's input beside its previous frame. The model's layers
+(trainer/model.py) run on these; each keeps its input's memory layout."""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def frames_to_channels(x: torch.Tensor, s: int) -> torch.Tensor:
+    """(N*T, C, H, W) -> (N*T/s, s*C, H, W), s consecutive frames stacked along channels, in x's layout.
+
+    A view in NCHW. In channels_last, one permuted copy straight into channels_last (a plain
+    reshape would copy to NCHW and a second copy would bring it back); its gradient is one copy too.
+    """
+    nt, c, h, w = x.shape
+    if s == 1:
+        return x
+    if not is_channels_last(x):
+        return x.reshape(nt // s, s * c, h, w)
+    nhwc = x.permute(0, 2, 3, 1).reshape(nt // s, s, h, w, c).permute(0, 2, 3, 1, 4)
+    return nhwc.reshape(nt // s, h, w, s * c).permute(0, 3, 1, 2)
+
+
+def channels_to_frames(x: torch.Tensor, s: int) -> torch.Tensor:
+    """(N*T, s*C, H, W) -> (N*T*s, C, H, W): the inverse of frames_to_channels, with the same costs."""
+    nt, sc, h, w = x.shape
+    if s == 1:
+        return x
+    if not is_channels_last(x):
+        return x.reshape(nt * s, sc // s, h, w)
+    nhwc = x.permute(0, 2, 3, 1).reshape(nt, h, w, s, sc // s).permute(0, 3, 1, 2, 4)
+    return nhwc.reshape(nt * s, h, w, sc // s).permute(0, 3, 1, 2)
+
+
+class CatPast(torch.autograd.Function):
+    """cat([x, past], channels) for a MemBlock, past being each frame's predecessor in its own video
+    (zeros for frame 0), written straight into one buffer in x's layout.
+
+    The same values as torch.cat([x, shift_one_frame(x, n)], 1) for about half the memory traffic:
+    no zero-filled copy of x and no second copy into the cat, and a backward that adds the two
+    halves of the gradient in one pass (autograd's would clone, zero-fill and add). Saves no tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        nt, c, h, w = x.shape
+        t = nt // n
+        fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
+        out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
+        out[:, :c] = x
+        out5 = out.view(n, t, 2 * c, h, w)
+        out5[:, 1:, c:] = x.view(n, t, c, h, w)[:, :-1]
+        out5[:, :1, c:].zero_()
+        ctx.n, ctx.fmt = n, fmt
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        n, fmt = ctx.n, ctx.fmt
+        nt, c2, h, w = grad.shape
+        c, t = c2 // 2, nt // n
+        g5 = grad.reshape(n, t, c2, h, w)
+        gx = torch.empty((nt, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=fmt)
+        gx5 = gx.view(n, t, c, h, w)
+        # frame i's gradient: its own half of the cat, plus the past half of frame i+1
+        if torch.compiler.is_compiling():  # fused by the compiler; Dynamo refuses a strided out=
+            gx5[:, :-1] = g5[:, :-1, :c] + g5[:, 1:, c:]
+        else:
+            torch.add(g5[:, :-1, :c], g5[:, 1:, c:], out=gx5[:, :-1])
+        gx5[:, -1:] = g5[:, -1:, :c]
+        return gx, None
+
+
+def same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`out` in channels_last when `like` is (the published order's second copy; see model.apply_published)."""
+    return out.contiguous(memory_format=torch.channels_last) if is_channels_last(like) else out
+
+
+def shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
+    """For x of shape (N*T, C, H, W): each frame's predecessor in its own video; zeros for frame 0.
+    Keeps x's memory layout (frames are whole blocks of memory in NCHW and NHWC alike)."""
+    nt, c, h, w = x.shape
+    past = torch.zeros_like(x)
+    past.view(n, nt // n, c, h, w)[:, 1:] = x.view(n, nt // n, c, h, w)[:, :-1]
+    return past
