@@ -65,6 +65,13 @@ def test_no_gpu_and_no_data_trains_cpu_smoke_on_generated_clips_to_the_end(tmp_p
     clips = tmp_path / "runs" / "generated-clips"
     assert any(clips.rglob("*.mp4"))
     assert str(clips) in (run / "run.toml").read_text()  # the run trained on them
+    # each validation's samples are named once, newest last (the final step's), with paths that exist
+    told = [o for o in console.lines if o.get("kind") == "samples"]
+    steps = [o["step"] for o in told]
+    assert steps == sorted(set(steps)) and steps[-1] == 2, steps
+    for o in told:
+        assert o["dir"] == str(run / "samples" / f"step-{o['step']}") and o["clips"], o
+        assert all(os.path.isfile(c["png"]) and os.path.isfile(c["video"]) for c in o["clips"]), o
 
 
 def test_a_missing_data_directory_fails_preflight_and_starts_nothing(tmp_path):
