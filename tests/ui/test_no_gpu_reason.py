@@ -61,6 +61,7 @@ def test_detect_says_no_nvml_and_i_shows_the_whole_reason():
             cell = str(table.get_row_at(0)[2])
             assert cell == "0 — no NVML"
             assert "NVML Shared" not in cell
+            assert app.screen.check_action("gpu_reason", ()) is True  # i is offered in the footer
             await pilot.press("i")
             await wait_until(pilot, lambda: type(app.screen).__name__ == "MessageScreen", 10, "the dialog")
             assert _dialog_body(app) == NVML_MISSING
@@ -89,8 +90,32 @@ def test_the_node_screen_says_no_nvml_and_i_shows_the_whole_reason():
             await pilot.pause()
             table = app.screen.query_one("#gpus", DataTable)
             assert str(table.get_row_at(0)[1]) == "no GPU — no NVML"
+            assert app.screen.check_action("gpu_reason", ()) is True
             await pilot.press("i")
             await wait_until(pilot, lambda: type(app.screen).__name__ == "MessageScreen", 10, "the dialog")
             assert _dialog_body(app) == NVML_MISSING
+
+    asyncio.run(go())
+
+
+def test_i_is_offered_only_where_a_node_has_no_gpu():
+    from taehv_console.ui.screens.detect import DetectScreen
+    from taehv_console.ui.screens.node import NodeScreen
+
+    app = sample_app()
+
+    async def go():
+        async with app.run_test(size=(120, 30)) as pilot:
+            app.wizard.topology, app.wizard.probes = samples.topology(1), samples.probes(1)  # 8 GPUs
+            await app.push_screen(DetectScreen())
+            await pilot.pause()
+            assert app.screen.check_action("gpu_reason", ()) is False
+            app.cluster_state = samples.cluster_state(1)
+            await app.push_screen(NodeScreen(samples.node_name(0)))
+            await pilot.pause()
+            assert app.screen.check_action("gpu_reason", ()) is False
+            await pilot.press("i")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "NodeScreen"  # no dialog
 
     asyncio.run(go())

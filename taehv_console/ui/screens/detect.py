@@ -245,6 +245,7 @@ class DetectScreen(Screen):
             total=max(1, len(self._hosts) or 1), progress=len(self._results)
         )
         self.query_one("#problems", Static).update(problems_text(tuple(self._results.values())))
+        self.refresh_bindings()
 
     def on_detection_finished(self, message: DetectionFinished) -> None:
         if not self._hosts:
@@ -264,21 +265,28 @@ class DetectScreen(Screen):
         self.query_one("#topology", Static).update(Content.assemble(f.badge("failed"), " ", message.message))
         self.query_one("#probe-progress", ProgressBar).update(total=1, progress=0)
 
-    def action_gpu_reason(self) -> None:
+    def _no_gpu_reason(self) -> tuple[str, str] | None:
+        """(host, why it shows no GPU) for the selected node, or None when it has GPUs or no answer."""
         table = self.query_one("#nodes", DataTable)
         if not table.row_count:
-            return
+            return None
         host = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         result = self._results.get(host) if host is not None else None
         facts = result.facts if result is not None else None
-        if facts is None:
-            self.notify(f"{host}: no answer from its probe yet", severity="warning")
-        elif facts.visible_gpu_count:
-            self.notify(f"{host}: {gpu_list(facts)}", title="GPUs")
-        else:
-            self.app.push_screen(
-                MessageScreen(f"{host}: no GPU", facts.gpu_reason or "none visible", severity="info")
-            )
+        if host is None or facts is None or facts.visible_gpu_count:
+            return None
+        return host, facts.gpu_reason or "none visible"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self._no_gpu_reason() is not None if action == "gpu_reason" else True  # i: only then
+
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.refresh_bindings()
+
+    def action_gpu_reason(self) -> None:
+        found = self._no_gpu_reason()
+        if found is not None:
+            self.app.push_screen(MessageScreen(f"{found[0]}: no GPU", found[1], severity="info"))
 
     # ---------------------------------------------------------------- trust
     def action_trust_host(self) -> None:

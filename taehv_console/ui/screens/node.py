@@ -212,6 +212,7 @@ class NodeScreen(Screen):
         self._search = ""
         self._match_at = -1
         self._follow = True
+        self._no_gpu = False
 
     def compose(self) -> ComposeResult:
         yield Static("", id="node-header")
@@ -260,6 +261,9 @@ class NodeScreen(Screen):
         self.query_one("#node-header", Static).update(node_header(node, state))
         gpus = self.query_one("#gpus", DataTable)
         self._fill(gpus, gpu_rows(node))
+        if (node.sample is not None and not node.sample.gpu_ok) != self._no_gpu:
+            self._no_gpu = not self._no_gpu
+            self.refresh_bindings()  # i (why no GPU) shows in the footer only then
         sample = node.sample
         names = sorted({g.name for g in sample.gpus}) if sample is not None and sample.gpu_ok else []
         gpus.border_title = (
@@ -378,16 +382,20 @@ class NodeScreen(Screen):
                 return
         self.notify(f"“{self._search}” is not in the log", severity="warning")
 
-    def action_gpu_reason(self) -> None:
+    def _no_gpu_reason(self) -> str | None:
+        """Why the node's agent found no GPU, or None when it did (or has not said yet)."""
         state = self.app.cluster_state
         node = state.node(self.node_name) if state is not None else None
         s = node.sample if node is not None else None
-        if s is None or s.gpu_ok:
-            self.notify(f"{self.node_name}: {'GPUs reported' if s else 'no agent sample yet'}", timeout=3)
-            return
-        self.app.push_screen(
-            MessageScreen(f"{self.node_name}: no GPU", s.gpu_reason or "none reported", "info")
-        )
+        return (s.gpu_reason or "none reported") if s is not None and not s.gpu_ok else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self._no_gpu_reason() is not None if action == "gpu_reason" else True  # i: only then
+
+    def action_gpu_reason(self) -> None:
+        reason = self._no_gpu_reason()
+        if reason is not None:
+            self.app.push_screen(MessageScreen(f"{self.node_name}: no GPU", reason, "info"))
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
