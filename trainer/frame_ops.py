@@ -88,3 +88,15 @@ def shift_one_frame(x: torch.Tensor, n: int) -> torch.Tensor:
     past = torch.zeros_like(x)
     past.view(n, nt // n, c, h, w)[:, 1:] = x.view(n, nt // n, c, h, w)[:, :-1]
     return past
+
+
+def drop_leading_frames(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """(N*T, C, H, W) of n videos -> (N*(T-k), C, H, W): each video's first k frames dropped, in x's
+    layout. A view for one video; for several, one copy (and one for the gradient)."""
+    if k == 0:
+        return x
+    if is_channels_last(x):
+        nhwc = x.permute(0, 2, 3, 1)
+        out = nhwc.unflatten(0, (n, -1))[:, k:].flatten(0, 1).permute(0, 3, 1, 2)
+        return out.contiguous(memory_format=torch.channels_last)  # one kept frame each: a strided view
+    return x.unflatten(0, (n, -1))[:, k:].flatten(0, 1).contiguous()

@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.frame_ops import CatPast, channels_to_frames, frames_to_channels, same_layout, shift_one_frame
+from trainer.frame_ops import (
+    CatPast,
+    channels_to_frames,
+    drop_leading_frames,
+    frames_to_channels,
+    same_layout,
+    shift_one_frame,
+)
 
 
 def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
@@ -112,6 +119,11 @@ def run_order(layers: list[nn.Module]) -> list[nn.Module]:
     return out
 
 
+def _per_frame(layers: list[nn.Module]) -> bool:
+    """True when every layer acts on each frame alone (no memory of past frames, no frames merged)."""
+    return not any(isinstance(layer, (MemBlock, TPool, TGrow)) for layer in layers)
+
+
 class _Stage(nn.Module):
     """A run of layers that activation checkpointing recomputes as one piece (never registered as a
     submodule, so parameter names stay the published flat `encoder.N` / `decoder.N`)."""
@@ -197,6 +209,7 @@ class TAEHV(nn.Module):
         self.init_weights()
         self._encoder_stages: list[_Stage] = []
         self._decoder_stages: list[_Stage] = []
+        self._trim_before_last_stage = False
         self.use_published_order(False)
 
     def init_weights(self) -> None:
@@ -232,7 +245,11 @@ class TAEHV(nn.Module):
     @staticmethod
     def _split_stages(seq: nn.Sequential, published: bool = False) -> list[_Stage]:
         """Cut a sequence after each run of MemBlocks: the pieces activation checkpointing recomputes
-        (and torch.compile compiles). published=True keeps the author's order and operators."""
+        (and torch.compile compiles). published=True keeps the author's order and operators.
+
+        Otherwise a last stage that only acts on each frame alone after a TGrow (Upsample, convs,
+        ReLU) is cut off there, so that decode() can drop the warm-up frames before it.
+        """
         stages: list[_Stage] = []
         current: list[nn.Module] = []
         layers = list(seq) if published else run_order(list(seq))
@@ -242,6 +259,10 @@ class TAEHV(nn.Module):
             if isinstance(layer, MemBlock) and not isinstance(nxt, MemBlock):
                 stages.append(_Stage(current, published))
                 current = []
+        grows = [i for i, layer in enumerate(current) if isinstance(layer, TGrow)]
+        if not published and grows and grows[-1] + 1 < len(current) and _per_frame(current[grows[-1] + 1 :]):
+            stages.append(_Stage(current[: grows[-1] + 1]))
+            current = current[grows[-1] + 1 :]
         if current:
             stages.append(_Stage(current, published))
         return stages
@@ -252,6 +273,11 @@ class TAEHV(nn.Module):
         of benchmarks/memory_traffic.py."""
         self._encoder_stages = self._split_stages(self.encoder, published)
         self._decoder_stages = self._split_stages(self.decoder, published)
+        stages = self._decoder_stages
+        # decode() drops the warm-up frames before a last stage that only acts on each frame alone
+        self._trim_before_last_stage = (
+            len(stages) > 1 and isinstance(stages[-2].layers[-1], TGrow) and _per_frame(stages[-1].layers)
+        )
         return self
 
     def use_channels_last(self) -> TAEHV:
@@ -276,7 +302,7 @@ class TAEHV(nn.Module):
         """
         kwargs.setdefault("dynamic", False)
         stages = self._encoder_stages + self._decoder_stages
-        # Dynamo keeps its graphs per code object, and every stage runs _Stage.forward: 8 stages, each
+        # Dynamo keeps its graphs per code object, and every stage runs _Stage.forward: 9 stages, each
         # with and without grad and at each clip size. Past the default limit (8 graphs) the rest would
         # silently run eager; 8 per stage leaves room for a few sizes.
         limit = 8 * len(stages)
@@ -322,13 +348,19 @@ class TAEHV(nn.Module):
         flat = z.reshape(n * k, *z.shape[2:])
         if self.channels_last:
             flat = flat.contiguous(memory_format=torch.channels_last)
-        x = self._run(self._decoder_stages, flat, n)
+        stages = self._decoder_stages
+        early = trim and self._trim_before_last_stage
+        if early:  # the last stage's work on the warm-up frames would only be thrown away
+            x = drop_leading_frames(self._run(stages[:-1], flat, n), n, self.frames_to_trim)
+            x = self._run(stages[-1:], x, n)
+        else:
+            x = self._run(stages, flat, n)
         if self.patch_size > 1:
             x = F.pixel_shuffle(x, self.patch_size)
         if clamp:
             x = x.clamp(0, 1)
         x = x.reshape(n, x.shape[0] // n, *x.shape[1:])
-        return x[:, self.frames_to_trim :] if trim else x
+        return x[:, self.frames_to_trim :] if trim and not early else x
 
     def forward(self, x: torch.Tensor, clamp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.encode(x)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.frame_ops import CatPast, shift_one_frame
+from trainer.frame_ops import CatPast, drop_leading_frames, shift_one_frame
 from trainer.model import TAEHV, TGrow, TPool, reconstruction_target, run_order
 
 
@@ -48,10 +48,35 @@ def test_faster_run_equals_the_published_order(channels_last):
     assert g1.keys() == g2.keys()
     for k in g1:
         torch.testing.assert_close(g1[k], g2[k], rtol=1e-8, atol=1e-9, msg=k)
-    if channels_last:  # the teacher-latent path (decode on its own) too
-        lat = torch.randn_like(z1)
-        with torch.no_grad():
-            torch.testing.assert_close(fast.decode(lat), plain.decode(lat), rtol=1e-9, atol=1e-9)
+    lat = torch.randn_like(z1)  # decode on its own (teacher latents), with and without the warm-up
+    with torch.no_grad():
+        for trim in (True, False):
+            torch.testing.assert_close(fast.decode(lat, trim), plain.decode(lat, trim), rtol=1e-9, atol=1e-9)
+
+
+def test_warm_up_frames_are_dropped_before_the_per_frame_tail():
+    m = TAEHV()
+    tail = [type(layer).__name__ for layer in m._decoder_stages[-1].layers]
+    assert tail == ["Upsample", "Conv2d", "ReLU", "Conv2d"]
+    assert type(m._decoder_stages[-2].layers[-1]).__name__ == "TGrow"
+    assert m._trim_before_last_stage and not TAEHV().use_published_order()._trim_before_last_stage
+    seen = []
+    m._decoder_stages[-1].layers[1].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    with torch.no_grad():
+        assert m.decode(torch.randn(2, 3, 16, 2, 2)).shape == (2, 9, 3, 16, 16)
+        m.decode(torch.randn(2, 3, 16, 2, 2), trim=False)
+    assert seen == [2 * 9, 2 * 12]  # the full-size convs skip the 3 warm-up frames of each video
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_drop_leading_frames_keeps_each_videos_later_frames_and_the_layout(channels_last):
+    x = torch.arange(2 * 4 * 3 * 2 * 2, dtype=torch.float32).reshape(8, 3, 2, 2)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = drop_leading_frames(x, 2, 3)
+    assert torch.equal(out, x[[3, 7]])
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert drop_leading_frames(x, 1, 3).data_ptr() == x[3:].data_ptr()  # one video: a view
 
 
 def test_tgrow_runs_before_upsample_and_the_names_stay_published():
