@@ -19,7 +19,9 @@ from trainer.ds_config import build_deepspeed_config
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _sized_run(tmp_path_factory, clip_dir, name: str, stage: int | None = None, precision: str = "no"):
+def _sized_run(
+    tmp_path_factory, clip_dir, name: str, stage: int | None = None, precision: str = "no", env=None
+):
     # 1 node x 2 CPU processes, accumulation 2
     cfg = base_config(clip_dir, deepspeed={"mixed_precision": precision})
     bps, link, _ = link_for(1, "cpu")
@@ -32,7 +34,7 @@ def _sized_run(tmp_path_factory, clip_dir, name: str, stage: int | None = None, 
         "overlap_comm": sized.overlap,
     }
     run = write_run(tmp_path_factory.mktemp(name) / "run", cfg)
-    run_to_end(run, 2)
+    run_to_end(run, 2, env=env)
     return sized, run
 
 
@@ -85,12 +87,22 @@ def test_zero1_gives_zero2s_losses(tmp_path_factory, clip_dir, zero1):
 
 def test_bf16_zero1_runs_as_deepspeeds_bf16_optimizer_and_trains(tmp_path_factory, clip_dir):
     # what a GPU preset's ZeRO-1 gets: bf16 weights with fp32 gradient accumulation, which DeepSpeed
-    # runs as its BF16_Optimizer (trainer/ds_config.zero1_runs_bf16_optimizer), not the bucketed ZeRO
-    sized, run = _sized_run(tmp_path_factory, clip_dir, "zero1bf16", precision="bf16")
+    # runs as its BF16_Optimizer (trainer/ds_config.zero1_runs_bf16_optimizer), not the bucketed ZeRO.
+    # Rank 1's loss is NaN at step 2: BF16_Optimizer's non-finite norm check skips that update on
+    # every rank (ds_config.deepspeed_skips_nonfinite_step), the weights stay finite
+    from safetensors.torch import load_file
+
+    sized, run = _sized_run(
+        tmp_path_factory, clip_dir, "zero1bf16", precision="bf16", env={"TAEHV_FAULTS": "nan:1:2"}
+    )
     assert (sized.stage, sized.overlap) == (1, False) and "BF16_Optimizer" in sized.overlap_why
+    assert events(run, 0, "start")[0]["nonfinite_guard"] == "deepspeed-step"
     steps = events(run, 0, "step")
     assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
+    assert [e["nonfinite_skipped"] for e in steps] == [0, 0, 1, 1, 1, 1]
     assert min(e["loss"] for e in steps[-2:]) < steps[0]["loss"], [round(e["loss"], 5) for e in steps]
+    weights = load_file(str(run / "final" / "taehv.safetensors"))
+    assert all(bool(w.isfinite().all()) for w in weights.values())
     assert events(run, 0, "stop")[-1]["reason"] == "done"
     scan = ckpt.scan(run / "checkpoints")
     assert [s.step for s in scan.complete] == [6, 3] and not scan.skipped
