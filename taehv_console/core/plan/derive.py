@@ -13,8 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.plan.communication import comm_bytes_per_value, link_for, parse_bandwidth
-from taehv_console.core.plan.footprint import parameter_count
+from taehv_console.core.plan.communication import parse_bandwidth
 from taehv_console.core.plan.planner import estimate_memory, gpu_family
 from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from taehv_console.core.plan.timeouts import (
@@ -22,9 +21,8 @@ from taehv_console.core.plan.timeouts import (
     collective_timeout_s,
     derived_collective_timeout_s,
 )
-from taehv_console.core.plan.zero import size_zero
+from taehv_console.core.plan.zero import derive_deepspeed
 from trainer.config import ConfigError, TrainConfig, config_from_dict
-from trainer.ds_config import resolve_precision
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
 REFERENCE_LR = 1e-4  # their LR; LR is linear in effective batch from here
@@ -33,9 +31,6 @@ MAX_BATCH_PER_GPU = 8  # the largest per-GPU batch in any public preset
 # (world size, value) anchors from the published presets
 WARMUP_ANCHORS = ((8, 2000), (16, 1500), (48, 1200), (64, 1000))
 CHECKPOINT_ANCHORS = ((8, 2000), (16, 1000), (48, 750), (64, 500))
-MAX_LIVE_STEPS = ((16, 1_000_000_000), (48, 800_000_000), (None, 500_000_000))
-PREFETCH_STEPS = ((16, 200_000_000), (48, 250_000_000), (None, 300_000_000))
-PERSISTENCE_THRESHOLD = 100_000
 
 # NCCL/torch environment every GPU run gets (entries a preset sets itself win)
 NCCL_ENV = {
@@ -115,17 +110,6 @@ def _from_anchors(world: int, anchors: tuple[tuple[int, int], ...]) -> tuple[int
             v = _round_to(v0 + (v1 - v0) * frac, 50)
             return v, f"between {v0} at {w0} and {v1} at {w1} GPUs, interpolated in log2(world)"
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _step(world: int, steps: tuple[tuple[int | None, int], ...]) -> int:
-    for limit, value in steps:
-        if limit is None or world <= limit:
-            return value
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def derive_run_config(
@@ -257,49 +241,11 @@ def derive_run_config(
     if data["schedule"]["val_every"] > every:
         put("schedule.val_every", every, "validate at least as often as a checkpoint is written")
 
-    # --- DeepSpeed: sized from the gradient and the link (zero.py) ------------------------------
-    params = parameter_count(src.model).total
-    bandwidth = parse_bandwidth(base.meta.network) if base.meta.network else None
-    bps, link, _ = link_for(nodes, device, bandwidth)
+    # --- DeepSpeed: stage, buckets and overlap sized from the gradient and the link (zero.py) -----
     asked = _asked_zero_stage(base)
-    sized = size_zero(
-        params,
-        nodes=nodes,
-        world=world,
-        grad_accum=accum,
-        precision=resolve_precision(src, device),
-        bytes_per_value=comm_bytes_per_value(src),
-        bytes_per_s=bps,
-        link=link,
-        stage=asked,
-        stage_why=f"ZeRO-{asked}: your preset {base.name} asks for it",
-    )
-    put("deepspeed.zero_stage", sized.stage, sized.stage_why)
-    put("deepspeed.reduce_bucket_size", sized.bucket, sized.bucket_why)
-    put(
-        "deepspeed.allgather_bucket_size",
-        sized.bucket,
-        "as reduce_bucket_size: one all-gather of the updated weights per bucket",
-    )
-    put("deepspeed.overlap_comm", sized.overlap, sized.overlap_why)
-    s3 = "used only under ZeRO-3"
-    live = _step(world, MAX_LIVE_STEPS)
-    put(
-        "deepspeed.stage3_max_live_parameters",
-        live,
-        f"{_fmt(live)}: published 1e9/8e8/5e8 at 16/48/64 GPUs; {s3}",
-    )
-    pre = _step(world, PREFETCH_STEPS)
-    put(
-        "deepspeed.stage3_prefetch_bucket_size",
-        pre,
-        f"{_fmt(pre)}: published 2e8/2.5e8/3e8 at 16/48/64 GPUs; {s3}",
-    )
-    put(
-        "deepspeed.stage3_param_persistence_threshold",
-        PERSISTENCE_THRESHOLD,
-        f"1e5: published for every ZeRO-3 preset; {s3}",
-    )
+    network = parse_bandwidth(base.meta.network) if base.meta.network else None
+    for key, value, why in derive_deepspeed(src, nodes, world, accum, network, asked, base.name):
+        put(key, value, why)
 
     # --- the process group -------------------------------------------------------------------------
     timeout = derived_collective_timeout_s(nodes)

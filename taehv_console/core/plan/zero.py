@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from taehv_console.core.plan.communication import bytes_per_optimizer_step, comm_bytes_per_value
+from taehv_console.core.plan.communication import bytes_per_optimizer_step, comm_bytes_per_value, link_for
 from taehv_console.core.plan.footprint import parameter_count
 from taehv_console.core.plan.memory import MB, bucket_buffer_bytes, model_state_bytes, round_up_bucket
 from trainer.config import TrainConfig
@@ -151,6 +152,71 @@ def size_zero_for(cfg: TrainConfig, bytes_per_s: float, link: str, stage: int | 
         stage=stage,
         stage_why=f"ZeRO-{stage}: as set",
     )
+
+
+# Stage-3 values by world size, as the public presets publish them: (up to this world, value)
+MAX_LIVE_STEPS = ((16, 1_000_000_000), (48, 800_000_000), (None, 500_000_000))
+PREFETCH_STEPS = ((16, 200_000_000), (48, 250_000_000), (None, 300_000_000))
+PERSISTENCE_THRESHOLD = 100_000
+
+
+def _by_world(world: int, steps: tuple[tuple[int | None, int], ...]) -> int:
+    return next(value for limit, value in steps if limit is None or world <= limit)
+
+
+def derive_deepspeed(
+    src: TrainConfig,
+    nodes: int,
+    world: int,
+    grad_accum: int,
+    bandwidth_bits_per_s: float | None,
+    asked_stage: int | None,
+    base_name: str,
+) -> list[tuple[str, Any, str]]:
+    """(run.toml key, value, reason) for every DeepSpeed value derive sets: the stage (`asked_stage`,
+    a user preset's own, is kept), buckets and overlap sized for `src`'s model on nodes x GPUs, and
+    the published stage-3 values for the world size."""
+    device = src.topology.device
+    bps, link, _ = link_for(nodes, device, bandwidth_bits_per_s)
+    sized = size_zero(
+        parameter_count(src.model).total,
+        nodes=nodes,
+        world=world,
+        grad_accum=grad_accum,
+        precision=resolve_precision(src, device),
+        bytes_per_value=comm_bytes_per_value(src),
+        bytes_per_s=bps,
+        link=link,
+        stage=asked_stage,
+        stage_why=f"ZeRO-{asked_stage}: your preset {base_name} asks for it",
+    )
+    s3 = "used only under ZeRO-3"
+    live, pre = _by_world(world, MAX_LIVE_STEPS), _by_world(world, PREFETCH_STEPS)
+    return [
+        ("deepspeed.zero_stage", sized.stage, sized.stage_why),
+        ("deepspeed.reduce_bucket_size", sized.bucket, sized.bucket_why),
+        (
+            "deepspeed.allgather_bucket_size",
+            sized.bucket,
+            "as reduce_bucket_size: one all-gather of the updated weights per bucket",
+        ),
+        ("deepspeed.overlap_comm", sized.overlap, sized.overlap_why),
+        (
+            "deepspeed.stage3_max_live_parameters",
+            live,
+            f"{live:.3g}: published 1e9/8e8/5e8 at 16/48/64 GPUs; {s3}",
+        ),
+        (
+            "deepspeed.stage3_prefetch_bucket_size",
+            pre,
+            f"{pre:.3g}: published 2e8/2.5e8/3e8 at 16/48/64 GPUs; {s3}",
+        ),
+        (
+            "deepspeed.stage3_param_persistence_threshold",
+            PERSISTENCE_THRESHOLD,
+            f"1e5: published for every ZeRO-3 preset; {s3}",
+        ),
+    ]
 
 
 def _state_and_buffers(
