@@ -57,6 +57,7 @@ class DashboardScreen(Screen):
             "Filter",
             id="filter-nodes",
             key_display="/",
+            show=False,  # in help (?): an 80-column footer keeps "Quit (run goes on)" whole
             tooltip="Show only nodes whose name or state contains the text",
         ),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="back"),
