@@ -68,6 +68,8 @@ def figures_content(review: Review) -> Content:
         ),
         row("coll. timeout", collective_timeout_brief(cfg)),
     ]
+    # what the ZeRO stage and buckets cost this model, and how they would be sized (core/plan/zero.py)
+    lines += [row("deepspeed" if i == 0 else "", line) for i, line in enumerate(plan.deepspeed)]
     if plan.teacher is not None and plan.teacher.mode != "off":
         from taehv_console.core.plan.planner import teacher_lines
 
