@@ -153,7 +153,7 @@ class SyncCounter:
     def totals(self, steps: int) -> dict[str, float]:
         """trainer_per_step, between_forward_and_backward, deepspeed_per_step and <owner>_<phase>."""
         per = self.per_step(steps)
-        by: collections.Counter[str] = collections.Counter()
+        by: collections.defaultdict[str, float] = collections.defaultdict(float)
         for (phase, owner, _site), n in per.items():
             by[f"{owner}_{phase}"] += n
         return {

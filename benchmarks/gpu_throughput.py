@@ -1,274 +1,334 @@
-"""Training clips/s and MFU per GPU: TAEHV steps at the full clip (12x480x720) and at the author's
-crop recipe (12x64x64), bf16, fed by synthetic tensors already on the device or by the trainer's
-own loader reading a directory of clips; and the author's distillation recipe with HunyuanVideo's VAE
-run online every step against latents cached once (what `taehv-train cache-latents` buys).
+"""One GPU session, every figure: TAEHV training throughput per GPU, as JSON lines.
 
-    python benchmarks/gpu_throughput.py                              # synthetic, both recipes
-    python benchmarks/gpu_throughput.py --modes synthetic,loader --data DIR --workers 8
-    python benchmarks/gpu_throughput.py --modes teacher-online,teacher-cached [--teacher VAE_DIR]
-    python benchmarks/gpu_throughput.py --device cpu --tiny          # CI smoke: untimed, tiny clips
+Sections (each selectable with --only, each bounded by --time-limit-s, results flushed as they come):
+  env      the GPU, versions, the datasheet bf16 dense peak for that exact model
+  matmul   measured bf16 matmul TFLOP/s and device copy GB/s (CUDA only)
+  grid     the bare loop over {NCHW, channels_last} x {eager, compile} x batch {4, 8, max}: clips/s,
+           median/p90 step, forward/backward/optimizer ms, MFU on both peaks, peak memory, compile s,
+           graph breaks
+  trainer  the real Trainer.train_step under one-rank DeepSpeed ZeRO-2, ZeRO-3 and ZeRO-1 (grad_accum
+           2), each in its own process: ratio to the bare loop, host syncs per step with call sites
+  profile  one profiled step: top kernels, conv/elementwise/memcpy/idle shares, trace in --out
+  input    H2D of a uint8 batch, jitter (to_model_input), teacher encode per clip, the loader
+  crop     the author's 12x64x64 crop recipe at batch 64 and 256
 
-MFU counts 6.1 TFLOP per 12x480x720 clip-step (FACTS: forward 2.04 TFLOP, backward twice that),
-scaled by pixels x frames, against the H100's dense bf16 peak of 989 TFLOP/s. It counts the
-student's FLOPs only: an online teacher (~29.9 TFLOP per 12x480x720 encode) shows as fewer clips/s.
+    python benchmarks/gpu_throughput.py --only env,matmul,grid --out OUT --time-limit-s 420
+    python benchmarks/gpu_throughput.py --only env,trainer,profile,input,crop --out OUT --time-limit-s 400
+    python benchmarks/gpu_throughput.py --device cpu --tiny      # CI smoke: untimed, tiny clips
+
+MFU counts 6.1 TFLOP per 12x480x720 clip-step (FACTS: forward 2.04 TFLOP, backward twice that; the
+distillation step's decode of teacher latents adds the decoder's 69 %), scaled by frames x pixels.
+docs/performance.md says what every key means.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import signal
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import traceback
 from pathlib import Path
+from types import FrameType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import torch.nn.functional as F
+from _throughput_core import (
+    H100_BF16_PEAK,
+    Out,
+    OutOfTime,
+    cell_or_error,
+    datasheet_peak,
+    flop_per_clip_step,
+    measure_bare,
+    measured_matmul_tflops,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+__all__ = ["H100_BF16_PEAK", "flop_per_clip_step", "main"]
 
-from trainer.model import TAEHV, reconstruction_target
-
-FLOP_PER_CLIP_STEP = 6.1e12  # one training step of one 12x480x720 clip
-REFERENCE_VOXELS = 12 * 480 * 720
-H100_BF16_PEAK = 989e12
-
-# name: (frames, height, width)
-RECIPES = {"full": (12, 480, 720), "crop": (12, 64, 64)}
-TINY = {"full": (4, 32, 48), "crop": (4, 16, 16)}
-
-
-def flop_per_clip_step(frames: int, height: int, width: int) -> float:
-    return FLOP_PER_CLIP_STEP * frames * height * width / REFERENCE_VOXELS
-
-
-@dataclass
-class Setting:
-    recipe: str
-    frames: int
-    height: int
-    width: int
-    batch: int
+FULL = (12, 480, 720)
+TINY = (4, 32, 48)
+SECTIONS = ("env", "matmul", "grid", "trainer", "profile", "input", "crop")
 
 
-@dataclass
-class Result:
-    mode: str
-    setting: Setting
-    clips_per_s: float
-    step_s: float
-    data_wait_s: float  # per step, time the step waited for its batch
+def _alarm(_signum: int, _frame: FrameType | None) -> None:
+    raise OutOfTime
 
 
-# ---------------------------------------------------------------- where batches come from
-# A mode is a function giving an endless iterator of batches for a Setting (uint8 N×T×3×H×W, or
-# (clip, teacher latents) for the cached recipe), with its step function registered in STEPS.
+# ---------------------------------------------------------------- env and matmul
+def _driver_and_nvml_name() -> tuple[str | None, str | None]:
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        driver, name = (s.strip() for s in r.stdout.strip().splitlines()[0].split(",", 1))
+        return driver, name
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return None, None
 
 
-def synthetic_batches(s: Setting, args) -> Iterator[torch.Tensor]:
-    """Random uint8 clips already on the device: the model's own ceiling, no data path."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    clip = torch.randint(0, 256, (s.batch, s.frames, 3, s.height, s.width), dtype=torch.uint8, generator=g)
-    clip = clip.to(args.device)
-    while True:
-        yield clip
+def _nccl_version() -> str:
+    v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in old ones
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def loader_batches(s: Setting, args) -> Iterator[torch.Tensor]:
-    """The trainer's own dataset and loader over --data, with --workers processes."""
-    from trainer.config import DataSection
-    from trainer.data import VideoClipDataset, find_videos, make_train_loader
+def section_env(args: Any, out: Out) -> None:
+    try:
+        import deepspeed
 
-    if not args.data:
-        raise SystemExit("--modes loader needs --data DIR (a directory of clips)")
-    cfg = DataSection(
-        source=str(args.data),
-        frames=s.frames,
-        height=s.height,
-        width=s.width,
-        num_workers=args.workers,
-        max_delta=1,
+        ds_version = deepspeed.__version__
+    except Exception as err:  # noqa: BLE001 - a version line, never a failure
+        ds_version = f"unavailable ({type(err).__name__})"
+    row: dict[str, Any] = {
+        "device": args.device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "deepspeed": ds_version,
+        "cpu_count": os.cpu_count(),
+        "out_dir": str(args.out),
+        "clip": "x".join(map(str, args.size)),
+        "tiny": args.tiny,
+    }
+    if args.device == "cuda":
+        driver, nvml_name = _driver_and_nvml_name()
+        props = torch.cuda.get_device_properties(0)
+        row.update(
+            gpu=torch.cuda.get_device_name(0),
+            nvml_name=nvml_name,
+            driver=driver,
+            cudnn=torch.backends.cudnn.version(),
+            nccl=_nccl_version(),
+            gpu_memory_gb=round(props.total_memory / 1e9, 2),
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+        )
+    row["tflop_per_clip_step"] = round(flop_per_clip_step(*args.size) / 1e12, 4)
+    row["goal"] = "at least 50 clips/s per H100 at 12x480x720 (about 31 % MFU at 989 TFLOP/s)"
+    row.update(datasheet_bf16_dense_tflops=args.datasheet_tflops, datasheet_source=args.datasheet_source)
+    out.emit("env", **row)
+
+
+def section_matmul(args: Any, out: Out) -> None:
+    if args.device != "cuda":
+        out.emit("matmul", skipped="no CUDA")
+        return
+    for n in (4096, 8192, 16384):
+        out.emit("matmul", what="bf16 matmul", n=n, tflops=round(measured_matmul_tflops(n), 1))
+    size = 1 << 30
+    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    iters = 20
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    out.emit(
+        "matmul",
+        what="device copy (1 GiB, read + write counted)",
+        copy_gb_s=round(2 * size * iters / seconds / 1e9, 1),
+        measured_peak_tflops=args.measured_tflops,
     )
-    dataset = VideoClipDataset(find_videos(cfg.source), cfg, train=True)
-    loader = make_train_loader(dataset, 0, 1, 0, s.batch, 0, cfg.num_workers, cfg.prefetch_factor)
-    while True:
-        for batch in loader:
-            yield batch["video"].to(args.device, non_blocking=True)
 
 
-_TEACHER: dict[str, torch.nn.Module] = {}
+# ---------------------------------------------------------------- the grid
+def max_batch(layout: str, size: tuple[int, int, int], args: Any, start: int) -> int | None:
+    """The largest batch whose eager step fits, by doubling from `start` and then bisecting (one
+    step per try). None when even `start` does not fit."""
+    fits = lambda b: not measure_bare(layout, "eager", b, size, _one_step(args)).get("oom")
+    if not fits(start):
+        return None
+    lo, hi = start, start * 2
+    while hi <= args.max_batch_cap and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, args.max_batch_cap + 1)
+    while hi - lo > max(1, lo // 8):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
-def teacher(args) -> torch.nn.Module:
-    """HunyuanVideo's VAE from --teacher, or its architecture with random weights (the cost is the
-    real one; weights do not matter for timing); --tiny takes a tiny one so CI's smoke run is cheap."""
-    if "vae" not in _TEACHER:
-        from diffusers import AutoencoderKLHunyuanVideo
-
-        if args.teacher:
-            vae = AutoencoderKLHunyuanVideo.from_pretrained(args.teacher)
-        elif args.tiny:
-            vae = AutoencoderKLHunyuanVideo(
-                block_out_channels=(8, 8, 16, 16),
-                layers_per_block=1,
-                norm_num_groups=4,
-                mid_block_add_attention=False,
-            )
-        else:
-            vae = AutoencoderKLHunyuanVideo()
-        dtype = torch.bfloat16 if args.bf16 else torch.float32
-        _TEACHER["vae"] = vae.requires_grad_(False).eval().to(args.device, dtype)
-    return _TEACHER["vae"]
+def _one_step(args: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1})
 
 
-def cached_batches(s: Setting, args) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Synthetic clips with their teacher latents computed once, outside the timed steps: training
-    from `taehv-train cache-latents`' output reads latents and never runs the teacher."""
-    from trainer.teacher import encode
-
-    clip = next(synthetic_batches(s, args))
-    latents = encode(teacher(args), clip.float().div(255)).float()
-    while True:
-        yield clip, latents
-
-
-MODES: dict[str, Callable[[Setting, object], Iterator]] = {
-    "synthetic": synthetic_batches,
-    "loader": loader_batches,
-    "teacher-online": synthetic_batches,
-    "teacher-cached": cached_batches,
-}
-
-
-# ---------------------------------------------------------------- the measured step
-def build(args) -> tuple[TAEHV, torch.optim.Optimizer]:
-    model = TAEHV().to(args.device)
-    if args.channels_last:
-        model.use_channels_last()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=args.device == "cuda")
-    if args.compile:
-        model.compile()
-    return model, opt
-
-
-def reconstruction_step(model: TAEHV, opt, video_u8: torch.Tensor, args) -> None:
-    """What the trainer does per micro-batch without a teacher: uint8 -> [0, 1] on the device,
-    bf16 forward, MSE of the unclamped output, backward, AdamW on fp32 weights."""
-    x = video_u8.float().div_(255)
-    with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16):
-        _z, y = model(x, clamp=False)
-    loss = F.mse_loss(y.float(), reconstruction_target(x, y.shape[1]))
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+def section_grid(args: Any, out: Out) -> None:
+    modes = args.modes
+    if args.device != "cuda" and "compile" in modes:
+        out.emit(
+            "grid",
+            mode="compile",
+            skipped="no CUDA (inductor on CPU takes minutes; tests/trainer/test_compile.py covers it)",
+        )
+        modes = [m for m in modes if m != "compile"]
+    maxes: dict[str, int | None] = {}
+    # eager first (cheap), then compile: a time limit leaves the most figures
+    for mode in [m for m in ("eager", "compile") if m in modes]:
+        for batch_spec in args.batches:
+            for layout in args.layouts:
+                if batch_spec == "max":
+                    if args.device != "cuda":
+                        out.emit(
+                            "grid",
+                            layout=layout,
+                            mode=mode,
+                            batch="max",
+                            skipped="no CUDA (found by running out of memory)",
+                        )
+                        continue
+                    if layout not in maxes:
+                        maxes[layout] = max_batch(layout, args.size, args, start=8)
+                        out.emit(
+                            "grid", layout=layout, what="max batch (eager, one step)", max_batch=maxes[layout]
+                        )
+                    if maxes[layout] is None:
+                        continue
+                    batch = int(maxes[layout] or 0)
+                else:
+                    batch = int(batch_spec)
+                cell = cell_or_error(
+                    measure_bare, layout, mode, batch, args.size, args, args.step == "distill"
+                )
+                out.emit("grid", layout=layout, mode=mode, batch=batch, **cell, max_batch=batch_spec == "max")
 
 
-def distill_step(model: TAEHV, opt, batch, args) -> None:
-    """The author's recipe per micro-batch: encoder MSE to the teacher's latents, decoder run on
-    them with MSE to the frames. Online, the teacher encodes every batch (bf16, no grad)."""
-    from trainer.teacher import encode
-
-    video_u8, latents = batch if isinstance(batch, tuple) else (batch, None)
-    x = video_u8.float().div_(255)
-    if latents is None:
-        latents = encode(teacher(args), x).float()
-    with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16):
-        z = model.encode(x)
-        y = model.decode(latents, clamp=False)
-    loss = F.mse_loss(z.float(), latents) + F.mse_loss(y.float(), reconstruction_target(x, y.shape[1]))
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-STEPS = {
-    "synthetic": reconstruction_step,
-    "loader": reconstruction_step,
-    "teacher-online": distill_step,
-    "teacher-cached": distill_step,
-}
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def measure(mode: str, s: Setting, args) -> Result:
-    torch.manual_seed(0)
-    model, opt = build(args)
-    step = STEPS[mode]
-    batches = MODES[mode](s, args)
-    for _ in range(args.warmup):
-        step(model, opt, next(batches), args)
-    sync(args.device)
-    wait = 0.0
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        tw = time.perf_counter()
-        video = next(batches)
-        wait += time.perf_counter() - tw
-        step(model, opt, video, args)
-    sync(args.device)
-    elapsed = time.perf_counter() - t0
-    return Result(mode, s, s.batch * args.steps / elapsed, elapsed / args.steps, wait / args.steps)
-
-
-def main(argv: list[str] | None = None) -> int:
+# ---------------------------------------------------------------- the session
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="synthetic", help=f"comma-separated, of: {', '.join(MODES)}")
-    p.add_argument("--recipes", default="full,crop", help=f"comma-separated, of: {', '.join(RECIPES)}")
-    p.add_argument("--batch-full", type=int, default=4, help="clips per step at the full size")
-    p.add_argument("--batch-crop", type=int, default=64, help="clips per step at the crop size")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated sections, of: {', '.join(SECTIONS)}"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="results.jsonl and the profiler trace go here (default: a new temporary folder)",
+    )
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=570,
+        help="the whole run; sections past it are stopped or skipped",
+    )
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny clips and batches, 2 steps: a smoke run, untimed"
+    )
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 (the default on CPU)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--data", type=Path, help="a directory of clips, for --modes loader")
-    p.add_argument("--workers", type=int, default=8, help="loader processes, for --modes loader")
+    p.add_argument("--size", default="12x480x720", help="frames x height x width of a clip")
+    p.add_argument(
+        "--layouts", default="channels_last,nchw", help="the first goes first (the presets' layout)"
+    )
+    p.add_argument("--modes", default="eager,compile")
+    p.add_argument("--batches", default="4,8,max")
+    p.add_argument("--max-batch-cap", type=int, default=64, help="the max-batch search stops here")
+    p.add_argument(
+        "--step",
+        choices=("recon", "distill"),
+        default="recon",
+        help="grid: the reconstruction step, or distillation on cached latents (encode, decode, decode of the latents)",
+    )
+    p.add_argument(
+        "--zero", default="2,3,1", help="trainer: ZeRO stages, one process each (ZeRO-1 accumulates 2)"
+    )
+    p.add_argument("--trainer-batch", type=int, default=4)
+    p.add_argument("--trainer-layout", default="channels_last", choices=("nchw", "channels_last"))
+    p.add_argument(
+        "--trainer-compile", action="store_true", help="trainer: model.compile = true (as the GPU presets)"
+    )
+    p.add_argument("--trainer-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--profile-layout", default="channels_last", choices=("nchw", "channels_last"))
+    p.add_argument("--profile-mode", default="eager", choices=("eager", "compile"))
+    p.add_argument("--profile-batch", type=int, default=4)
+    p.add_argument("--workers", type=int, help="loader processes (default: the node's cores, less one)")
+    p.add_argument("--data", type=Path, help="a directory of clips for the loader (default: synthetic clips)")
     p.add_argument(
         "--teacher",
         type=Path,
-        help="a diffusers AutoencoderKLHunyuanVideo directory, for the teacher "
-        "modes (default: its architecture with random weights, which costs the same)",
+        help="a diffusers AutoencoderKLHunyuanVideo directory (default: its architecture, random weights)",
     )
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--no-bf16", dest="bf16", action="store_false")
-    p.add_argument("--channels-last", action="store_true", default=True)
-    p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="tiny clips, batch 1, 2 steps: a smoke run, untimed")
     args = p.parse_args(argv)
+    args.sections = [s for s in args.only.split(",") if s]
+    unknown = set(args.sections) - set(SECTIONS)
+    for name, allowed in (("layouts", {"nchw", "channels_last"}), ("modes", {"eager", "compile"})):
+        setattr(args, name, getattr(args, name).split(","))
+        unknown |= set(getattr(args, name)) - allowed
+    args.batches = args.batches.split(",")
+    unknown |= {b for b in args.batches if b != "max" and not b.isdigit()}
+    if unknown:
+        p.error(f"unknown section, layout, mode or batch: {', '.join(sorted(unknown))}")
+    try:
+        args.size = FULL if args.size == "12x480x720" else tuple(int(v) for v in args.size.split("x"))
+        assert (
+            len(args.size) == 3 and args.size[0] % 4 == 0 and args.size[1] % 8 == 0 and args.size[2] % 8 == 0
+        )
+    except (ValueError, AssertionError):
+        p.error(f"--size {args.size!r}: want FRAMESxHEIGHTxWIDTH, frames a multiple of 4, sides of 8")
+    if args.device == "cpu":
+        args.bf16 = False
+    if args.tiny:
+        args.size, args.steps, args.warmup = TINY, 2, 1
+        args.batches = ["1", "2", "max"]
+        args.trainer_batch = args.profile_batch = 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here; use --device cpu --tiny for the smoke run")
     if args.device == "cuda":
-        torch.backends.cudnn.benchmark = True
-    unknown = set(args.modes.split(",")) - set(MODES) or set(args.recipes.split(",")) - set(RECIPES)
-    if unknown:
-        raise SystemExit(f"unknown mode or recipe: {', '.join(sorted(unknown))}")
-    if args.tiny:
-        args.steps, args.warmup = 2, 1
-    sizes = TINY if args.tiny else RECIPES
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(
-        f"# {name}, {'bf16' if args.bf16 else 'fp32'}, channels_last {args.channels_last}, "
-        f"compile {args.compile}, {args.steps} timed steps after {args.warmup}"
-        + (" (tiny smoke run: figures are not a measurement)" if args.tiny else "")
-    )
-    print(
-        f"{'mode':<10} {'recipe':<6} {'clip':>10} {'batch':>5} {'clips/s':>9} {'step s':>8} "
-        f"{'wait s':>7} {'TFLOP/s':>8} {'MFU':>6}"
-    )
-    for mode in args.modes.split(","):
-        for recipe in args.recipes.split(","):
-            frames, h, w = sizes[recipe]
-            batch = 1 if args.tiny else (args.batch_full if recipe == "full" else args.batch_crop)
-            r = measure(mode, Setting(recipe, frames, h, w, batch), args)
-            tflops = r.clips_per_s * flop_per_clip_step(frames, h, w)
-            print(
-                f"{mode:<10} {recipe:<6} {f'{frames}x{h}x{w}':>10} {batch:>5} {r.clips_per_s:9.2f} "
-                f"{r.step_s:8.4f} {r.data_wait_s:7.4f} {tflops / 1e12:8.1f} {tflops / H100_BF16_PEAK:6.1%}",
-                flush=True,
+        torch.backends.cudnn.benchmark = True  # as the trainer's runtime sets it
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="gpu_throughput-"))
+    out = Out(args.out)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    args.datasheet_tflops, args.datasheet_source = datasheet_peak(name)
+    args.measured_tflops = None
+    deadline = time.monotonic() + args.time_limit_s
+    signal.signal(signal.SIGALRM, _alarm)
+    from _throughput_sections import SECTION_RUNNERS
+
+    runners = {"env": section_env, "matmul": section_matmul, "grid": section_grid, **SECTION_RUNNERS}
+    failed = 0
+    for section in [s for s in SECTIONS if s in args.sections]:
+        left = deadline - time.monotonic()
+        if left < 5:
+            out.emit(section, skipped=f"time limit ({args.time_limit_s:.0f} s) reached before it started")
+            continue
+        args.deadline = deadline
+        signal.alarm(max(1, int(left)))
+        try:
+            if args.device == "cuda" and args.measured_tflops is None and section != "env":
+                # MFU's second peak: the best bf16 matmul rate this GPU reaches
+                args.measured_tflops = round(max(measured_matmul_tflops(n) for n in (8192, 16384)), 1)
+            runners[section](args, out)
+        except OutOfTime:
+            out.emit(
+                section,
+                stopped=f"time limit ({args.time_limit_s:.0f} s): the lines above are what it measured",
             )
-    return 0
+        except Exception as err:  # noqa: BLE001 - one failed section must not lose the others' figures
+            failed += 1
+            tb = traceback.format_exc().strip().splitlines()
+            out.emit(section, error=f"{type(err).__name__}: {err}"[:500], traceback=tb[-8:])
+        finally:
+            signal.alarm(0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,352 @@
+"""The pieces of benchmarks/gpu_throughput.py that every section uses: FLOPs per clip-step, the
+datasheet peaks, the JSON-line output, per-phase timing from CUDA events, and the bare training
+loop (the trainer's step without accelerate, DeepSpeed, jitter, loader or heartbeats)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import itertools
+
+from trainer.augment import to_model_input
+from trainer.model import TAEHV, reconstruction_target
+
+# FACTS (the author's model, counted per 12x480x720 clip): forward 0.628 TFLOP in the encoder and
+# 1.413 TFLOP in the decoder; a training step is forward + backward (twice the forward) of both,
+# ~6.1 TFLOP. Every layer's cost is linear in frames x height x width.
+ENCODER_FORWARD = 0.628e12
+DECODER_FORWARD = 1.413e12
+FLOP_PER_CLIP_STEP = 6.1e12
+REFERENCE_VOXELS = 12 * 480 * 720
+DECODER_SHARE = DECODER_FORWARD / (ENCODER_FORWARD + DECODER_FORWARD)
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, matched in order against the device name that
+# torch / NVML report (e.g. "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200"). FACTS.md
+# gives the H100 SXM's 989; the rest are NVIDIA's datasheets, which print the sparse figure (twice
+# the dense one): H100 SXM 1,979 / PCIe 1,513 / NVL 1,671; H200 SXM 1,979 / NVL 1,671; A100 and
+# A800 312 dense; L40S 733 sparse (362 dense).
+DATASHEET_BF16_DENSE: tuple[tuple[tuple[str, ...], float, str], ...] = (
+    (("H100", "PCIE"), 756.0, "NVIDIA H100 datasheet, PCIe: 1,513 sparse"),
+    (("H100", "NVL"), 835.0, "NVIDIA H100 datasheet, NVL: 1,671 sparse"),
+    (("H100",), 989.0, "FACTS.md; NVIDIA H100 datasheet, SXM: 1,979 sparse"),
+    (("H200", "NVL"), 835.0, "NVIDIA H200 datasheet, NVL: 1,671 sparse"),
+    (("H200",), 989.0, "NVIDIA H200 datasheet, SXM: 1,979 sparse"),
+    (("A100",), 312.0, "NVIDIA A100 datasheet"),
+    (("A800",), 312.0, "NVIDIA A800 datasheet (A100 silicon)"),
+    (("L40S",), 362.0, "NVIDIA L40S datasheet: 733 sparse"),
+)
+H100_BF16_PEAK = 989e12  # the goal's card (H100 SXM), FLOP/s
+
+
+def flop_per_clip_step(frames: int, height: int, width: int, teacher_decode: bool = False) -> float:
+    """FLOPs of one training step of one clip: forward and backward of encode and decode, plus (the
+    distillation recipe with decoder_on_teacher_latents) a second decode, of the teacher's latents."""
+    scale = (1.0 + DECODER_SHARE) if teacher_decode else 1.0
+    return FLOP_PER_CLIP_STEP * scale * frames * height * width / REFERENCE_VOXELS
+
+
+def datasheet_peak(name: str) -> tuple[float | None, str]:
+    """(dense bf16 TFLOP/s, where the figure comes from) for a device name; (None, why) if unknown."""
+    upper = name.upper()
+    for keys, tflops, source in DATASHEET_BF16_DENSE:
+        if all(k in upper for k in keys):
+            return tflops, source
+    return None, f"no datasheet figure for {name!r}"
+
+
+class OutOfTime(Exception):
+    """The run's time limit (SIGALRM) fell inside a section."""
+
+
+def is_oom(err: BaseException) -> bool:
+    """Out of device memory, whether torch or cuDNN (a failed workspace allocation) says so."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "ALLOC_FAILED" in text
+
+
+def cell_or_error(fn: Any, *a: Any, **k: Any) -> dict[str, Any]:
+    """fn's figures, or {"error": ...}: one failed measurement must not lose the rest of a section."""
+    try:
+        return fn(*a, **k)
+    except OutOfTime:
+        raise
+    except Exception as err:  # noqa: BLE001 - reported in the results, and the section goes on
+        return {"error": f"{type(err).__name__}: {err}"[:500]}
+
+
+class Out:
+    """One JSON object a line on stdout, flushed, and appended to OUT/results.jsonl: a run cut short
+    by a time limit still leaves every figure printed so far."""
+
+    def __init__(self, out_dir: Path):
+        self.dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / "results.jsonl"
+
+    def emit(self, section: str, **fields: Any) -> dict[str, Any]:
+        row = {"section": section, **fields}
+        line = json.dumps(row, default=str)
+        print(line, flush=True)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+        return row
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class Marks:
+    """Time points within each step: CUDA events on a GPU (no host wait inside a step), perf_counter
+    on CPU (where work is synchronous anyway)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.rows: list[list[Any]] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.rows.append([self._now()])
+
+    def mark(self) -> None:
+        self.rows[-1].append(self._now())
+
+    def ms(self) -> list[list[float]]:
+        """Per step, the milliseconds of each phase (between consecutive marks)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [[a.elapsed_time(b) for a, b in itertools.pairwise(r)] for r in self.rows]
+        return [[(b - a) * 1e3 for a, b in itertools.pairwise(r)] for r in self.rows]
+
+    def span_ms(self) -> float:
+        """From the first step's start to the last step's end."""
+        first, last = self.rows[0][0], self.rows[-1][-1]
+        return first.elapsed_time(last) if self.cuda else (last - first) * 1e3
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def throughput(clips_per_step: int, step_ms: list[float], span_ms: float, flop: float, args: Any) -> dict:
+    """clips/s, median/p90 step and MFU against the datasheet and the measured matmul peak."""
+    clips_per_s = clips_per_step * len(step_ms) / (span_ms / 1e3)
+    achieved = clips_per_s * flop / 1e12
+    row: dict[str, Any] = {
+        "clips_per_s": round(clips_per_s, 3),
+        "step_ms_median": round(statistics.median(step_ms), 3),
+        "step_ms_p90": round(p90(step_ms), 3),
+        "tflop_per_clip_step": round(flop / 1e12, 4),
+        "achieved_tflops": round(achieved, 3),
+    }
+    for key, peak in (("mfu_datasheet", args.datasheet_tflops), ("mfu_measured", args.measured_tflops)):
+        row[key] = round(achieved / peak, 4) if peak else None
+    return row
+
+
+def memory(device: str) -> dict[str, float | None]:
+    if device != "cuda":
+        return {"peak_mem_gb": None}
+    return {
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3),
+        "peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 3),
+    }
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def dynamo_counts() -> dict[str, Any]:
+    """Graph breaks (with their commonest reasons) and graphs compiled since the last reset."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return {
+        "graph_breaks": int(sum(breaks.values())),
+        "graph_break_reasons": [r[:160] for r, _n in breaks.most_common(3)],
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+    }
+
+
+def build_bare(layout: str, compiled: bool, device: str) -> tuple[TAEHV, torch.optim.Optimizer]:
+    """TAEHV with AdamW (fp32 weights, fused on CUDA) in the trainer's execution settings."""
+    torch.manual_seed(0)
+    model = TAEHV().to(device).train()
+    if layout == "channels_last":
+        model.use_channels_last()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=device == "cuda")
+    if compiled:
+        # per-stage compile (forward, encode and decode on teacher latents alike) where the model has it
+        model.compile_stages() if hasattr(model, "compile_stages") else model.compile()
+    return model, opt
+
+
+def clip_batch(batch: int, frames: int, h: int, w: int, device: str, pin: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch, frames, 3, h, w), dtype=torch.uint8, generator=g)
+    return x.pin_memory() if pin else x.to(device)
+
+
+def teacher_like_latents(video: torch.Tensor) -> torch.Tensor:
+    """Random latents of the student's shape (N x T/4 x 16 x H/8 x W/8): a cached teacher's input."""
+    n, t, _c, h, w = video.shape
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, t // 4, 16, h // 8, w // 8, generator=g).to(video.device)
+
+
+def bare_step(
+    model: TAEHV,
+    opt: torch.optim.Optimizer,
+    video_u8: torch.Tensor,
+    args: Any,
+    marks: Marks | None = None,
+    latents: torch.Tensor | None = None,
+) -> None:
+    """The trainer's micro-batch without DeepSpeed: uint8 -> model input on the device (no jitter),
+    bf16 autocast forward, fp32 MSE of the unclamped output; with `latents`, the distillation recipe
+    (encoder MSE to them, and the decoder run on them too). Then backward and AdamW."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    mark = marks.mark if marks else (lambda: None)
+    if marks:
+        marks.start()
+    x = to_model_input(video_u8, dtype)
+    mark()  # input
+    with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16):
+        z, y = model(x, clamp=False)
+        loss = F.mse_loss(y.float(), reconstruction_target(x, y.shape[1]).float())
+        if latents is not None:
+            y_t = model.decode(latents.to(z.dtype), clamp=False)
+            loss = (
+                loss
+                + F.mse_loss(z.float(), latents)
+                + F.mse_loss(y_t.float(), reconstruction_target(x, y_t.shape[1]).float())
+            )
+    mark()  # forward
+    loss.backward()
+    mark()  # backward
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mark()  # optimizer
+
+
+PHASES = ("input_ms", "forward_ms", "backward_ms", "optimizer_ms")
+
+
+def measure_bare(
+    layout: str, mode: str, batch: int, size: tuple[int, int, int], args: Any, distill: bool = False
+) -> dict:
+    """Warm-up then `args.steps` timed steps of the bare loop: the figures of one grid cell (its
+    layout, mode and batch are the caller's to print). Out of memory gives {"oom": True}, freed."""
+    frames, h, w = size
+    cell: dict[str, Any] = {"clip": f"{frames}x{h}x{w}", "step": "distill" if distill else "recon"}
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # each compiled cell compiles afresh: its compile_s is its own
+    counters.clear()
+    free(args.device)
+    try:
+        model, opt = build_bare(layout, mode == "compile", args.device)
+        video = clip_batch(batch, frames, h, w, args.device)
+        latents = teacher_like_latents(video) if distill else None
+        t0 = time.perf_counter()
+        bare_step(model, opt, video, args, latents=latents)
+        sync(args.device)
+        first_s = time.perf_counter() - t0
+        for _ in range(args.warmup - 1):
+            bare_step(model, opt, video, args, latents=latents)
+        sync(args.device)
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        marks = Marks(args.device)
+        for _ in range(args.steps):
+            bare_step(model, opt, video, args, marks, latents)
+        phases = marks.ms()
+    except RuntimeError as err:
+        if not is_oom(err):
+            raise
+        cell["oom"] = True
+    if cell.get("oom"):
+        model = opt = video = latents = None  # type: ignore[assignment]
+        free(args.device)
+        return cell
+    steps = [sum(p) for p in phases]
+    cell.update(throughput(batch, steps, marks.span_ms(), flop_per_clip_step(frames, h, w, distill), args))
+    cell.update({k: round(statistics.median(p[i] for p in phases), 3) for i, k in enumerate(PHASES)})
+    cell.update(memory(args.device))
+    cell["first_step_s"] = round(first_s, 3)
+    if mode == "compile":
+        cell["compile_s"] = round(first_s - cell["step_ms_median"] / 1e3, 3)
+        cell.update(dynamo_counts())
+    del model, opt, video, latents
+    free(args.device)
+    return cell
+
+
+@functools.cache
+def measured_matmul_tflops(n: int = 8192, iters: int = 20) -> float:
+    """bf16 n x n matmuls on the GPU, TFLOP/s (2 n^3 per product)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * iters / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def kernel_kind(name: str) -> str:
+    """What a profiled kernel (or CPU operator) does, by its name."""
+    n = name.lower()
+    if "memcpy" in n or "memset" in n:
+        return "memcpy"
+    if "nchwtonhwc" in n or "nhwctonchw" in n:
+        return "layout"
+    if any(k in n for k in ("conv", "cudnn", "implicit_gemm", "fprop", "dgrad", "wgrad", "winograd")):
+        return "conv"
+    if "gemm" in n or "cublas" in n or "aten::mm" in n:
+        return "gemm"
+    if "adam" in n or "multi_tensor" in n:
+        return "optimizer"
+    return "elementwise"  # elementwise, reductions, copies, cat, upsample, fused triton kernels
+
+
+def busy_time(spans: list[tuple[float, float]]) -> float:
+    """The time covered by the union of sorted (start, end) spans: when the device ran anything."""
+    busy, cur_s, cur_e = 0.0, 0.0, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            busy += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + (0.0 if cur_e is None else cur_e - cur_s)
