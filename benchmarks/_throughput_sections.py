@@ -140,7 +140,7 @@ def trainer_child(args: Any, out: Out) -> None:
             marks.mark()
         step_ms = [r[0] for r in marks.ms()]
         row = throughput(batch * accum, step_ms, marks.span_ms(), flop_per_clip_step(frames, h, w), args)
-        side_stream = getattr(trainer.batches._it, "_cuda", None) is not None
+        side_stream = trainer.batches.prefetcher.side_stream
         out.emit(
             "trainer",
             zero=stage,

@@ -72,10 +72,10 @@ class Batches:
             self.loader = make_cached_loader(self.train_set, *where)
         else:
             self.loader = make_train_loader(self.train_set, *where)
-        self._it = Prefetcher(iter(self.loader), rt.device)  # on a GPU: copied one batch ahead
+        self.prefetcher = Prefetcher(iter(self.loader), rt.device)  # on a GPU: copied one batch ahead
 
     def next(self) -> dict[str, Any]:
-        batch = next(self._it)
+        batch = next(self.prefetcher)
         self.state.samples_consumed += len(batch["index"])  # sampler items (data.crops_per_clip crops each)
         self.report_skips(batch["skipped"])
         return batch

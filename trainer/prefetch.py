@@ -59,6 +59,11 @@ class Prefetcher:
         self._batches = batches
         self._device = device
 
+    @property
+    def side_stream(self) -> bool:
+        """Whether batches are copied one ahead on a side stream (a CUDA device)."""
+        return self._cuda is not None
+
     def __iter__(self) -> Prefetcher:
         return self
 

@@ -23,6 +23,7 @@ def test_batches_come_through_in_order_with_every_tensor_on_the_device_and_the_r
             yield b
 
     got = Prefetcher(source(), torch.device("cpu"))
+    assert not got.side_stream  # a copy on the CPU is no copy: nothing to overlap
     first = next(got)
     assert pulled == [0]  # on CPU nothing is read ahead: a stop loses no batch
     assert (
