@@ -12,7 +12,13 @@ from trainer.state import TrainState
 def test_train_state_round_trips_through_json_and_keeps_an_unset_best_as_null():
     state = TrainState(step=12, samples_consumed=40, nonfinite_skipped=1, data_skipped=2)
     saved = json.loads(json.dumps(state.state_dict()))  # as trainer/state.json holds it
-    assert saved == {"step": 12, "best_psnr": None, "nonfinite_skipped": 1, "data_skipped": 2, "last_val": None}
+    assert saved == {
+        "step": 12,
+        "best_psnr": None,
+        "nonfinite_skipped": 1,
+        "data_skipped": 2,
+        "last_val": None,
+    }
     again = TrainState()
     again.load_state_dict(saved)
     assert again.step == 12 and again.best_psnr == -math.inf and again.data_skipped == 2

@@ -140,10 +140,14 @@ def test_each_validation_writes_samples_that_a_decode_of_the_exported_weights_re
     assert [c["source"] for c in indexes[0]["clips"]] == [c["source"] for c in indexes[1]["clips"]]
     assert [c["index"] for c in indexes[1]["clips"]] == [0, 1]
     cfg = load_config(zero2_run / "run.toml")
-    _train, val_paths = split_train_val(find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips)
+    _train, val_paths = split_train_val(
+        find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips
+    )
     ds = VideoClipDataset(val_paths, cfg.data, train=False)
     model = TAEHV()
-    model.load_state_dict(load_file(str(zero2_run / "final" / "taehv_ema.safetensors")))  # EMA on: it is shown
+    model.load_state_dict(
+        load_file(str(zero2_run / "final" / "taehv_ema.safetensors"))
+    )  # EMA on: it is shown
     model.eval()
     step_dir = zero2_run / "samples" / "step-6"
     for clip in indexes[1]["clips"]:
@@ -155,14 +159,11 @@ def test_each_validation_writes_samples_that_a_decode_of_the_exported_weights_re
         assert (t, h, w) == (y.shape[1], y.shape[3], y.shape[4])
         png = np.asarray(Image.open(step_dir / clip["png"]).convert("RGB")).astype(np.int16)
         assert png.shape == (3 * h, t * w, 3)
-
-        def row(frames: torch.Tensor) -> np.ndarray:
-            u8 = (frames[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-            return u8.transpose(1, 0, 2, 3).reshape(h, t * w, 3).astype(np.int16)
-
-        assert np.abs(png[:h] - row(x)).max() <= 1
-        assert np.abs(png[h : 2 * h] - row(y)).max() <= 2  # the decode of the exported EMA weights
-        error = row(((y - x).abs() * AMPLIFY).clamp(0, 1))
+        assert np.abs(png[:h] - _frames_left_to_right(x)).max() <= 1
+        assert (
+            np.abs(png[h : 2 * h] - _frames_left_to_right(y)).max() <= 2
+        )  # the exported EMA weights' decode
+        error = _frames_left_to_right(((y - x).abs() * AMPLIFY).clamp(0, 1))
         assert np.abs(png[2 * h :] - error).max() <= 2 * AMPLIFY and error.max() > 0
         with av.open(str(step_dir / clip["video"])) as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
@@ -171,6 +172,15 @@ def test_each_validation_writes_samples_that_a_decode_of_the_exported_weights_re
     tb.Reload()
     assert {"val/samples/clip-0", "val/samples/clip-1"} <= set(tb.Tags()["images"])
     assert [e.step for e in tb.Images("val/samples/clip-0")] == [3, 6]
+
+
+def _frames_left_to_right(video: torch.Tensor):
+    """1×T×3×H×W in [0, 1] -> H×(T·W)×3 as int16, the frames side by side, rounded as a PNG holds them."""
+    import numpy as np
+
+    _n, t, _c, h, w = video.shape
+    u8 = (video[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return u8.transpose(1, 0, 2, 3).reshape(h, t * w, 3).astype(np.int16)
 
 
 def test_corrupt_and_short_videos_are_skipped_and_reported(zero2_run, data_with_bad_clips):

@@ -20,9 +20,9 @@ from typing import Any
 from taehv_console.core.logscan import LogScanner
 from taehv_console.core.run.state import RunState, StateError
 from taehv_console.core.toml_compat import tomllib
-from taehv_console.core.watch.nodeline import parse_sample
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation
+from taehv_console.core.watch.nodeline import parse_sample
 from taehv_console.core.watch.state import (
     CheckpointSummary,
     ForensicsSummary,

@@ -115,4 +115,3 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
         agent_pid=int(data.get("agent_pid") or 0),
         received=time.time() if received is None else received,
     )
-
