@@ -281,6 +281,11 @@ def deepspeed_lines(cfg: TrainConfig, bytes_per_s: float, link: str) -> tuple[st
             f"buffers (ZeRO-2: {buf2 / MB:.0f} MB): {abs(net) / MB:.0f} MB {'less' if net >= 0 else 'more'} in all. "
             "Kept where a preset publishes it; --set deepspeed.zero_stage=2 to drop it"
         )
+        if cfg.model.compile:
+            lines.append(
+                "model.compile under ZeRO-3: DeepSpeed's gather hooks on every module break each compiled "
+                "stage into pieces (ZeRO-1/2 compile each stage whole); not yet measured on a GPU"
+            )
     if (sized.bucket, sized.overlap) != (ds.reduce_bucket_size, ds.overlap_comm):
         _, sized_buf = _state_and_buffers(cfg, params, ds.zero_stage, sized.bucket, sized.overlap)
         lines.append(
