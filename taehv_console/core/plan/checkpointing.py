@@ -41,7 +41,7 @@ RESTART_S = 120.0
 def checkpoint_bytes(
     params: int, zero_stage: int, world_size: int, precision: str, ema: bool
 ) -> dict[str, float]:
-    """Bytes one checkpoint writes, summed over the ranks, by part (trainer/train.py save_checkpoint).
+    """Bytes one checkpoint writes, summed over the ranks, by part (trainer/checkpointing.py, CheckpointManager.save).
 
     - DeepSpeed's weights (2 B per parameter in bf16/fp16, 4 in fp32) and optimizer state (12 B:
       fp32 master + exp_avg + exp_avg_sq; 8 B in fp32), as `model_state_bytes` counts them: ZeRO
