@@ -19,7 +19,7 @@ from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
-from taehv_console.headless import follow, make_view, report_ended
+from taehv_console.follow import follow, make_view, report_ended
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done: every rank reached max_steps",

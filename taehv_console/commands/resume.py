@@ -29,7 +29,7 @@ from taehv_console.core.run.outcome import (
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
-from taehv_console.headless import follow, make_view, report_outcome
+from taehv_console.follow import follow, make_view, report_outcome
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done (with --detach: every node started)",

@@ -20,7 +20,7 @@ from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
-from taehv_console.headless import make_view
+from taehv_console.follow import make_view
 
 EXIT_CODES = {
     ExitCode.DONE: "stopped (or it had already ended), and nothing of it is left on any node",

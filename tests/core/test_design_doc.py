@@ -91,7 +91,7 @@ RECEIVERS: dict[str, dict[str, str | None]] = {
         "sub:kv[1]": EVENT,  # (rank, error event) pairs
         "sig": LOG_SIGNAL,
     },
-    "taehv_console/headless.py": {
+    "taehv_console/follow.py": {
         "e": EVENT,  # trainer events in the controller's snapshot
         "p": OTHER,  # the controller's progress summary
         "summary": OTHER,

@@ -15,7 +15,7 @@ from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.view import headline, progress_dict
-from taehv_console.headless import JsonView, PlainView
+from taehv_console.follow import JsonView, PlainView
 from tests.ui.conftest import sample_app
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "cpu-smoke-done"
