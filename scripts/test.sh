@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the checks, then the whole test suite. Tests that need sshd or tmux start them themselves.
+# Installs the Debian packages some tests need where it can (scripts/system-deps.sh), runs the
+# checks, then the whole test suite; pytest's summary (-ra) lists every skip with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DS_ACCELERATOR=cpu
+bash scripts/system-deps.sh
 SOURCES=(taehv_console trainer tests benchmarks scripts)
 echo "== ruff format --check"
 .venv/bin/ruff format --check -q "${SOURCES[@]}"
