@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -65,7 +65,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "json", help="print every figure as JSON")
 
 
-def _weights(target: str, runs: str, best: bool, resolve_weights: Callable[[str, bool], Any]) -> Any:
+_W = TypeVar("_W")  # what the trainer's resolve_weights returns (torch stays out of --help)
+
+
+def _weights(target: str, runs: str, best: bool, resolve_weights: Callable[[str, bool], _W]) -> _W:
     """A path as given, else a run id (or unique prefix) under --runs."""
     if Path(target).expanduser().exists() or "/" in target:
         return resolve_weights(target, best)

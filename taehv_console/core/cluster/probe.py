@@ -76,7 +76,7 @@ def _nvml_error_text(err: Exception) -> str:
     return str(err) or type(err).__name__
 
 
-def _text(v: Any) -> str:
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 

@@ -43,7 +43,7 @@ class Notifier:
     def enabled(self) -> bool:
         return bool(self.cfg.command or self.cfg.webhook)
 
-    def send(self, kind: str, text: str, **fields: Any) -> None:
+    def send(self, kind: str, text: str, **fields: object) -> None:
         if not self.enabled:
             return
         event = {"event": kind, "run": self.run_id, "time": time.time(), "text": text, **fields}

@@ -80,7 +80,7 @@ class NvmlSampler:
             "devices": [self._device(i, h) for i, h in enumerate(self._handles)],
         }
 
-    def _device(self, index: int, h: Any) -> dict[str, Any]:
+    def _device(self, index: int, h: object) -> dict[str, Any]:
         nv = self._nvml
         dev: dict[str, Any] = {"index": index}
         errors: dict[str, str] = {}
@@ -131,7 +131,7 @@ def _mem(m: Any) -> dict[str, int]:
     return {"used": int(m.used), "total": int(m.total)}
 
 
-def _clock_reasons(nv: Any, h: Any) -> int:
+def _clock_reasons(nv: Any, h: object) -> int:
     # NVML renamed "throttle reasons" to "clock event reasons" (driver 535); older bindings lack it.
     fn = (
         getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -140,7 +140,7 @@ def _clock_reasons(nv: Any, h: Any) -> int:
     return fn(h)
 
 
-def _proc_mem(p: Any) -> int | None:
+def _proc_mem(p: object) -> int | None:
     used = getattr(p, "usedGpuMemory", None)
     # NVML reports "not available" (e.g. without permission in a container) as a huge sentinel.
     return int(used) if isinstance(used, int) and used < (1 << 60) else None
