@@ -323,6 +323,15 @@ class ConfigError(ValueError):
     """A configuration a user wrote is wrong; the message names the file, the key and the rule."""
 
 
+def config_value(cfg: TrainConfig, dotted: str) -> object:
+    """The value at a dotted run.toml key ("optim.lr", "distributed.nccl_env.NCCL_DEBUG"); None where
+    there is none."""
+    obj: object = cfg
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+    return obj
+
+
 def format_validation_error(err: ValidationError, where: str) -> str:
     lines = [f"{where}: {err.error_count()} invalid value(s)"]
     for e in err.errors():

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # annotations only: importing the config schema loads pydantic (~0.5 s)
-    from trainer.config import TrainConfig
+# the schema loads pydantic (~0.5 s): this module is imported only with the preset screen, which
+# imports it anyway
+from trainer.config import TrainConfig, config_value
 
 # Fields the preset form offers; anything else goes in the free "more overrides" line.
 FORM_FIELDS: tuple[tuple[str, str], ...] = (
@@ -20,13 +20,6 @@ FORM_FIELDS: tuple[tuple[str, str], ...] = (
     ("schedule.checkpoint_every", "checkpoint every"),
     ("data.source", "data source"),
 )
-
-
-def config_value(cfg: TrainConfig, dotted: str) -> Any:
-    obj: Any = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def field_text(cfg: TrainConfig, dotted: str) -> str:

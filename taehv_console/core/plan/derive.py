@@ -22,7 +22,7 @@ from taehv_console.core.plan.timeouts import (
     derived_collective_timeout_s,
 )
 from taehv_console.core.plan.zero import derive_deepspeed
-from trainer.config import ConfigError, TrainConfig, config_from_dict
+from trainer.config import ConfigError, TrainConfig, config_from_dict, config_value
 
 REFERENCE_BATCH = 128  # effective batch of the reference presets (8 and 16 GPUs)
 REFERENCE_LR = 1e-4  # their LR; LR is linear in effective batch from here
@@ -289,16 +289,9 @@ def _finish(
         cfg = override_config(cfg, overrides)
         for text in overrides:
             key = text.partition("=")[0].strip()
-            reasons.append(Reason(key, _get(cfg, key), "set on the command line (--set)"))
+            reasons.append(Reason(key, config_value(cfg, key), "set on the command line (--set)"))
     summary = f"derived for {nodes} x {gpus_per_node} from {base.name}"
     return ResolvedConfig(config=cfg, preset=base.name, derived=True, reasons=tuple(reasons), summary=summary)
-
-
-def _get(cfg: TrainConfig, dotted: str) -> Any:
-    obj: Any = cfg
-    for part in dotted.split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
-    return obj
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +356,7 @@ def auto_select(
             cfg = override_config(cfg, overrides)
             for text in overrides:
                 key = text.partition("=")[0].strip()
-                reasons.append(Reason(key, _get(cfg, key), "set on the command line (--set)"))
+                reasons.append(Reason(key, config_value(cfg, key), "set on the command line (--set)"))
         return ResolvedConfig(
             config=cfg,
             preset=chosen.name,
