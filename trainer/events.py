@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 EVENT_VERSION = 1
+BEAT_EVERY_S = 1.0  # training steps' heartbeats: written at most this often
 
 
 def _finite(value: object) -> object:
@@ -56,6 +57,7 @@ class EventWriter:
         self._beat_lock = threading.Lock()  # the collective watch writes heartbeats from its thread
         self._last_beat: dict[str, Any] = {}
         self._pending = False  # _last_beat is newer than the file
+        self._written_at = 0.0  # when the file was last written
 
     def emit(self, kind: str, **fields: object) -> dict:
         event = {"v": EVENT_VERSION, "time": time.time(), "rank": self.rank, "kind": kind}
@@ -64,24 +66,30 @@ class EventWriter:
         return event
 
     def heartbeat(self, step: int, *, now: bool = True, **extra: object) -> None:
-        """This rank's heartbeat. `now=False` (every training step) only records it: the collective
-        watch's thread writes the newest one at most once a second, off the step path (a file write
-        per step per rank is 1-5 ms on NFS, and hundreds of metadata operations a second at 64
-        ranks). A rank that stops stepping stops producing new beats either way."""
-        beat = {"step": step, "time": time.time(), "pid": os.getpid(), "host": self.host}
+        """This rank's heartbeat. With `now=False` (every training step) it is written at most once
+        a second: a beat within a second of the last write is only recorded, and the collective
+        watch's thread writes the newest one (a file write per step per rank is 1-5 ms on NFS, and
+        hundreds of metadata operations a second at 64 ranks). Steps of a second or more write
+        each beat as it comes, so their heartbeats age as they always did."""
+        at = time.time()
+        beat = {"step": step, "time": at, "pid": os.getpid(), "host": self.host}
         beat.update({k: _finite(v) for k, v in extra.items()})
         with self._beat_lock:
             self._last_beat = beat
-            self._pending = not now
-            if now:
-                atomic_write_text(self.heartbeat_path, json.dumps(beat))
+            self._pending = not now and at - self._written_at < BEAT_EVERY_S
+            if not self._pending:
+                self._write(beat)
+
+    def _write(self, beat: dict[str, Any]) -> None:
+        atomic_write_text(self.heartbeat_path, json.dumps(beat))
+        self._written_at = time.time()
 
     def flush_heartbeat(self) -> None:
         """Write the newest recorded heartbeat if it has not been written yet."""
         with self._beat_lock:
             if self._pending:
                 self._pending = False
-                atomic_write_text(self.heartbeat_path, json.dumps(self._last_beat))
+                self._write(self._last_beat)
 
     def waiting_heartbeat(self, since: float, op: str) -> None:
         """The last heartbeat again, saying this rank has been blocked in a collective since
@@ -91,7 +99,7 @@ class EventWriter:
                 return
             beat = {**self._last_beat, "time": time.time(), "waiting_since": since, "waiting_op": op}
             self._pending = False
-            atomic_write_text(self.heartbeat_path, json.dumps(beat))
+            self._write(beat)
 
     def close(self) -> None:
         if not self._f.closed:

@@ -1,6 +1,7 @@
-"""Heartbeats leave the step path: a training step only records its beat, and the collective
-watch's thread writes the newest one at most once a second. A rank that stops stepping stops
-producing new beats, so the console's stall bound sees the same silence as before."""
+"""Heartbeats are written at most once a second: a training step's beat within a second of the last
+write is only recorded, and the collective watch's thread writes the newest one; a slower step's
+beat is written as it comes, as before. A rank that stops stepping stops producing new beats, so
+the console's stall bound sees the same silence as before."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def test_a_step_beat_is_recorded_then_written_once_by_the_flush(tmp_path):
     written = w.heartbeat_path.stat().st_mtime_ns
     w.flush_heartbeat()
     assert w.heartbeat_path.stat().st_mtime_ns == written  # no new beat: no write, the time stays old
+    time.sleep(1.1)
+    w.heartbeat(3, now=False)  # a second after the last write: a slow step's beat is written at once
+    assert _beat(w)["step"] == 3
 
 
 def test_the_watch_thread_writes_step_beats_within_about_a_second_and_says_when_a_rank_waits(tmp_path):
