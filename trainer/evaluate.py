@@ -29,6 +29,9 @@ from trainer.teacher import encode as teacher_encode
 from trainer.teacher import load_teacher
 
 EXPORTED = "taehv.safetensors"  # final/ and best/ hold the exported weights under this name
+# beside them when the run kept an EMA: the weights its validation chose best/ by and its samples show
+EXPORTED_EMA = "taehv_ema.safetensors"
+CHECKPOINT_EMA = "weights_ema.safetensors"  # a checkpoint's step-<N>/ EMA weights
 DEFAULT_FRAMES = 12
 
 
@@ -51,9 +54,11 @@ def _run_above(path: Path) -> Path | None:
     return None
 
 
-def resolve_weights(target: str | Path, best: bool = False) -> WeightsSource:
+def resolve_weights(target: str | Path, best: bool = False, ema: bool = True) -> WeightsSource:
     """What WEIGHTS|RUN names: a run directory (or its run.toml) scores final/, best/ with `best`;
-    final/, best/ or a checkpoint's step-<N>/ their weights; any other path is a weights file."""
+    final/, best/ or a checkpoint's step-<N>/ their weights; any other path is a weights file.
+    Where a run kept an EMA of its weights, a folder's EMA weights are scored unless `ema` is
+    False: they are what the run's validation chose best/ by, and what its samples show."""
     p = Path(target).expanduser()
     if p.name == "run.toml" and p.is_file():
         p = p.parent
@@ -65,13 +70,17 @@ def resolve_weights(target: str | Path, best: bool = False) -> WeightsSource:
             hint = f"; {p / other / EXPORTED} exists (use {'no ' if best else ''}--best)"
             hint = hint if (p / other / EXPORTED).is_file() else "; the run has exported no weights yet"
             raise EvalError(f"{weights}: no {sub} weights in run {p}{hint}")
+        if ema and (p / sub / EXPORTED_EMA).is_file():
+            return WeightsSource(p / sub / EXPORTED_EMA, f"{sub}-ema", p)
         return WeightsSource(weights, sub, p)
     if best:
         raise EvalError(f"{p}: --best needs a run directory (one holding run.toml)")
     if p.is_dir():
-        for name in (EXPORTED, WEIGHTS):
+        names = (EXPORTED_EMA, CHECKPOINT_EMA, EXPORTED, WEIGHTS) if ema else (EXPORTED, WEIGHTS)
+        for name in names:
             if (p / name).is_file():
-                return WeightsSource(p / name, p.name, _run_above(p / name))
+                label = f"{p.name}-ema" if name in (EXPORTED_EMA, CHECKPOINT_EMA) else p.name
+                return WeightsSource(p / name, label, _run_above(p / name))
         raise EvalError(
             f"{p}: no weights here (expected a run directory, its final/ or best/, a checkpoint "
             "step-<N>/, or a .safetensors / .pth file)"

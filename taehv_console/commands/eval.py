@@ -8,6 +8,7 @@ Imports nothing heavy at module level: the scoring (torch, PyAV) is imported whe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -55,6 +56,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--best", action="store_true", help="with a run: score best/ instead of final/")
     parser.add_argument(
+        "--no-ema",
+        action="store_true",
+        help="score the raw weights where the run also kept an EMA (by default the EMA's: what chose best/)",
+    )
+    parser.add_argument(
         "--streaming", action="store_true", help="run the model frame by frame (bounded memory)"
     )
     parser.add_argument("--device", metavar="D", help="torch device (default: cuda when present, else cpu)")
@@ -86,8 +92,9 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     err_console = Console(stderr=True)
     try:
-        primary = _weights(args.target, args.runs, args.best, resolve_weights)
-        compare = _weights(args.compare, args.runs, False, resolve_weights) if args.compare else None
+        resolve = functools.partial(resolve_weights, ema=not args.no_ema)
+        primary = _weights(args.target, args.runs, args.best, resolve)
+        compare = _weights(args.compare, args.runs, False, resolve) if args.compare else None
         result = score(
             primary,
             args.data,

@@ -261,6 +261,31 @@ def test_resolve_weights_reads_runs_checkpoints_and_files(tmp_path):
         resolve_weights(step, best=True)
 
 
+def test_a_run_that_kept_an_ema_is_scored_by_its_ema_weights_unless_asked_not_to(tmp_path):
+    """The GPU presets keep an EMA: its weights chose best/ and are what the samples show, so they
+    are what eval scores of a run, a final/ or best/ folder, or a checkpoint, unless --no-ema."""
+    run = write_run(tmp_path / "run", {})
+    (run / "final").mkdir()
+    for name in ("taehv.safetensors", "taehv_ema.safetensors"):
+        (run / "final" / name).write_bytes(b"x")
+    step = run / "checkpoints" / "step-20"
+    step.mkdir(parents=True)
+    for name in ("weights.safetensors", "weights_ema.safetensors"):
+        (step / name).write_bytes(b"x")
+    got = resolve_weights(run)
+    assert (got.path, got.label) == (run / "final" / "taehv_ema.safetensors", "final-ema")
+    assert resolve_weights(run / "final").path.name == "taehv_ema.safetensors"
+    assert (resolve_weights(step).path.name, resolve_weights(step).label) == (
+        "weights_ema.safetensors",
+        "step-20-ema",
+    )
+    raw = resolve_weights(run, ema=False)
+    assert (raw.path, raw.label) == (run / "final" / "taehv.safetensors", "final")
+    assert resolve_weights(step, ema=False).path.name == "weights.safetensors"
+    # a file named on its own is scored as named
+    assert resolve_weights(run / "final" / "taehv.safetensors").path.name == "taehv.safetensors"
+
+
 def test_the_authors_pth_layout_loads_and_its_architecture_is_read_from_it(tmp_path):
     # the author's taehv.pth is a plain torch.save'd state dict with these same key names; TAEHV
     # 1.5's is patch size 2 with 32 latent channels
