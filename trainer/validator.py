@@ -50,9 +50,11 @@ class Validator:
                 self.batches.report_skips(item["skipped"])
                 x = self.batches.to_input(item["video"][None])
                 for model, at in ((learner.engine, 0), (ema_model, 3)):
-                    if model is None or not counts:
+                    if model is None:
                         continue
-                    _z, y = model(x)
+                    _z, y = model(x)  # a filler item (counts False) runs too: ZeRO-3 gathers in it
+                    if not counts:
+                        continue
                     target = reconstruction_target(x, y.shape[1])
                     psnr = psnr_from_mse(torch.mean((y.float() - target.float()) ** 2).item())
                     sums[at] += psnr

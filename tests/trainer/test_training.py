@@ -290,6 +290,29 @@ def test_zero3_final_weights_are_full_and_reproduce_the_last_validation(zero3_ru
     assert any(not torch.equal(ema[k], weights[k]) for k in weights)  # EMA is its own set of weights
 
 
+def test_zero3_validates_a_split_that_does_not_divide_by_the_ranks(tmp_path, clip_dir):
+    """3 validation clips on 2 ranks: rank 1 runs a filler forward (which counts for nothing) so
+    that both run the same number of ZeRO-3 gathers; a rank that skipped it would hang the other."""
+    cfg = base_config(
+        clip_dir,
+        data={"val_fraction": 0.4, "val_max_clips": 3},
+        optim={"max_steps": 2},
+        # every parameter partitioned and released after use, so every forward gathers
+        deepspeed={
+            "zero_stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": 1,
+            "stage3_max_reuse_distance": 0,
+        },
+        schedule={"val_every": 1, "checkpoint_every": 1000},
+        distributed={"collective_timeout_s": 60},
+    )
+    run = write_run(tmp_path / "run", cfg)
+    run_to_end(run, 2)
+    vals = events(run, 0, "val")
+    assert [v["step"] for v in vals] == [1, 2] and all(v["n_clips"] == 3 for v in vals)
+
+
 # ---------------------------------------------------------------- signals and failures
 
 
