@@ -43,6 +43,8 @@ class Validator:
         sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # psnr, ssim, clips; EMA psnr, ssim
         ema_model = self._ema_validation_model() if learner.ema is not None else None
         samples: list[SampleClip] = []
+        # the samples show the weights a user takes away: the EMA's when there is one
+        shown = ema_model if ema_model is not None else learner.engine
         with torch.no_grad():
             # every rank runs the same number of forward passes (ZeRO-3 gathers in each)
             for index, seed, counts in validation_items(len(val_set), self.rt.rank, self.rt.world):
@@ -59,8 +61,6 @@ class Validator:
                     psnr = psnr_from_mse(torch.mean((y.float() - target.float()) ** 2).item())
                     sums[at] += psnr
                     sums[at + 1] += ssim_per_frame(y.float(), target.float()).mean().item()
-                    # the samples show the weights a user takes away: the EMA's when there is one
-                    shown = ema_model if ema_model is not None else learner.engine
                     if self.rt.is_main and model is shown and len(samples) < SAMPLE_CLIPS:
                         source = str(val_set.paths[item["index"]])
                         samples.append(
