@@ -10,6 +10,7 @@ submitted, stopped mid-run (SIGTERM to the console), then resumed with sbatch to
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -220,3 +221,45 @@ def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slu
     state = run_state(run)
     assert state["backend"] == "slurm" and list(state["hosts"]) == ["n1", "n2"]
     _finished_with_weights(rc, console, run)
+
+
+def test_a_rank_killed_inside_an_allocation_is_relaunched_with_srun_and_reaches_final_weights(
+    slurm_cluster, tmp_path
+):
+    """Issue 20's SLURM story: in an allocation the console is its own supervisor. Rank 1 (on n2;
+    the "nodes" are loopback, so its pid is this machine's) is killed with SIGKILL after the first
+    checkpoint; the console relaunches the srun step in the same allocation from that checkpoint,
+    and the run reaches final weights with the time lost recorded."""
+    extra = ("--set", "schedule.checkpoint_every=5", "--set", "recovery.backoff_s=1")
+    argv = [
+        "salloc",
+        "--nodes=2",
+        "--job-name=in-allocation-recovery",
+        *cli_argv(*_args(tmp_path, 14, *extra)),
+    ]
+    t0 = time.time()
+    console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
+    run = _run_dir(console, tmp_path)
+    console.wait_for(lambda o: is_step(o, 7), 420, "step 7, after the checkpoint at step 5")
+    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    rc = console.wait(600)
+    state = run_state(run)
+    assert state["backend"] == "slurm" and list(state["hosts"]) == ["n1", "n2"]
+    _finished_with_weights(rc, console, run)
+    first, second = state["attempts"]
+    assert (first["cause"], first["decision"], first["outcome"]) == ("signal", "restart", "failed"), first
+    assert second["restarted_by"] == "recovery" and second["resume"] == "latest", second
+    assert second["from_step"] in (5, 10) and second["outcome"] == "done", second
+    assert second["redone_steps"] == first["reached_step"] - second["from_step"] >= 0, (first, second)
+    assert 0 < second["lost_s"] < 300, second
+    # each attempt is its own srun step, started by the console in the same allocation
+    drivers = [a["nodes"] for a in state["attempts"]]
+    assert (
+        all(len(d) == 1 and d[0]["index"] == -1 for d in drivers)
+        and drivers[0][0]["pid"] != drivers[1][0]["pid"]
+    )
+    print(
+        f"\nSLURM, kill -9 of rank 1 -> training again: {second['lost_s']} s, "
+        f"{second['redone_steps']} step(s) redone; whole test {time.time() - t0:.0f} s"
+    )
