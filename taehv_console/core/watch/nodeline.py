@@ -35,6 +35,7 @@ def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = N
         bits = d.get("clocks_event_reasons") or 0
         gu, mu, used, total = util.get("gpu"), util.get("memory"), mem.get("used"), mem.get("total")
         temp, pw, pl = d.get("temperature"), d.get("power_usage_mw"), d.get("power_limit_mw")
+        ecc = d.get("ecc_uncorrected_volatile")  # absent from older agents' lines
         out.append(
             GpuSample(
                 index=int(d.get("index", len(out))),
@@ -51,6 +52,7 @@ def gpu_samples(reading: Mapping[str, Any], owners: Mapping[int, int] | None = N
                 run_pids=tuple(run_pids),
                 throttle=tuple(name for bit, name in _THROTTLE_ITEMS if bits & bit) if bits else (),
                 error=str(d.get("error", "")),
+                ecc_uncorrected=ecc if type(ecc) is int else None,
             )
         )
     return tuple(out)

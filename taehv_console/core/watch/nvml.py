@@ -33,6 +33,7 @@ class NvmlSampler:
                   "memory": {"used", "total"} (bytes), "temperature" (C), "power_usage_mw",
                   "power_limit_mw", "clocks_event_reasons" (bitmask),
                   "processes": [{"pid", "used_memory" (bytes or null)}],
+                  "ecc_uncorrected_volatile" (count; absent where the board has no ECC or it is off),
                   "errors": {field: NVML message}, "error": message when the device failed}]}
     """
 
@@ -106,6 +107,15 @@ class NvmlSampler:
                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
             ],
         )
+        # Uncorrectable ECC errors since the driver loaded: above zero, the GPU's memory is bad
+        # (the console leaves the node out). A board without ECC, or with it off, answers
+        # NotSupported: that is the board, not a fault, so the field is left out and no error kept.
+        # 1, 0 = NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+        try:
+            dev["ecc_uncorrected_volatile"] = int(nv.nvmlDeviceGetTotalEccErrors(h, 1, 0))
+        except Exception as err:  # noqa: BLE001 - NotSupported without ECC; GpuIsLost off the bus
+            if not _not_supported(err):
+                errors["ecc_uncorrected_volatile"] = str(err) or type(err).__name__
         if errors:
             dev["errors"] = errors
             lost = [m for m in errors.values() if "lost" in m.lower() or "reset" in m.lower()]
@@ -121,6 +131,11 @@ class NvmlSampler:
                 pass
         self._nvml = None
         self._handles = []
+
+
+def _not_supported(err: Exception) -> bool:
+    # pynvml's NVMLError_NotSupported carries value 3 (NVML_ERROR_NOT_SUPPORTED); its text is NVML's
+    return getattr(err, "value", None) == 3 or str(err) == "Not Supported"
 
 
 def _util(u: Any) -> dict[str, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +18,10 @@ from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.forensics import ForensicsReport, RankRef, StallForensics
 from taehv_console.core.models import BackendKind
 from taehv_console.core.run.recovery import Stall
+from taehv_console.core.watch.hardware import first_gpu_counts, hardware_evidence
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig
 from taehv_console.core.watch.state import RankHealth, RankState, RunView
+from taehv_console.core.watch.streams import LineStream
 from trainer.events import atomic_write_text
 
 if TYPE_CHECKING:
@@ -114,7 +116,11 @@ class StallResponder:
 
 
 class RunWatch:
-    """The one pipeline for a followed run: Monitor + StallResponder. view() is the newest RunView."""
+    """The one pipeline for a followed run: Monitor + StallResponder. view() is the newest RunView.
+
+    It also keeps each node's GPU count from its first agent sample with GPUs, noted on every view
+    the monitor hands out, so `hardware()` can tell GPUs gone since then (a view holds only the
+    newest sample)."""
 
     def __init__(
         self,
@@ -127,14 +133,24 @@ class RunWatch:
         config: MonitorConfig | None = None,
         facts: dict | None = None,
         forensics: StallForensics | None = None,
+        agent_stream: Callable[[str], LineStream] | None = None,
     ):
         self.run_dir = Path(run_dir)
         watched = monitor_hosts(kind, hosts)
         self.monitor = Monitor(
-            self.run_dir, hosts=watched, pool=pool, agents=agents, config=config, facts=facts
+            self.run_dir,
+            hosts=watched,
+            pool=pool,
+            agents=agents,
+            config=config,
+            facts=facts,
+            agent_stream=agent_stream,
         )
         self.responder = StallResponder(self.run_dir, pool, watched or list(hosts)[:1], forensics)
         self.monitor.subscribe(self.responder)
+        self._first_gpus: Mapping[str, int] = {}
+        self._first_lock = threading.Lock()
+        self.monitor.subscribe(self._note_first_gpus)
 
     @classmethod
     def for_controller(cls, ctrl: RunController, **kw: Any) -> RunWatch:
@@ -160,6 +176,20 @@ class RunWatch:
             )
             for r in view.stalled
         ]
+
+    def hardware(self) -> dict[str, str]:
+        """node -> why its hardware is bad, from the newest view's agent samples (a GPU lost,
+        uncorrectable ECC errors, GPUs or NVML gone since its first sample), as the run
+        controller's recovery reads it; nodes without such evidence are absent."""
+        view = self.view()
+        return hardware_evidence(view, self._note_first_gpus(view))
+
+    def _note_first_gpus(self, view: RunView) -> Mapping[str, int]:
+        # every view the monitor hands out, and the one hardware() reads: a node's first count is
+        # kept even when no one asks until after its GPUs are gone
+        with self._first_lock:
+            self._first_gpus = first_gpu_counts(view, self._first_gpus)
+            return self._first_gpus
 
     def final_view(self) -> RunView:
         """A view built now, after the run ended (state.json and the last events read)."""

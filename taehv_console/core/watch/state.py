@@ -71,6 +71,9 @@ class GpuSample:
     # Clock slowdowns that cost speed (thermal, power brake, hardware slowdown); idle is not one.
     throttle: tuple[str, ...] = ()
     error: str = ""  # NVML failed for this device, e.g. "GPU is lost"
+    # Uncorrectable ECC errors since the driver loaded (NVML's volatile count); None: the board has
+    # no ECC or it is off, or an older agent that did not report it.
+    ecc_uncorrected: int | None = None
 
 
 @dataclass(frozen=True)
