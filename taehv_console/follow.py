@@ -362,6 +362,7 @@ def follow(ctrl: RunController, view: View, grace_s: float | None = None) -> Exi
             lambda snap: view.update(snap, watch.view()),
             should_stop=lambda: sigs.count > 0,
             stalls=watch.stalls,
+            hardware=watch.hardware,
         )
         view.update(ctrl.snapshot(), watch.final_view())
     finally:
@@ -423,4 +424,5 @@ def outcome_dict(
         "stop": asdict(outcome.stop) if outcome.stop else None,
         "final_weights": outcome.final_weights,
         "recoveries": [asdict(r) for r in recoveries(ctrl.state.attempts)],
+        "exclusions": [asdict(e) for e in ctrl.state.exclusions],
     }

@@ -56,6 +56,8 @@ SHARED: dict[str, Option] = {
         Option("--no-tui", "no_tui", "run the whole flow headless (containers, CI): detect, preflight, "
                "launch or attach, progress until the run ends", False, action="store_true"),
         Option("--hosts", "hosts", "DeepSpeed hostfile ('host slots=N' per line)", metavar="FILE"),
+        Option("--spares", "spares", "hostfile of spare hosts: one takes the place of a node the "
+               "console leaves out after failures (with --hosts)", metavar="FILE"),
         Option("--preset", "preset", "preset name, .toml path, or a run's run.toml (a platform pod's "
                "run); default auto", "auto", metavar="NAME|PATH|auto"),
         Option("--data", "data", "data source (sets data.source); without it and without GPUs the "
@@ -90,7 +92,7 @@ SHARED: dict[str, Option] = {
     )
 }  # fmt: skip
 GROUPS = {
-    LAUNCH: ("hosts", "preset", "data", "runs", "run", "overrides", "launch_env", "master_port",
+    LAUNCH: ("hosts", "spares", "preset", "data", "runs", "run", "overrides", "launch_env", "master_port",
              "backend", "grace", "json"),
     SSH: ("ssh_config", "known_hosts", "python", "connect_timeout", "parallel"),
 }  # fmt: skip
@@ -183,6 +185,7 @@ def flow_options(args: argparse.Namespace) -> FlowOptions:
     backend = getattr(args, "backend", "auto") or "auto"
     return FlowOptions(
         hosts=getattr(args, "hosts", None) or None,
+        spares=getattr(args, "spares", None) or None,
         preset=getattr(args, "preset", None) or "auto",
         data=getattr(args, "data", None) or None,
         runs=getattr(args, "runs", None) or "runs",

@@ -125,6 +125,8 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
         attempts=len(state.attempts),
         recoveries=[asdict(r) for r in recoveries(state.attempts)],
         strikes={str(k): v for k, v in strike_counts(state.attempts).items()},
+        exclusions=[asdict(e) for e in state.exclusions],
+        spares=list(state.spares),
     )
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)

@@ -130,13 +130,18 @@ class RunSession:
         with self._following:
             self._stop.clear()
             try:
-                outcome = self.ctrl.follow(update, should_stop=self._stop.is_set, stalls=self._stalls)
+                outcome = self.ctrl.follow(
+                    update, should_stop=self._stop.is_set, stalls=self._stalls, hardware=self._hardware
+                )
             except _Detached:
                 return None
             return outcome
 
     def _stalls(self) -> list[Stall]:
         return self.watch.stalls() if self.watch is not None else []
+
+    def _hardware(self) -> dict[str, str]:
+        return self.watch.hardware() if self.watch is not None else {}
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from taehv_console.core.cluster.gather import node_path, probe_hosts
+from taehv_console.core.cluster.hosts import HostfileError, read_hostfile
 from taehv_console.core.cluster.platform import detect_topology
 from taehv_console.core.cluster.probe import probe_node
 from taehv_console.core.cluster.ssh import SshPool
@@ -32,10 +33,30 @@ def hostfile_topology(options: FlowOptions) -> Topology:
     return detect_topology(os.environ, options.hosts)
 
 
+def spare_hosts(options: FlowOptions) -> tuple[str, ...]:
+    """The hosts of --spares, in order (their slots are the run's): a HostfileError when the file
+    is bad, when there is no hostfile run to spare, or when a spare is one of the run's hosts."""
+    if not options.spares:
+        return ()
+    if not options.hosts:
+        raise HostfileError(
+            f"--spares {options.spares}: spare hosts replace nodes of a hostfile run; give --hosts too"
+        )
+    spares = tuple(n.host for n in read_hostfile(options.spares))
+    both = sorted(set(spares) & set(hostfile_topology(options).hosts))
+    if both:
+        raise HostfileError(
+            f"--spares {options.spares}: {', '.join(both)} is also in --hosts {options.hosts}; a spare "
+            "is a host the run does not use"
+        )
+    return spares
+
+
 def detect(options: FlowOptions, pool: SshPool | None = None) -> Detection:
     """Topology and every node's probe. With a hostfile the nodes are probed over SSH (through
     `pool`, or a pool of the options' settings); else this machine is probed in-process: no
-    subprocess, and its clock is ours by definition."""
+    subprocess, and its clock is ours by definition. Spare hosts are read (and checked) first."""
+    spare_hosts(options)
     paths = probe_paths(options)
     if options.hosts:
         topology = hostfile_topology(options)

@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_console.core.cluster.ssh import SshPool, resolve_target
+from taehv_console.core.cluster.ssh import SshPool, master_address
 from taehv_console.core.flow.config import ChosenConfig
+from taehv_console.core.flow.detect import spare_hosts
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, PreflightResult, preflight
 from taehv_console.core.models import BackendKind, Finding, ProbeResult, Topology
@@ -43,10 +44,7 @@ def launch_spec(
     """Hosts (machine-rank order) and the master address for this topology and backend."""
     if backend is BackendKind.SSH:
         hosts = tuple(topology.hosts)
-        first = hosts[0]
-        master = (
-            first if first in ("localhost", "127.0.0.1") else resolve_target(first, pool.settings).hostname
-        )
+        master = master_address(hosts[0], pool.settings)
     elif backend is BackendKind.LOCAL:
         hosts, master = ("localhost",), "127.0.0.1"
     else:  # slurm, sbatch (platform launches through prepare_platform_node)
@@ -57,6 +55,7 @@ def launch_spec(
         master_addr=master,
         master_port=master_port or 29500,
         env=dict(options.env),
+        spares=spare_hosts(options) if backend is BackendKind.SSH else (),
     )
 
 

@@ -32,6 +32,7 @@ class FlowOptions:
     existing run directory or id; `env` is added to every node's launcher environment."""
 
     hosts: str | None = None
+    spares: str | None = None  # a hostfile of spare hosts that may take a left-out node's place
     preset: str = "auto"
     data: str | None = None
     runs: str = "runs"

@@ -92,7 +92,7 @@ class Supervisor:
                 raise _HandedOver
 
         try:
-            outcome = ctrl.follow(update, stalls=watch.stalls)
+            outcome = ctrl.follow(update, stalls=watch.stalls, hardware=watch.hardware)
         except _HandedOver:
             self.say("a console asked for the run: handing it over, back to standby")
             return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taehv_console.core.cluster.hosts import is_local_host
-from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out
+from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out, is_unreachable
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.flight_recorder import prepare_dirs
 from taehv_console.core.plan.render import NODE_MODULE, SBATCH, flight_recorder_launch_env
@@ -76,6 +76,7 @@ class Started:
     launchers: tuple[NodeLauncher, ...]
     errors: Mapping[int, str]  # node -> why it could not be started
     slurm_job: str | None = None
+    unreachable: frozenset[int] = frozenset()  # of `errors`, the nodes that could not be reached
 
 
 class LaunchBackend(ABC):
@@ -165,13 +166,17 @@ class RunnerBackend(LaunchBackend):
         by_index = {c.index: c for c in commands}
         fr_env = flight_recorder_env_for(run)  # the command's own env wins
         results = fan_out([str(c.index) for c in commands], one, self.pool.settings.max_parallel)
-        launchers, errors = [], {}
+        launchers, errors, unreachable = [], {}, set()
         for key, res in results.items():
             if isinstance(res, Exception):
                 errors[int(key)] = _why(res)
+                if is_unreachable(res):
+                    unreachable.add(int(key))
             else:
                 launchers.append(res)
-        return Started(tuple(sorted(launchers, key=lambda n: n.index)), errors)
+        return Started(
+            tuple(sorted(launchers, key=lambda n: n.index)), errors, unreachable=frozenset(unreachable)
+        )
 
     def _each(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None, fn) -> dict[int, Any]:
         chosen = [n for n in attempt.nodes if nodes is None or n.index in nodes]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.cluster.ssh import SshPool, is_unreachable
 from taehv_console.core.run import supervision
 from taehv_console.core.run.backends import BackendKind, LaunchBackend, make_backend
 from taehv_console.core.run.failure import (
@@ -79,6 +79,10 @@ PEER_START_MARGIN_S = 120.0
 # A launcher whose tree is gone gets this long to have its exit status appear before it counts
 # as vanished (the wrapper writes it the moment the launcher exits, on shared storage).
 STATUS_LAG_S = 5.0
+# A node the console cannot reach while the run makes no step for this long is lost: its ranks are
+# gone or cut off, and the others wait on them until the collective timeout (hours on the presets).
+# While steps go on, an unreachable node is only the console's SSH trouble: the run trains on.
+NODE_LOST_AFTER_S = 60.0
 
 
 class RunController(LaunchMixin, RecoveryMixin, StopMixin):
@@ -107,6 +111,7 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         self._last_liveness = 0.0
         self._gone_since: dict[int, float] = {}
         self._vanished: dict[int, str] = {}
+        self._unreachable: dict[int, tuple[float, str]] = {}  # node -> (since, why), this attempt
         self._trouble_since: float | None = None
         self._killed: tuple[str, ...] = ()
         self._unsaved = False  # a state write failed (disk full): flush_state() retries it
@@ -114,6 +119,7 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         # set from another thread (a second Ctrl-C): the stop in progress skips the rest of its grace
         self.hurry = False
         self.notifier = Notifier(cfg.notify, run.run_id, note=self._note)
+        self._hardware: Callable[[], Mapping[str, str]] | None = None  # host -> evidence (watch)
         self._pending_recovery: Attempt | None = None  # the failed attempt a relaunch recovers
         self._fault_time: float | None = None
 
@@ -267,6 +273,7 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         self._events = None
         self._gone_since.clear()
         self._vanished.clear()
+        self._unreachable.clear()
         self._trouble_since = None
 
     def _host(self, node: int) -> str | None:
@@ -294,11 +301,14 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         should_stop: Callable[[], bool] | None = None,
         interval: float = 0.5,
         stalls: Callable[[], Sequence[Stall]] | None = None,
+        hardware: Callable[[], Mapping[str, str]] | None = None,
     ) -> Outcome:
         """Watch the run until it ends; stop it when should_stop() turns true or another console
         asks (stop.request). A failed attempt is judged by the run's recovery policy and, where it
         says so, relaunched from the newest verified checkpoint; `stalls` (the watch's stalled
-        ranks) lets a stall that outlasts the policy's bound end the attempt. Returns how it ended."""
+        ranks) lets a stall that outlasts the policy's bound end the attempt; `hardware` (the watch's
+        host -> evidence that its GPUs are bad) names the node to leave out. Returns how it ended."""
+        self._hardware = hardware
         on_update = on_update or (lambda _s: None)
         should_stop = should_stop or (lambda: False)
         self._ensure_supervisor()
@@ -411,11 +421,14 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         if now - self._last_liveness >= LIVENESS_EVERY_S or (failing and self._trouble_since is None):
             self._update_vanished(now, exited, watched)
 
-        if failing or rank_failed or self._vanished:
+        lost = self._lost_nodes(now)
+        if failing or rank_failed or self._vanished or lost:
             if self._trouble_since is None:
                 self._trouble_since = now
             if now - self._trouble_since < FAILURE_SETTLE_S and not set(watched) <= exited:
                 return False  # let the cause be reported too, not only its symptoms
+            if now - self._last_liveness > 1.0:
+                self._update_vanished(now, exited, watched)  # which nodes answer, as of now
             self._fail(self._diagnose(statuses, progress, sorted(self._vanished.items()), failing, now))
             return True
 
@@ -441,10 +454,17 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
 
     def _update_vanished(self, now: float, exited: set[int], watched: Sequence[int]) -> None:
         """Ask the nodes for their trees; a node whose tree is gone and whose exit status has not
-        appeared within STATUS_LAG_S vanished (its wrapper was killed, or the node was lost)."""
+        appeared within STATUS_LAG_S vanished (its wrapper was killed, or the node was lost). A
+        node that does not answer is noted as unreachable, from when it first did not."""
         self._last_liveness = now
         for node, pids in self.processes().items():
-            if isinstance(pids, Exception) or pids:
+            if isinstance(pids, Exception):
+                if node >= 0 and is_unreachable(pids):
+                    since = self._unreachable.get(node, (now, ""))[0]
+                    self._unreachable[node] = (since, _short(pids))
+                continue
+            self._unreachable.pop(node, None)
+            if pids:
                 self._gone_since.pop(node, None)
                 self._vanished.pop(node, None)
                 continue
@@ -455,6 +475,14 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
                 self._vanished[node] = self._host(node) or "?"
             elif node < 0 and self.kind is BackendKind.SLURM and not set(watched) <= exited:
                 self._vanished[node] = "srun"
+
+    def _lost_nodes(self, now: float) -> list[int]:
+        """Nodes unreachable for NODE_LOST_AFTER_S while the run made no step for as long."""
+        a = self.attempt
+        last = max(self._tail().progress.last_step_time or 0.0, a.started if a else 0.0)
+        if now - last < NODE_LOST_AFTER_S:
+            return []
+        return sorted(n for n, (since, _) in self._unreachable.items() if now - since >= NODE_LOST_AFTER_S)
 
     def _watched_nodes(self) -> tuple[int, ...]:
         # nodes whose exit status this console expects: its own; on the platform's node 0, all
@@ -492,7 +520,10 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
         for r, e in progress.stops.items():
             if e.get("reason") == "error" and r not in errors:
                 errors[r] = {"message": "stopped with an error", "time": e.get("time", now)}
-        failure = choose_failure(evidence, errors, self.cfg.topology.gpus_per_node, now, vanished)
+        unreachable = [(n, self._unreachable[n][1]) for n in sorted(self._unreachable)]
+        failure = choose_failure(
+            evidence, errors, self.cfg.topology.gpus_per_node, now, vanished, unreachable
+        )
         if failure is None and -1 in failing:
             failure = Failure(
                 reason=f"the SLURM job ended with exit code {failing[-1]}",
@@ -588,3 +619,9 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
             ]
             self._fail(self._diagnose(statuses, progress, vanished, failing, time.time()))
         return "ended"
+
+
+def _short(err: Exception) -> str:
+    """An error's first line, for a note about a node that did not answer."""
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

@@ -26,6 +26,7 @@ class LaunchSpec:
     master_port: int
     env: Mapping[str, str] = field(default_factory=dict)
     controlled: tuple[int, ...] | None = None
+    spares: tuple[str, ...] = ()  # hosts that may take a left-out node's place (ssh)
 
 
 def create_run(runs_dir: str | Path, cfg: TrainConfig, spec: LaunchSpec, run: RunDir | None = None) -> RunDir:
@@ -56,6 +57,7 @@ def create_run(runs_dir: str | Path, cfg: TrainConfig, spec: LaunchSpec, run: Ru
         created=time.time(),
         env=tuple(sorted(spec.env.items())),
         controlled=controlled,
+        spares=tuple(spec.spares),
     )
     run.write_state(state)
     return run

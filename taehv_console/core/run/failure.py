@@ -4,8 +4,8 @@
 When one rank dies, every other rank fails soon after with a symptom (a closed connection, a
 timeout); those arrive seconds apart and often before the real cause is reported. So the cause is
 chosen by kind, not by arrival: a rank killed by a signal, then a rank's own error (not a peer
-symptom), then a launcher's root-cause block, then a launcher that vanished, then the earliest
-symptom, and last a bare non-zero exit.
+symptom), then a node the console cannot reach, then a launcher's root-cause block, then a launcher
+that vanished, then the earliest symptom, and last a bare non-zero exit.
 """
 
 from __future__ import annotations
@@ -107,11 +107,14 @@ def choose_failure(
     gpus_per_node: int,
     now: float,
     vanished: Sequence[tuple[int, str]] = (),
+    unreachable: Sequence[tuple[int, str]] = (),
 ) -> Failure | None:
     """The first failure, by kind (see the module doc); None when nothing failed.
 
     `rank_errors`: rank -> its first `error` event this attempt. `vanished`: (node, host) whose
-    launcher is gone without an exit status (killed with the wrapper, or the node lost)."""
+    launcher is gone without an exit status (killed with the wrapper, or the node lost).
+    `unreachable`: (node, why) that the console cannot reach now: when no rank was signalled and
+    none failed on its own, the node's loss is what the others' errors and exits show."""
     failing = [n for n in nodes if n.exit_code not in (None, 0)]
     by_node = {n.node: n for n in nodes}
 
@@ -153,8 +156,25 @@ def choose_failure(
             exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
             kind="exception",
         )
-    # 3. the earliest launcher to exit non-zero whose root-cause block names a rank
-    with_block = [(n, n.root_cause) for n in failing if n.root_cause is not None]
+    # 3. a node that cannot be reached: the other nodes' ranks exit on their lost peers
+    if unreachable:
+        node, why = unreachable[0]
+        ev = by_node.get(node)
+        return Failure(
+            reason=f"node {node} cannot be reached ({why}); the other nodes' errors are what its "
+            "loss did to them",
+            node=node,
+            host=ev.host if ev else None,
+            log_lines=ev.log_tail if ev else (),
+            detected=now,
+            kind="node-lost",
+        )
+    # 4. the earliest launcher to exit non-zero whose root-cause block names a rank (one whose
+    #    own words were a lost peer's symptom exited because of that: a symptom, told below)
+    symptoms = {r for r, e in rank_errors.items() if is_peer_symptom(str(e.get("message", "")))}
+    with_block = [
+        (n, n.root_cause) for n in failing if n.root_cause is not None and n.root_cause.rank not in symptoms
+    ]
     if with_block:
         n, rc = min(with_block, key=lambda e: e[0].ended or now)
         return Failure(
@@ -169,7 +189,7 @@ def choose_failure(
             detected=now,
             kind="exit",
         )
-    # 4. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
+    # 5. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
     #    are what its disappearance did to them
     if vanished:
         node, host = vanished[0]
@@ -183,7 +203,7 @@ def choose_failure(
             detected=now,
             kind="node-lost",
         )
-    # 5. only symptoms: name the earliest, with its own words (better than a bare exit code)
+    # 6. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
         ev = by_node.get(node_of(rank))
@@ -198,7 +218,7 @@ def choose_failure(
             exit_code=ev.exit_code if ev else None,
             kind="symptom",
         )
-    # 6. a launcher exited non-zero and said nothing more
+    # 7. a launcher exited non-zero and said nothing more
     if failing:
         n = min(failing, key=lambda e: e.ended or now)
         return Failure(

@@ -95,13 +95,14 @@ class LaunchMixin(ControllerParts):
         attempt = replace(attempt, nodes=started.launchers, slurm_job=started.slurm_job)
         self._save(self.state.with_attempt(attempt))
         if started.errors:
-            node, why = min(started.errors.items())
+            # a node that cannot be reached is blamed first: the recovery policy leaves it out
+            node, why = min(started.errors.items(), key=lambda kv: (kv[0] not in started.unreachable, kv[0]))
             failure = Failure(
                 reason=f"could not start the launcher: {why}",
                 node=node if node >= 0 else None,
                 host=self._host(node),
                 detected=time.time(),
-                kind="launch",
+                kind="node-lost" if node in started.unreachable else "launch",
             )
             if started.launchers:
                 self.backend.kill(self.run, attempt)

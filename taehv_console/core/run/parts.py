@@ -4,7 +4,7 @@ defines each of them; at run time this class is empty."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class ControllerParts:
         _killed: tuple[str, ...]
         _pending_recovery: Attempt | None
         _fault_time: float | None
+        _hardware: Callable[[], Mapping[str, str]] | None
 
         @property
         def attempt(self) -> Attempt | None: ...

@@ -13,11 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from taehv_console.core.cluster.ssh import is_unreachable
 from taehv_console.core.run import supervision
+from taehv_console.core.run.excluding import ExcludeError, ExcludeMixin
 from taehv_console.core.run.outcome import ControlError, RunSnapshot, whoami
 from taehv_console.core.run.parts import ControllerParts
 from taehv_console.core.run.recovery import (
     Action,
+    Cause,
     CauseKind,
     PastAttempt,
     Stall,
@@ -29,7 +32,7 @@ from taehv_console.core.run.state import Attempt, Failure, Phase, StopRecord
 from trainer import checkpoint as ckpt
 
 
-class RecoveryMixin(ControllerParts):
+class RecoveryMixin(ExcludeMixin, ControllerParts):
     def _check_stalls(self, stalls: Callable[[], Sequence[Stall]] | None, now: float) -> bool:
         """End the attempt when a rank has been stalled past the policy's bound (and its forensics
         are in, or a minute more has passed): the collective timeout would end it hours later."""
@@ -109,15 +112,24 @@ class RecoveryMixin(ControllerParts):
             PastAttempt(CauseKind.parse(p.cause), p.blamed_node, nxt.from_step > p.from_step)
             for p, nxt in itertools.pairwise(chain)
         ]
-        cause = classify(failure)
-        self._fault_time = self._tail().progress.last_step_time or failure.detected
+        cause = self._with_hardware_evidence(classify(failure))
+        trained = self._tail().progress.last_step_time
+        if trained is not None or self._pending_recovery is None:
+            # a relaunch that never trained (it could not start on a lost node) keeps the fault
+            # of the attempt it was to recover: that is where the time lost counts from
+            self._fault_time = trained or failure.detected
+        # a lost node that still does not answer (asked again now) is left out at once
+        lost = cause.node if cause.kind is CauseKind.NODE_LOST else None
+        unreachable = {lost} if lost is not None and self._cannot_reach(lost) else set()
         decision = decide(
             self.cfg.recovery,
             cause,
             added_checkpoint=(newest.step if newest else 0) > a.from_step,
             history=history,
             nodes=self.cfg.topology.nodes,
-            can_exclude=False,
+            can_exclude=self.can_exclude(),
+            spares=len(self.free_spares()),
+            unreachable=unreachable,
         )
         a = replace(
             a,
@@ -130,9 +142,15 @@ class RecoveryMixin(ControllerParts):
             detected=failure.detected,
         )
         self._save(self.state.with_attempt(a))
-        if decision.action is not Action.RESTART:  # EXCLUDE needs can_exclude, which no backend has yet
+        if decision.action not in (Action.RESTART, Action.EXCLUDE):
             word = "gave up" if decision.action is Action.GIVE_UP else "not restarted"
             self._note(f"{word}: {decision.reason}")
+            return False
+        if (
+            decision.action is Action.EXCLUDE
+            and decision.node is not None
+            and not self._exclude(decision.node, decision.reason)
+        ):
             return False
         self._note(
             f"restarting (restart {decision.restart} of {decision.of}) in {decision.delay_s:g} s: {decision.reason}"
@@ -150,6 +168,70 @@ class RecoveryMixin(ControllerParts):
         self._save(replace(self.state, phase=Phase.RECOVERING))
         on_update(self.snapshot())
         return self._relaunch(on_update, should_stop, decision.delay_s)
+
+    def _with_hardware_evidence(self, cause: Cause) -> Cause:
+        """The cause, with the watch's evidence that a node's GPUs are bad (lost, uncorrectable
+        ECC errors, fewer than at launch): that node is the one to blame, as a device fault, when
+        the failure blamed it or blamed no node and only it has such evidence."""
+        if self._hardware is None or cause.kind in (CauseKind.DISK_FULL, CauseKind.LAUNCH):
+            return cause
+        try:
+            by_host = dict(self._hardware())
+        except Exception as err:  # noqa: BLE001 - the watch's trouble never stops a recovery
+            self._note(f"hardware evidence could not be read: {err}")
+            return cause
+        evidence = {i: by_host[h] for i, h in enumerate(self.state.hosts) if h in by_host}
+        node = cause.node if cause.node in evidence else None
+        if node is None and cause.node is None and len(evidence) == 1:
+            node = next(iter(evidence))
+        if node is None:
+            return cause
+        return Cause(
+            kind=CauseKind.DEVICE,
+            why=f"{cause.why}; hardware evidence on node {node}: {evidence[node]}",
+            node=node,
+        )
+
+    def _exclude(self, node: int, why: str) -> bool:
+        """Leave `node` out before the relaunch (core/run/excluding.py); False, with the run
+        FAILED and the reason said, when it cannot be done."""
+        host = self._host(node) or "?"
+        try:
+            record = self._leave_out(node, why)
+        except ExcludeError as err:
+            self._note(f"not restarted: {err}")
+            a = self._launched()
+            self._save(self.state.with_attempt(replace(a, decision=Action.END.value, why=f"{a.why}; {err}")))
+            return False
+        how = (
+            f"spare {record.replaced_by} takes its place"
+            if record.replaced_by
+            else f"the run goes on with {record.nodes_after} node(s)"
+            + (f" from {record.checkpoint} (universal)" if record.checkpoint else "")
+        )
+        text = f"node {node} ({host}) left out: {how}"
+        self._note(text + "".join(f"\n  {c}" for c in record.changes))
+        self.notifier.send(
+            "node-excluded",
+            self._event_text(f"{text}. {why}"),
+            node=node,
+            host=host,
+            replaced_by=record.replaced_by,
+            nodes=record.nodes_after,
+        )
+        return True
+
+    def _cannot_reach(self, node: int) -> bool:
+        """Whether `node` does not answer now: asked again after the failure, since a node that
+        answers was only cut off for a while and is struck, not left out at once."""
+        host = self._host(node)
+        if host is None:
+            return False
+        try:
+            self.pool.runner(host).run(["true"], timeout=self.pool.settings.connect_timeout_s + 5)
+        except Exception as err:  # noqa: BLE001 - any failure to run `true` there means not reachable
+            return is_unreachable(err)
+        return False
 
     def _relaunch(
         self, on_update: Callable[[RunSnapshot], None], should_stop: Callable[[], bool], delay_s: float
@@ -177,14 +259,22 @@ class RecoveryMixin(ControllerParts):
                 return False
             time.sleep(0.25)
         newest = ckpt.scan(self.run.checkpoints).newest
-        self._pending_recovery = failed
+        pending = self._pending_recovery
+        if pending is None or not failed or (failed.reached_step or 0) > failed.from_step:
+            pending = failed  # else: a relaunch that never trained; the fault is its predecessor's
+        self._pending_recovery = pending
         try:
             self.launch(resume="latest" if newest else None, restarted=newest.step if newest else 0)
         except ControlError as err:
-            self._pending_recovery = None
             self._note(f"the restart could not be launched: {err}")
             if self.state.phase is Phase.RECOVERING:
+                self._pending_recovery = None
                 self._save(replace(self.state, phase=Phase.FAILED))
+                return False
+            failure = self.state.failure
+            if failure is not None and failure.kind == "node-lost":
+                return self._recover(on_update, should_stop)  # judge it: the node may be left out
+            self._pending_recovery = None
             return False
         where = f"checkpoint step {newest.step}" if newest else "the start (no checkpoint verifies)"
         self._note(f"attempt {self.attempt.number if self.attempt else '?'} launched from {where}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from taehv_console.core.run.state import Attempt, Failure
@@ -189,13 +189,17 @@ def decide(
     *,
     nodes: int = 1,
     can_exclude: bool = False,
+    spares: int = 0,
+    unreachable: Collection[int] = (),
 ) -> Decision:
     """What to do about the attempt that just failed with `cause`.
 
     `added_checkpoint`: whether it published a checkpoint newer than the one it started from.
     `history`: the run's earlier failed attempts this run (oldest first), whose restarts count
     against max_restarts. `nodes`: the run's current node count. `can_exclude`: whether the backend
-    can relaunch without a node (spares or fewer nodes)."""
+    can relaunch without a node; `spares`: the spare hosts it could put in one's place.
+    `unreachable`: nodes that cannot be reached now: a relaunch onto one could not start, so a
+    blamed node among them is left out at once, as on hardware evidence."""
     if cause.kind in (CauseKind.UNKNOWN, CauseKind.LAUNCH):
         # nothing says whether it would repeat: the console does not burn its budget on it, and
         # does not tell a platform not to try again either
@@ -226,12 +230,21 @@ def decide(
     node = cause.node
     if node is not None:
         struck = count.get(node, 0)
-        bad = cause.kind in _HARDWARE or struck >= policy.exclude_after
-        if bad and can_exclude and nodes - 1 >= policy.min_nodes:
-            why = "hardware evidence" if cause.kind in _HARDWARE else f"{struck} strikes"
+        gone = node in unreachable
+        bad = gone or cause.kind in _HARDWARE or struck >= policy.exclude_after
+        fewer = nodes - 1 >= policy.min_nodes
+        if bad and can_exclude and (spares > 0 or fewer):
+            why = (
+                "it cannot be reached"
+                if gone
+                else "hardware evidence"
+                if cause.kind in _HARDWARE
+                else f"{struck} strikes, exclude_after = {policy.exclude_after}"
+            )
+            then = "a spare takes its place" if spares > 0 else f"the run goes on with {nodes - 1} node(s)"
             return Decision(
                 Action.EXCLUDE,
-                f"{cause.why}; node {node} is left out ({why}, exclude_after = {policy.exclude_after})",
+                f"{cause.why}; node {node} is left out ({why}): {then}",
                 delay_s=delay,
                 restart=restart,
                 of=policy.max_restarts,
@@ -241,7 +254,7 @@ def decide(
             limit = (
                 "the backend cannot relaunch without a node"
                 if not can_exclude
-                else f"min_nodes = {policy.min_nodes} keeps all {nodes}"
+                else f"no spare, and min_nodes = {policy.min_nodes} keeps all {nodes}"
             )
             return Decision(
                 Action.RESTART,
@@ -353,8 +366,9 @@ def policy_lines(policy: RecoverySection, notify: NotifySection, step_time_s: fl
     return [
         restarts,
         f"a stalled rank is restarted after {bound:.0f} s{how}",
+        f"notify: {', '.join(targets) or 'none'}",
         (
-            f"notify: {', '.join(targets) or 'none'}; strikes per node are recorded "
-            f"(exclude_after {policy.exclude_after}: leaving a node out is not built yet)"
+            f"a bad node is left out ({policy.exclude_after} strikes; at once if its GPUs fail or it is "
+            f"unreachable): a spare replaces it, else {policy.min_nodes}+ nodes go on"
         ),
     ]

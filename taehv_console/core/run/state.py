@@ -115,6 +115,22 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Exclusion:
+    """A node the console left out of the run, with its evidence and what took its place."""
+
+    node: int  # its machine rank when it was left out
+    host: str
+    why: str  # the decision's reason: the failure and the strikes or evidence against the node
+    time: float
+    attempt: int  # the failed attempt that left it out
+    replaced_by: str | None = None  # the spare host now at that machine rank (None: no spare)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    changes: tuple[str, ...] = ()  # config changes for the new topology, each with its reason
+    checkpoint: str | None = None  # the checkpoint converted for the new world size
+
+
+@dataclass(frozen=True)
 class RunState:
     run_id: str
     phase: Phase
@@ -131,6 +147,9 @@ class RunState:
     env: tuple[tuple[str, str], ...] = ()
     # nodes this console starts and signals (platform: only its own node)
     controlled: tuple[int, ...] = ()
+    # hosts that may take a left-out node's place (--spares), and the nodes left out so far
+    spares: tuple[str, ...] = ()
+    exclusions: tuple[Exclusion, ...] = ()
     version: int = STATE_VERSION
 
     def __post_init__(self) -> None:
@@ -164,6 +183,11 @@ class RunState:
         kw["phase"] = Phase(kw.get("phase", "created"))
         kw["hosts"] = tuple(kw.get("hosts", ()))
         kw["controlled"] = tuple(kw.get("controlled", ()))
+        kw["spares"] = tuple(kw.get("spares", ()))
+        kw["exclusions"] = tuple(
+            Exclusion(**{**_known(Exclusion, e), "changes": tuple(e.get("changes", ()))})
+            for e in kw.get("exclusions", ())
+        )
         kw["env"] = tuple(sorted((str(k), str(v)) for k, v in (kw.get("env") or {}).items()))
         kw["attempts"] = tuple(
             Attempt(

@@ -147,8 +147,9 @@ class NoticePane(Static):
 
 def recovery_content(state: RunView) -> Content:
     """One line per failure the console judged, newest first: when, cause, node, what it did, and
-    what the restart cost."""
+    what the restart cost; under a node left out, which host and what took its place."""
     attempts = state.console.attempts if state.console is not None else ()
+    excluded = {e.attempt: e for e in state.console.exclusions} if state.console is not None else {}
     lines = []
     for r in reversed(recoveries(attempts)):
         ago = f.duration(state.time - r.time) if r.time else "-"
@@ -160,6 +161,12 @@ def recovery_content(state: RunView) -> Content:
                 f"{node}: {r.action}",
             )
         )
+        e = excluded.get(r.attempt)
+        if e is not None:
+            instead = (
+                f"spare {e.replaced_by} in its place" if e.replaced_by else f"{e.nodes_after} node(s) go on"
+            )
+            lines.append(Content.styled(f"       {e.host} left out: {instead}", "dim"))
         if r.lost_s is not None:
             lost = f"{f.duration(r.lost_s)} lost, {r.redone_steps} step(s) redone"
             lines.append(Content.styled(f"       {lost}", "dim"))

@@ -53,3 +53,22 @@ def test_preflight_picks_a_free_port_and_returns_it_leaving_the_options_alone(po
             options.master_port = 1  # type: ignore[misc]
         # an explicit --master-port is used as given (preflight then reports it busy)
         assert master_port(dataclasses.replace(options, master_port=taken), topology, pool) == taken
+
+
+def test_spare_hosts_are_read_from_their_hostfile_and_refused_where_they_cannot_serve(tmp_path):
+    from taehv_console.core.cluster.hosts import HostfileError
+    from taehv_console.core.flow.detect import spare_hosts
+
+    hosts, spares = tmp_path / "hostfile", tmp_path / "spares"
+    hosts.write_text("n1 slots=2\nn2 slots=2\n")
+    spares.write_text("s1 slots=2\n# a comment\ns2\n")
+    assert spare_hosts(FlowOptions(hosts=str(hosts), spares=str(spares))) == ("s1", "s2")
+    assert spare_hosts(FlowOptions(hosts=str(hosts))) == ()
+    with pytest.raises(HostfileError, match="give --hosts too"):
+        spare_hosts(FlowOptions(spares=str(spares)))
+    spares.write_text("s1\nn2\n")
+    with pytest.raises(HostfileError, match="n2 is also in --hosts"):
+        spare_hosts(FlowOptions(hosts=str(hosts), spares=str(spares)))
+    spares.write_text("-oProxyCommand=evil\n")
+    with pytest.raises((HostfileError, ValueError), match="ProxyCommand|host"):
+        spare_hosts(FlowOptions(hosts=str(hosts), spares=str(spares)))

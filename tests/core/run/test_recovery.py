@@ -158,3 +158,62 @@ def test_a_launcher_that_exited_without_a_word_is_not_restarted_but_not_final_ei
     assert cause.kind is CauseKind.UNKNOWN and not cause.retryable
     d = decide(POLICY, cause, added_checkpoint=True)
     assert d.action is Action.END and not d.final
+
+
+def test_a_node_that_cannot_be_reached_is_left_out_at_once_where_spares_or_min_nodes_allow():
+    lost = classify(choose_failure([], {}, 1, 3.0, unreachable=[(1, "connection refused")]))
+    assert (lost.kind, lost.node) == (CauseKind.NODE_LOST, 1)
+    # the first strike, but the node does not answer: left out now, not after exclude_after strikes
+    d = decide(POLICY, lost, True, (), nodes=2, can_exclude=True, unreachable={1})
+    assert d.action is Action.EXCLUDE and d.node == 1 and "cannot be reached" in d.reason
+    assert "goes on with 1 node(s)" in d.reason
+    # a node that answers again is only struck
+    assert decide(POLICY, lost, True, (), nodes=2, can_exclude=True).action is Action.RESTART
+    # min_nodes keeps every node, unless a spare can take its place
+    keep = RecoverySection(max_restarts=3, min_nodes=2)
+    d = decide(keep, lost, True, (), nodes=2, can_exclude=True, unreachable={1})
+    assert d.action is Action.RESTART and "no spare, and min_nodes = 2" in d.reason
+    d = decide(keep, lost, True, (), nodes=2, can_exclude=True, spares=1, unreachable={1})
+    assert d.action is Action.EXCLUDE and "a spare takes its place" in d.reason
+
+
+# a root-cause block as torchrun writes it for a rank that exited 1 (not signalled)
+EXITED = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_05:34:40
+  host      : n0
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+"""
+PEER_LOST = {"message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer", "time": 99.0}
+
+
+def exited_node0() -> NodeEvidence:
+    rc = parse_root_cause(EXITED)
+    assert rc is not None and rc.rank == 0 and rc.exit_code == 1
+    return NodeEvidence(0, "n0", 1, 100.0, rc, tail_lines(EXITED))
+
+
+def test_an_unreachable_node_explains_the_exits_of_the_others():
+    # node 0's rank exited after a lost peer's symptom; node 1 does not answer
+    f = choose_failure([exited_node0()], {0: PEER_LOST}, 1, 101.0, unreachable=[(1, "connection refused")])
+    assert f is not None and (f.kind, f.node) == ("node-lost", 1) and "cannot be reached" in f.reason
+    # a rank killed by a signal is still the cause, whatever else does not answer
+    log = (LOGS / "torchrun_kill9_same_second_cpu.log").read_text()
+    killed = NodeEvidence(0, "n0", 1, 100.0, parse_root_cause(log), tail_lines(log))
+    signalled = choose_failure([killed], {}, 1, 101.0, unreachable=[(1, "x")])
+    assert signalled is not None and signalled.kind == "signal"
+
+
+def test_an_exit_after_a_lost_peers_symptom_is_a_communication_failure_not_a_bug():
+    # node 0's launcher exited 1 with a root-cause block for rank 0, whose own words were a peer's
+    # loss: restarting can get past it (it is not the trainer's own error)
+    f = choose_failure([exited_node0()], {0: PEER_LOST}, 1, 101.0)
+    assert f is not None and f.kind == "symptom"
+    cause = classify(f)
+    assert cause.kind is CauseKind.COMMUNICATION and cause.retryable and cause.node is None
+    # the same exit with the rank's own error is the trainer's: not retried
+    own = {"message": "ValueError: injected failure", "time": 99.0}
+    assert classify(choose_failure([exited_node0()], {0: own}, 1, 101.0)).kind is CauseKind.EXCEPTION

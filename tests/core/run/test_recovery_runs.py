@@ -103,14 +103,15 @@ def test_a_trainer_error_that_would_repeat_fails_at_once_without_a_restart(launc
 
 def test_a_fault_that_comes_back_without_progress_gives_up_with_the_do_not_retry_code(launch_fake, webhook):
     url, received = webhook
-    # rank 1 kills itself at step 4 on every attempt: the first attempt checkpoints step 3, the
-    # next ones resume there and die again before a new checkpoint
+    # rank 0 kills itself at step 5 on every attempt: the first attempt checkpoints step 3, the
+    # next ones resume there, train step 4 (rank 0's own step event: each one trains again, however
+    # slow the machine) and die again before a new checkpoint
     ctrl = launch_fake(
         nodes=1,
         per_node=2,
         max_steps=50,
         step_s=0.1,
-        env={"FAKE_CKPT_EVERY": "3", "FAKE_DIE_AT": "1:4"},
+        env={"FAKE_CKPT_EVERY": "3", "FAKE_DIE_AT": "0:5"},
         overrides=("recovery.max_restarts=5", "recovery.backoff_s=0.2", f"notify.webhook={url}"),
     )
     outcome = ctrl.follow(interval=0.1)
@@ -228,3 +229,25 @@ def test_ranks_that_all_stopped_cleanly_are_not_a_failure_while_a_launcher_linge
     outcome = ctrl.follow(interval=0.1)
     assert outcome.phase is Phase.STOPPED, (outcome.failure, ctrl.run.read_state().attempts)
     assert len(ctrl.run.read_state().attempts) == 1 and outcome.stop.by == "outside the console"
+
+
+def test_the_watchs_hardware_evidence_makes_a_killed_rank_a_device_fault_on_its_node(launch_fake):
+    # the agent saw node 0's GPU 1 fall off the bus; then rank 1 died: the node's GPU is the cause
+    ctrl = launch_fake(
+        nodes=1, per_node=2, max_steps=12, step_s=0.2, env={"FAKE_CKPT_EVERY": "3"}, overrides=recovering()
+    )
+    wait_for(lambda: step_of(ctrl) >= 4, 60, "step 4, after the checkpoint")
+    os.kill(rank_pid(ctrl.run, 1), signal.SIGKILL)
+    asked: list[int] = []
+
+    def hardware() -> dict[str, str]:
+        asked.append(1)
+        return {"localhost": "GPU 1: GPU is lost", "elsewhere": "GPU 0: 2 uncorrectable ECC errors"}
+
+    outcome = ctrl.follow(interval=0.1, hardware=hardware)
+    first = ctrl.run.read_state().attempts[0]
+    assert asked and outcome.phase is Phase.DONE
+    assert (first.cause, first.blamed_node, first.decision) == ("device", 0, "restart"), first
+    assert "hardware evidence on node 0: GPU 1: GPU is lost" in first.why
+    # the local backend cannot start the run without its node: it restarts and says why
+    assert "stays in (the backend cannot relaunch without a node)" in first.why

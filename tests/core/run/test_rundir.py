@@ -16,6 +16,7 @@ from taehv_console.core.run.lock import RunBusyError, RunLock, is_locked
 from taehv_console.core.run.rundir import RunNotFoundError, create_run_dir, new_run_id, resolve_run
 from taehv_console.core.run.state import (
     Attempt,
+    Exclusion,
     Failure,
     NodeLauncher,
     Phase,
@@ -60,6 +61,20 @@ def test_state_round_trips_and_ignores_fields_it_does_not_know(tmp_path):
         failure=Failure("boom", node=1, rank=3, log_lines=("x", "y")),
         env=(("K", "V"),),
         controlled=(0, 1),
+        spares=("c",),
+        exclusions=(
+            Exclusion(
+                node=1,
+                host="b0",
+                why="node-lost: node 1 cannot be reached",
+                time=4.0,
+                attempt=1,
+                replaced_by="b",
+                nodes_before=2,
+                nodes_after=2,
+                changes=("node 1: b0 -> spare b",),
+            ),
+        ),
     )
     path = tmp_path / "state.json"
     written = write_state(path, state)

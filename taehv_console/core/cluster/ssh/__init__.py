@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from taehv_console.core.cluster.nodecall import SshError
 from taehv_console.core.cluster.ssh.calls import NodeRunner
-from taehv_console.core.cluster.ssh.config import HostTarget, SshSettings, resolve_target
+from taehv_console.core.cluster.ssh.config import HostTarget, SshSettings, master_address, resolve_target
 from taehv_console.core.cluster.ssh.errors import (
     CommandError,
     CommandTimeoutError,
     HostKeyChangedError,
     HostKeyUnknownError,
     SshUnreachableError,
+    is_unreachable,
 )
 from taehv_console.core.cluster.ssh.hostkeys import (
     add_known_host,
@@ -54,7 +55,9 @@ __all__ = [
     "connect",
     "fan_out",
     "fetch_host_key",
+    "is_unreachable",
     "known_keys",
+    "master_address",
     "resolve_target",
     "sha256_fingerprint",
 ]

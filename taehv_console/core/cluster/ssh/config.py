@@ -150,3 +150,11 @@ def open_socket(target: HostTarget, timeout: float) -> socket.socket | paramiko.
             f"{target.alias}: cannot connect to {target.hostname}:{target.port}: {err.strerror or err}",
             "check that the node is up and sshd listens on that address",
         ) from None
+
+
+def master_address(first_host: str, settings: SshSettings) -> str:
+    """The address the other nodes reach node 0's rendezvous at: its HostName from the ssh
+    config (an alias means nothing to torch's rendezvous), or the host itself when local."""
+    if first_host in ("localhost", "127.0.0.1"):
+        return first_host
+    return resolve_target(first_host, settings).hostname

@@ -3,7 +3,7 @@ lives in nodecall (below this package) so a helper call's failure can carry one.
 
 from __future__ import annotations
 
-from taehv_console.core.cluster.nodecall import SshError
+from taehv_console.core.cluster.nodecall import Failure, NodeCallError, SshError
 
 
 class HostKeyUnknownError(SshError):
@@ -52,6 +52,15 @@ class CommandTimeoutError(SshError):
 
 class SshConfigError(SshError):
     pass
+
+
+def is_unreachable(err: BaseException) -> bool:
+    """Whether `err` says the node could not be reached at all (refused, timed out, stopped
+    answering), as opposed to a refusal the node's configuration explains (a host key, a login).
+    A helper call's error says it by its failure kind."""
+    if isinstance(err, NodeCallError):
+        return err.failure in (Failure.UNREACHABLE, Failure.TIMEOUT)
+    return isinstance(err, (SshConnectError, SshTimeoutError, CommandTimeoutError))
 
 
 class CommandError(ValueError):
