@@ -113,7 +113,10 @@ def _run(options: FlowOptions, view: View) -> ExitCode:
             chosen = run_config(options, topology, probes, existing, view.note)
             if backend is BackendKind.SBATCH:
                 # SLURM picks the nodes after submission: nothing here to check them against
-                view.note("sbatch: preflight skipped (run `taehv-console preflight` inside an allocation)")
+                view.note(
+                    "sbatch: preflight runs inside the job, on the nodes SLURM allocates; an error "
+                    "ends the job before training (reports in RUN/preflight/)"
+                )
                 spec = launch_spec(options, topology, backend, options.master_port or 29500, pool)
                 return _launch_new(options, chosen.config, spec, pool, view, existing)
             checked = preflight(options, topology, probes, chosen, pool, view.note)
