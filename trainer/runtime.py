@@ -30,6 +30,34 @@ class SetupError(RuntimeError):
     """The run cannot start as configured (device, teacher, world size); the message says why."""
 
 
+# torch's JIT extension builds (DeepSpeed's CPU shm_comm op among them) take a `lock` file in the
+# extension's build folder; a build that was killed leaves it behind, and every later build, on
+# every later launch, waits for it forever. A build takes a minute or two: a lock this old is
+# nobody's.
+STALE_BUILD_LOCK_S = 900.0
+
+
+def clear_stale_build_locks(
+    root: Path | None = None, older_than_s: float = STALE_BUILD_LOCK_S, now: float | None = None
+) -> list[Path]:
+    """Remove extension build locks older than `older_than_s` under torch's build root
+    ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions with its per-Python folders); returns
+    what it removed. One process per node calls it, before anything builds."""
+    if root is None:
+        env = os.environ.get("TORCH_EXTENSIONS_DIR")
+        root = Path(env) if env else Path.home() / ".cache" / "torch_extensions"
+    now = time.time() if now is None else now
+    removed = []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        try:
+            if now - lock.stat().st_mtime > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove: the build says so itself
+    return removed
+
+
 class StopRequest:
     """SIGTERM/SIGINT only set a flag; the loop finishes the step and all ranks agree to stop."""
 
@@ -157,6 +185,12 @@ class Runtime:
         device_kind = cfg.topology.device
         if device_kind == "cuda" and not torch.cuda.is_available():
             raise SetupError(f"{run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            for lock in clear_stale_build_locks():
+                RankLogger(int(os.environ.get("RANK", "0"))).warning(
+                    f"removed {lock}: a killed extension build left it, and every build would wait on it",
+                    every_rank=True,
+                )
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         set_single_process_env()
