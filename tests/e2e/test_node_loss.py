@@ -221,7 +221,8 @@ def test_a_hung_node_that_cannot_be_reached_counts_as_lost_after_the_bound_and_i
     from taehv_console.core.run.control import NODE_LOST_AFTER_S
 
     server, known = node_sshd
-    c = console(tmp_path, sshd, known)
+    # the stall bound (cpu-smoke: 60 s) would end the attempt too; this test is about the other bound
+    c = console(tmp_path, sshd, known, "--set", "recovery.stall_restart_after_s=600")
     run = _run_after_loss(c, tmp_path, server, signal.SIGSTOP)
     state = run_state(run)
     first, second = state["attempts"][0], state["attempts"][-1]

@@ -118,9 +118,10 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
             # a relaunch that never trained (it could not start on a lost node) keeps the fault
             # of the attempt it was to recover: that is where the time lost counts from
             self._fault_time = trained or failure.detected
-        # a lost node that still does not answer (asked again now) is left out at once
-        lost = cause.node if cause.kind is CauseKind.NODE_LOST else None
-        unreachable = {lost} if lost is not None and self._cannot_reach(lost) else set()
+        # a blamed node that does not answer (asked again now) is left out at once: a relaunch onto
+        # it could not start (a stalled rank's machine may have dropped off the network too)
+        blamed = cause.node
+        unreachable = {blamed} if blamed is not None and self._cannot_reach(blamed) else set()
         decision = decide(
             self.cfg.recovery,
             cause,
