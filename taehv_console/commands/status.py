@@ -244,6 +244,21 @@ def _print_one(i: dict[str, Any]) -> None:
         )
         for line in f.get("log_lines", []):
             c.print(f"    | {line}")
+    for r in i.get("recoveries", []):
+        where = f" on node {r['node']}" if r.get("node") is not None else ""
+        cost = (
+            f": {duration_text(r['lost_s'])} lost, {r.get('redone_steps')} step(s) redone"
+            if r.get("lost_s") is not None
+            else ""
+        )
+        c.print(f"  attempt {r['attempt']}: {r['cause']}{where} -> {r['action']}{cost}", markup=False)
+    for e in i.get("exclusions", []):
+        instead = f"spare {e['replaced_by']} in its place" if e.get("replaced_by") else "not replaced"
+        c.print(
+            f"  left out: node {e['node']} ({e['host']}) after attempt {e['attempt']}, {instead}; "
+            f"{e['nodes_before']} -> {e['nodes_after']} node(s)",
+            markup=False,
+        )
     if i.get("stop"):
         s = i["stop"]
         c.print(

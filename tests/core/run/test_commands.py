@@ -92,3 +92,43 @@ def test_resume_refuses_a_live_run_without_a_console(launch_fake, capsys):
     assert "attach to it instead" in capsys.readouterr().err
     with RunController.open(ctrl.run, ctrl.backend.pool) as again:
         assert again.reconcile() == "live"
+
+
+def test_status_says_each_recovery_and_each_node_left_out(finished, capsys):
+    """A run the console healed by leaving node 1 out: the text and the JSON both tell it."""
+    from dataclasses import replace
+
+    from taehv_console.core.run.state import Exclusion
+
+    state = finished.read_state()
+    first, *_ = state.attempts
+    failed = replace(
+        first,
+        outcome="failed",
+        cause="node-lost",
+        decision="exclude",
+        why="node 1 cannot be reached",
+        blamed_node=1,
+        ended=first.started + 5,
+    )
+    again = replace(first, number=2, restarted_by="recovery", from_step=2, lost_s=42.0, redone_steps=1)
+    left_out = Exclusion(
+        node=1,
+        host="gpu-b",
+        why="node 1 cannot be reached",
+        time=first.started + 6,
+        attempt=1,
+        nodes_before=2,
+        nodes_after=1,
+        changes=("topology.nodes: 2 -> 1",),
+        checkpoint="step-2",
+    )
+    finished.write_state(replace(state, attempts=(failed, again), exclusions=(left_out,)))
+    assert main(["status", str(finished.path), "--no-check"]) == 0
+    out = capsys.readouterr().out
+    assert "attempt 1: node-lost on node 1 -> exclude: 42s lost, 1 step(s) redone" in out, out
+    assert "left out: node 1 (gpu-b) after attempt 1, not replaced; 2 -> 1 node(s)" in out, out
+    assert main(["status", str(finished.path), "--no-check", "--json"]) == 0
+    info = _json_out(capsys)
+    assert info["exclusions"][0]["host"] == "gpu-b" and info["strikes"] == {"1": 1}
+    assert info["recoveries"][0]["lost_s"] == 42.0
