@@ -97,7 +97,7 @@ class RunSession:
         if self.monitor is None:
             self.watch = RunWatch.for_controller(self.ctrl, config=config, facts=self.facts)
             self.monitor = self.watch.monitor
-            self.monitor.subscribe(on_state)
+            self.watch.subscribe(on_state)  # also the pipelines that follow a change of hosts
             self.watch.start()
         return self.monitor
 

@@ -134,33 +134,79 @@ class RunWatch:
         facts: dict | None = None,
         forensics: StallForensics | None = None,
         agent_stream: Callable[[str], LineStream] | None = None,
+        hosts_of: Callable[[], Sequence[str]] | None = None,
     ):
         self.run_dir = Path(run_dir)
-        watched = monitor_hosts(kind, hosts)
-        self.monitor = Monitor(
-            self.run_dir,
-            hosts=watched,
-            pool=pool,
-            agents=agents,
-            config=config,
-            facts=facts,
-            agent_stream=agent_stream,
-        )
-        self.responder = StallResponder(self.run_dir, pool, watched or list(hosts)[:1], forensics)
-        self.monitor.subscribe(self.responder)
+        self._pool, self._kind = pool, kind
+        self._agents, self._config, self._facts = agents, config, facts
+        self._agent_stream, self._forensics = agent_stream, forensics
+        # where the run's hosts are now (the controller's state): a node left out or replaced by a
+        # spare is followed by a new pipeline for the new hosts
+        self._hosts_of = hosts_of
+        self._hosts = tuple(hosts)
+        self._subscribers: list[Callable[[RunView], object]] = []
+        self._swap = threading.Lock()
+        self._started = False
         self._first_gpus: Mapping[str, int] = {}
         self._first_lock = threading.Lock()
-        self.monitor.subscribe(self._note_first_gpus)
+        self.monitor, self.responder = self._pipeline(self._hosts)
+
+    def _pipeline(self, hosts: Sequence[str]) -> tuple[Monitor, StallResponder]:
+        watched = monitor_hosts(self._kind, hosts)
+        monitor = Monitor(
+            self.run_dir,
+            hosts=watched,
+            pool=self._pool,
+            agents=self._agents,
+            config=self._config,
+            facts=self._facts,
+            agent_stream=self._agent_stream,
+        )
+        responder = StallResponder(self.run_dir, self._pool, watched or list(hosts)[:1], self._forensics)
+        monitor.subscribe(responder)
+        monitor.subscribe(self._note_first_gpus)
+        for fn in self._subscribers:
+            monitor.subscribe(fn)
+        return monitor, responder
 
     @classmethod
     def for_controller(cls, ctrl: RunController, **kw: Any) -> RunWatch:
-        return cls(ctrl.run.path, ctrl.pool, ctrl.kind, ctrl.state.hosts, **kw)
+        return cls(
+            ctrl.run.path, ctrl.pool, ctrl.kind, ctrl.state.hosts, hosts_of=lambda: ctrl.state.hosts, **kw
+        )
+
+    def subscribe(self, fn: Callable[[RunView], object]) -> None:
+        """fn(view) for every view published, by this pipeline and by the ones that follow it."""
+        self._subscribers.append(fn)
+        self.monitor.subscribe(fn)
+
+    def follow_hosts(self) -> bool:
+        """When the run's hosts changed (a node left out, a spare in its place), watch the new ones:
+        a new monitor and stall responder, the old ones stopped; True when it did."""
+        if self._hosts_of is None:
+            return False
+        hosts = tuple(self._hosts_of())
+        if hosts == self._hosts:
+            return False
+        with self._swap:
+            if hosts == self._hosts:
+                return False
+            old = (self.monitor, self.responder)
+            self.monitor, self.responder = self._pipeline(hosts)
+            self._hosts = hosts
+            if self._started:
+                self.monitor.start()
+        old[0].stop()
+        old[1].join(timeout=1.0)
+        return True
 
     def start(self) -> RunWatch:
+        self._started = True
         self.monitor.start()
         return self
 
     def view(self) -> RunView:
+        self.follow_hosts()
         return self.monitor.snapshot()
 
     def stalls(self) -> list[Stall]:

@@ -71,3 +71,38 @@ def test_a_confirmed_stall_gets_one_forensics_report_with_the_stalled_ranks_stac
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_change_of_the_runs_hosts_gets_a_pipeline_for_the_new_hosts(tmp_path):
+    """A node left out (or a spare in its place) changes state.json's hosts: the watch that follows
+    the run watches the new ones from its next view on, and its subscribers keep getting views."""
+    run = tmp_path / "run"
+    (run / "heartbeat").mkdir(parents=True)
+    fast = PollerConfig(0.2, 10.0)
+    cfg = MonitorConfig(events=fast, heartbeats=fast, publish_interval_s=0.2)
+    hosts = ["gpu-a", "gpu-b"]
+    with SshPool(SshSettings.from_env()) as pool:
+        watch = RunWatch(
+            run, pool, BackendKind.SSH, tuple(hosts), agents=False, config=cfg, hosts_of=lambda: tuple(hosts)
+        )
+        seen: list[tuple[str, ...]] = []
+        watch.subscribe(lambda view: seen.append(tuple(n.name for n in view.nodes)))
+        watch.start()
+        try:
+            first = watch.monitor
+            assert first.hosts == ["gpu-a", "gpu-b"] and not watch.follow_hosts()
+            hosts[1] = "spare-c"
+            watch.view()
+            assert watch.monitor is not first and watch.monitor.hosts == ["gpu-a", "spare-c"]
+            assert watch.responder.hosts == ["gpu-a", "spare-c"]
+            seen.clear()
+            beat = {"step": 1, "time": time.time(), "pid": 1, "host": "gpu-a", "step_time_s": 0.5}
+            (run / "heartbeat" / "rank-0.json").write_text(json.dumps(beat))  # news to publish
+            deadline = time.time() + 20
+            while not any("spare-c" in h for h in seen) and time.time() < deadline:
+                time.sleep(0.1)
+            assert any("spare-c" in h for h in seen), seen
+            del hosts[1]  # then left out altogether: one node
+            assert watch.follow_hosts() and watch.monitor.hosts == ["gpu-a"]
+        finally:
+            watch.stop()
