@@ -218,7 +218,7 @@ def test_a_hung_node_that_cannot_be_reached_counts_as_lost_after_the_bound_and_i
     """The machine freezes (its ranks SIGSTOPped) and drops off the network: rank 0 waits in its
     collective without an error, so only the bound on an unreachable node with no step ends it,
     long before the collective timeout."""
-    from taehv_console.core.run.control import NODE_LOST_AFTER_S
+    from taehv_console.core.run.liveness import NODE_LOST_AFTER_S
 
     server, known = node_sshd
     # the stall bound (cpu-smoke: 60 s) would end the attempt too; this test is about the other bound

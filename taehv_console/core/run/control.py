@@ -13,7 +13,8 @@ Closing the console (or losing SSH) stops nothing: the launchers run detached, a
 supervisor takes over (core/run/supervision.py).
 
 The parts: values and errors in outcome.py, run creation in create.py, the stop in stopping.py,
-recovery in recovering.py, requests from other consoles in requests.py.
+liveness (which launchers are alive, vanished or unreachable) in liveness.py, recovery in
+recovering.py, leaving a node out in excluding.py, requests from other consoles in requests.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from taehv_console.core.cluster.ssh import SshPool, is_unreachable
+from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.run import supervision
 from taehv_console.core.run.backends import BackendKind, LaunchBackend, make_backend
 from taehv_console.core.run.failure import (
@@ -36,6 +37,7 @@ from taehv_console.core.run.failure import (
     write_failure_text,
 )
 from taehv_console.core.run.launching import LaunchMixin
+from taehv_console.core.run.liveness import PEER_START_MARGIN_S, STATUS_LAG_S, LivenessMixin
 from taehv_console.core.run.lock import RunBusyError, RunLock
 from taehv_console.core.run.notify import Notifier
 from taehv_console.core.run.outcome import (
@@ -53,7 +55,6 @@ from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import (
     Attempt,
     Failure,
-    NodeLauncher,
     NodeStatus,
     Phase,
     RunState,
@@ -73,19 +74,9 @@ FAILURE_GRACE_S = 8.0
 # first sign of trouble so the cause is among the evidence.
 FAILURE_SETTLE_S = 2.0
 LIVENESS_EVERY_S = 5.0
-# how much earlier than this console's attempt another pod may have started its node and still be
-# part of the same attempt (pods start in any order, their clocks differ a little)
-PEER_START_MARGIN_S = 120.0
-# A launcher whose tree is gone gets this long to have its exit status appear before it counts
-# as vanished (the wrapper writes it the moment the launcher exits, on shared storage).
-STATUS_LAG_S = 5.0
-# A node the console cannot reach while the run makes no step for this long is lost: its ranks are
-# gone or cut off, and the others wait on them until the collective timeout (hours on the presets).
-# While steps go on, an unreachable node is only the console's SSH trouble: the run trains on.
-NODE_LOST_AFTER_S = 60.0
 
 
-class RunController(LaunchMixin, RecoveryMixin, StopMixin):
+class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
     """Controls one run from this console. Make it with `RunController.open` (takes the lock)."""
 
     def __init__(
@@ -216,58 +207,7 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
             self._events = AttemptEvents(self.run.events, self.world_size, self.cfg.optim.max_steps, offsets)
         return self._events
 
-    # -- liveness
-    def processes(self) -> dict[int, tuple[int, ...] | Exception]:
-        a = self._adopt() or self.attempt
-        if a is None or (not a.nodes and not a.slurm_job):
-            return {}
-        return self.backend.processes(self.run, a)
-
-    def _adopt(self) -> Attempt | None:
-        """An attempt whose launchers were started but never recorded (the console was killed in
-        between) takes them over from their wrappers' status files (pid, pgid, start time), so it
-        is seen as live: never marked failed while it trains, never launched a second time."""
-        a = self.attempt
-        if a is None or a.ended is not None or a.nodes or a.slurm_job or self.kind.slurm:
-            return None
-        found = []
-        for i in self.state.controlled:
-            st = self.run.node_status(i)
-            if st is None or st.attempt != a.number or st.started < a.started - PEER_START_MARGIN_S:
-                continue
-            host = self._host(i) or "localhost"
-            found.append(
-                NodeLauncher(
-                    index=i,
-                    host=host,
-                    pid=st.pid,
-                    pgid=st.pgid,
-                    log=str(self.run.node_log(i)),
-                    started=st.started,
-                )
-            )
-        if not found:
-            return None
-        self._note(
-            "adopted node launcher(s) "
-            + ", ".join(f"{n.index} (pgid {n.pgid})" for n in found)
-            + " from their status files: the console that started them never recorded them"
-        )
-        return self._save(self.state.with_attempt(replace(a, nodes=tuple(found)))).attempt
-
-    def live_nodes(self) -> dict[int, tuple[int, ...]]:
-        """node -> live pids for nodes with anything left; an unreachable node counts as live
-        (better refuse a launch than start a run twice)."""
-        out = {}
-        for node, pids in self.processes().items():
-            if isinstance(pids, Exception) or pids:
-                out[node] = () if isinstance(pids, Exception) else pids
-        return out
-
-    def is_live(self) -> bool:
-        a = self.attempt
-        return a is not None and a.ended is None and bool(self.live_nodes())
-
+    # -- between attempts
     def _reset_follow(self) -> None:
         """Forget what the loop knew of the previous attempt (a new one starts)."""
         self._events = None
@@ -452,38 +392,6 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
     def _failed_ranks(progress: RunProgress) -> set[int]:
         return {r for r, e in progress.stops.items() if e.get("reason") == "error"} | set(progress.errors)
 
-    def _update_vanished(self, now: float, exited: set[int], watched: Sequence[int]) -> None:
-        """Ask the nodes for their trees; a node whose tree is gone and whose exit status has not
-        appeared within STATUS_LAG_S vanished (its wrapper was killed, or the node was lost). A
-        node that does not answer is noted as unreachable, from when it first did not."""
-        self._last_liveness = now
-        for node, pids in self.processes().items():
-            if isinstance(pids, Exception):
-                if node >= 0 and is_unreachable(pids):
-                    since = self._unreachable.get(node, (now, ""))[0]
-                    self._unreachable[node] = (since, _short(pids))
-                continue
-            self._unreachable.pop(node, None)
-            if pids:
-                self._gone_since.pop(node, None)
-                self._vanished.pop(node, None)
-                continue
-            first = self._gone_since.setdefault(node, now)
-            if now - first < STATUS_LAG_S:
-                continue
-            if node >= 0 and node not in exited:
-                self._vanished[node] = self._host(node) or "?"
-            elif node < 0 and self.kind is BackendKind.SLURM and not set(watched) <= exited:
-                self._vanished[node] = "srun"
-
-    def _lost_nodes(self, now: float) -> list[int]:
-        """Nodes unreachable for NODE_LOST_AFTER_S while the run made no step for as long."""
-        a = self.attempt
-        last = max(self._tail().progress.last_step_time or 0.0, a.started if a else 0.0)
-        if now - last < NODE_LOST_AFTER_S:
-            return []
-        return sorted(n for n, (since, _) in self._unreachable.items() if now - since >= NODE_LOST_AFTER_S)
-
     def _watched_nodes(self) -> tuple[int, ...]:
         # nodes whose exit status this console expects: its own; on the platform's node 0, all
         # (the other pods write theirs to the shared run directory too)
@@ -619,9 +527,3 @@ class RunController(LaunchMixin, RecoveryMixin, StopMixin):
             ]
             self._fail(self._diagnose(statuses, progress, vanished, failing, time.time()))
         return "ended"
-
-
-def _short(err: Exception) -> str:
-    """An error's first line, for a note about a node that did not answer."""
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__

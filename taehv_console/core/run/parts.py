@@ -1,6 +1,6 @@
-"""What the run controller's parts (launching.py, stopping.py, recovering.py) use of the
-controller, declared once for the type checker. RunController (control.py) or another part
-defines each of them; at run time this class is empty."""
+"""What the run controller's parts (launching.py, liveness.py, stopping.py, recovering.py,
+excluding.py) use of the controller, declared once for the type checker. RunController
+(control.py) or another part defines each of them; at run time this class is empty."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ class ControllerParts:
         _pending_recovery: Attempt | None
         _fault_time: float | None
         _hardware: Callable[[], Mapping[str, str]] | None
+        _last_liveness: float
+        _gone_since: dict[int, float]
+        _vanished: dict[int, str]
+        _unreachable: dict[int, tuple[float, str]]
 
         @property
         def attempt(self) -> Attempt | None: ...
