@@ -99,15 +99,28 @@ def test_sbatch_reports_a_rejected_submission(slurm_cluster, backend, tmp_path):
     assert "sbatch failed" in started.errors[-1] and "invalid partition" in started.errors[-1].lower()
 
 
-def test_srun_starts_the_wrapper_on_every_node_with_its_own_machine_rank(slurm_cluster, tmp_path):
-    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+def _probe_commands(run, tmp_path, hosts: list[str]) -> list[NodeCommand]:
+    """One command per node, as the controller makes them: each names its host and its own config
+    file, here a probe that writes the SLURM node it ran on and the step's node count into it."""
+    return [
+        NodeCommand(
+            i,
+            host,
+            (
+                "sh",
+                "-c",
+                f"echo $SLURMD_NODENAME $SLURM_STEP_NUM_NODES > {tmp_path}/accelerate-node-{i}.yaml",
+            ),
+            {},
+            str(run.node_log(i)),
+            str(run.node_status_path(i)),
+            str(run.path),
+        )
+        for i, host in enumerate(hosts)
+    ]
 
-    run = create_run_dir(tmp_path / "runs", "cpu-smoke")
-    run.logs.mkdir(parents=True, exist_ok=True)
-    probe = ("sh", "-c", f"echo $SLURMD_NODENAME > {tmp_path}/accelerate-node-0.yaml")
-    cmd = NodeCommand(0, "n1", probe, {}, str(run.node_log(0)), str(run.node_status_path(0)), str(run.path))
-    with SshPool(SshSettings.from_env()) as pool:
-        argv = SrunBackend(pool, nodes=2).srun_argv(run, [cmd], 3)
+
+def _srun_in_allocation(slurm_cluster, argv: list[str]) -> None:
     # what the console runs inside an allocation, here inside a real one
     res = subprocess.run(
         ["salloc", "--nodes=2", *argv],
@@ -118,9 +131,74 @@ def test_srun_starts_the_wrapper_on_every_node_with_its_own_machine_rank(slurm_c
         check=False,
     )
     assert res.returncode == 0, res.stderr
+
+
+def test_srun_starts_the_wrapper_on_every_node_with_its_own_machine_rank(slurm_cluster, tmp_path):
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    run = create_run_dir(tmp_path / "runs", "cpu-smoke")
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with SshPool(SshSettings.from_env()) as pool:
+        argv = SrunBackend(pool).srun_argv(run, _probe_commands(run, tmp_path, ["n1", "n2"]), 3)
+    assert "--nodes=2" in argv and "--nodelist=n1,n2" in argv
+    _srun_in_allocation(slurm_cluster, argv)
     # `accelerate-node-0.yaml` in the command became each node's own: node 1 wrote node-1's file
-    assert [(tmp_path / f"accelerate-node-{n}.yaml").read_text().strip() for n in (0, 1)] == ["n1", "n2"]
+    assert [(tmp_path / f"accelerate-node-{n}.yaml").read_text().split() for n in (0, 1)] == [
+        ["n1", "2"],
+        ["n2", "2"],
+    ]
     for n in (0, 1):
         st = json.loads(run.node_status_path(n).read_text())
         assert st["node"] == n and st["attempt"] == 3 and st["exit_code"] == 0
         assert f"node {n} attempt 3 on" in run.node_log(n).read_text()
+
+
+def test_after_node_0_is_left_out_the_step_runs_on_the_other_node_alone_as_machine_rank_0(
+    slurm_cluster, tmp_path
+):
+    """Issue 20: the console left n1 (machine rank 0) out; the run's one node is now n2. The next
+    step must run on n2 only, and n2 must be machine rank 0 (SLURM_NODEID, and %n in the log's
+    name), as the launch files rendered for the remaining hosts say. A step left to `--nodes=1`
+    alone would run on n1, the allocation's first node."""
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    run = create_run_dir(tmp_path / "runs", "cpu-smoke")
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with SshPool(SshSettings.from_env()) as pool:
+        argv = SrunBackend(pool, nodes=2).srun_argv(run, _probe_commands(run, tmp_path, ["n2"]), 2)
+    _srun_in_allocation(slurm_cluster, argv)
+    assert (tmp_path / "accelerate-node-0.yaml").read_text().split() == ["n2", "1"]
+    assert not (tmp_path / "accelerate-node-1.yaml").exists() and not run.node_status_path(1).exists()
+    st = json.loads(run.node_status_path(0).read_text())
+    assert st["node"] == 0 and st["attempt"] == 2 and st["exit_code"] == 0
+    assert "node 0 attempt 2 on" in run.node_log(0).read_text() and not run.node_log(1).exists()
+
+
+def test_srun_refuses_machine_ranks_slurm_would_number_otherwise(tmp_path):
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    run = create_run_dir(tmp_path / "runs", "cpu-smoke")
+    run.logs.mkdir(parents=True, exist_ok=True)
+    (only_node_1,) = _probe_commands(run, tmp_path, ["n1", "n2"])[1:]
+    with SshPool(SshSettings.from_env()) as pool:
+        started = SrunBackend(pool).start(run, [only_node_1], 1)
+    assert started.launchers == () and "not [1]" in started.errors[-1]
+
+
+def test_a_node_is_down_when_slurm_says_so_not_when_ssh_does_not_answer(slurm_cluster, tmp_path, monkeypatch):
+    """The console inside an allocation asks SLURM whether a node is there, not ssh: many clusters
+    let no one ssh to a compute node, and a node is up while its slurmd answers."""
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    for k, v in slurm_cluster.env().items():
+        monkeypatch.setenv(k, v)
+    with SshPool(SshSettings.from_env()) as pool:
+        srun = SrunBackend(pool)
+        assert srun.node_down("n2") == "" and srun.node_down("n1") == ""
+        assert srun.node_down("no-such-node") == ""  # scontrol cannot tell: no evidence
+        try:
+            slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=taehv-test")
+            assert srun.node_down("n2") == "DOWN" and srun.node_down("n1") == ""
+        finally:
+            slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
+            _wait(slurm_cluster._all_idle, 60, "n2 idle again")

@@ -242,21 +242,56 @@ def _why(err: Exception) -> str:
 
 class SrunBackend(LaunchBackend):
     """Inside a SLURM allocation: one `srun` (detached, on this machine) starts the node wrapper on
-    every node with machine rank = SLURM_NODEID. Stopping signals srun's group: srun forwards the
-    signal to every task, and SLURM removes a step's processes when the step ends."""
+    the run's nodes with machine rank = SLURM_NODEID. Stopping signals srun's group: srun forwards the
+    signal to every task, and SLURM removes a step's processes when the step ends.
+
+    Each step runs on the nodes its commands name, and on no others: `--nodes` is their count and
+    `--nodelist` their hosts. After the console left a node out (core/run/excluding.py), the commands
+    name the remaining hosts, and the next step starts on those alone, numbered 0..k-1 as the launch
+    files rendered for them expect."""
 
     kind = "slurm"
+    # flags of a node's State in `scontrol show node` that say SLURM cannot reach or use it
+    _DOWN = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN"})
 
-    def __init__(self, pool: SshPool, nodes: int, srun: str = "srun"):
+    def __init__(self, pool: SshPool, nodes: int = 0, srun: str = "srun", scontrol: str = "scontrol"):
+        # `nodes` (the run's node count when the backend was made) is not used: an exclusion changes
+        # the count under a controller that keeps this backend, and each start's commands say it
+        del nodes
         self.local = LocalRunner("localhost", pool.settings.python)
         self.pool = pool
-        self.nodes = nodes
         self.srun = srun
+        self.scontrol = scontrol
+
+    def node_down(self, host: str) -> str:
+        """The node's SLURM state when it says SLURM cannot reach or use the node (DOWN, FAIL,
+        NOT_RESPONDING, powered down), else "". Inside an allocation the console reaches its nodes
+        through SLURM alone: whether ssh answers there says nothing (many clusters let no one ssh to
+        a compute node). "" too when scontrol cannot tell: not knowing is no evidence."""
+        try:
+            res = self.local.run([self.scontrol, "show", "node", "-o", host], timeout=30)
+        except (SshError, OSError):
+            return ""
+        state = next((t.partition("=")[2] for t in res.stdout.split() if t.startswith("State=")), "")
+        return state if res.exit_status == 0 and self._DOWN & set(state.split("+")) else ""
+
+    @staticmethod
+    def _where(commands: Sequence[NodeCommand]) -> list[str]:
+        """srun's node options for these commands: their count, and their hosts where the commands
+        name them. --nodelist and not --exclude: it names exactly the hosts the launch files were
+        rendered for, from the commands alone, also when the allocation holds more nodes than the
+        run (with --exclude, SLURM would pick which of the rest)."""
+        hosts = [c.host for c in commands]
+        where = [f"--nodes={len(commands)}"]
+        if len(set(hosts)) == len(hosts) and not any(is_local_host(h) for h in hosts):
+            where.append(f"--nodelist={','.join(hosts)}")
+        return where
 
     def srun_argv(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> list[str]:
         # every node's command differs only in its machine rank: written once with {node}, which
         # the wrapper fills from SLURM_NODEID
-        c0 = commands[0]
+        ordered = sorted(commands, key=lambda c: c.index)
+        c0 = ordered[0]
         template = [
             a.replace(f"accelerate-node-{c0.index}.yaml", "accelerate-node-{node}.yaml") for a in c0.argv
         ]
@@ -264,7 +299,7 @@ class SrunBackend(LaunchBackend):
         return [
             self.srun,
             "--kill-on-bad-exit=1",
-            f"--nodes={self.nodes}",
+            *self._where(ordered),
             "--ntasks-per-node=1",
             f"--output={run.logs}/node-%n.log",
             "--open-mode=append",
@@ -283,6 +318,15 @@ class SrunBackend(LaunchBackend):
         ]
 
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started:
+        indices = sorted(c.index for c in commands)
+        if not commands:
+            return Started((), {-1: "srun was given no node to start"})
+        if indices != list(range(len(commands))):
+            # SLURM numbers a step's nodes 0..k-1 in the allocation's order: other machine ranks
+            # would start with configs that are not theirs
+            return Started(
+                (), {-1: f"srun starts machine ranks 0..{len(commands) - 1}, not {indices}: the run's nodes"}
+            )
         argv = self.srun_argv(run, commands, attempt)
         try:
             p = self.local.start_detached(
