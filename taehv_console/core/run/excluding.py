@@ -9,8 +9,10 @@
   world size with its optimizer state, step, LR and data position.
 
 Either way run.toml and the launch files are written again for the new hosts (node 0's address is
-the rendezvous), and state.json records the exclusion with its evidence. Only the ssh backend does
-this: it is the one that starts every node itself.
+the rendezvous), and state.json records the exclusion with its evidence. Only the backends that
+start every node themselves do this: ssh, and slurm inside an allocation, whose next srun step runs
+on the remaining nodes alone (core/run/backends.py: SrunBackend). An allocation's nodes are all
+there is: spares are for ssh.
 
 A part of RunController (core/run/control.py); it uses the controller's state and primitives,
 declared in parts.py.
@@ -46,11 +48,14 @@ class ExcludeError(RuntimeError):
 class ExcludeMixin(ControllerParts):
     def can_exclude(self) -> bool:
         """Whether this run can be relaunched without one of its nodes: the console starts every
-        node itself (ssh), on more than one node."""
-        return self.kind is BackendKind.SSH and self.cfg.topology.nodes > 1
+        node itself (over ssh, or as srun steps inside a SLURM allocation), on more than one node."""
+        return self.kind in (BackendKind.SSH, BackendKind.SLURM) and self.cfg.topology.nodes > 1
 
     def free_spares(self) -> tuple[str, ...]:
-        """The spare hosts not in the run and never left out of it."""
+        """The spare hosts not in the run and never left out of it (ssh only: inside a SLURM
+        allocation the allocation's nodes are what there is)."""
+        if self.kind is not BackendKind.SSH:
+            return ()
         used = set(self.state.hosts) | {e.host for e in self.state.exclusions}
         return tuple(h for h in self.state.spares if h not in used)
 
@@ -78,7 +83,7 @@ class ExcludeMixin(ControllerParts):
             cfg, changes = reshaped.config, reshaped.changes + tuple(tried)
             del hosts[node]
             converted = self._convert_newest()
-        master = master_address(hosts[0], self.pool.settings)
+        master = self._master(hosts[0])
         self._rewrite(cfg, tuple(hosts), master)
         record = Exclusion(
             node=node,
@@ -128,7 +133,7 @@ class ExcludeMixin(ControllerParts):
             source=TopologySource.HOSTFILE,
             node_count=len(hosts),
             nodes=tuple(NodeSpec(host=h, machine_rank=i, slots=per) for i, h in enumerate(hosts)),
-            master_addr=master_address(hosts[0], self.pool.settings),
+            master_addr=self._master(hosts[0]),
             master_port=self.state.master_port,
         )
         options = PreflightOptions(
@@ -143,6 +148,15 @@ class ExcludeMixin(ControllerParts):
         if report.ok:
             return None
         return "; ".join(f"{f.node or 'all'}: {f.message}" for f in report.errors)
+
+    def _master(self, node0: str) -> str:
+        """The rendezvous address for a run whose node 0 is `node0`, as the run's launch files were
+        first rendered: under SLURM the node's name as the allocation lists it (the cluster resolves
+        it; an ssh config on this machine says nothing about the nodes srun starts), over ssh its
+        HostName from the ssh config."""
+        if self.kind is BackendKind.SLURM:
+            return node0
+        return master_address(node0, self.pool.settings)
 
     def _convert_newest(self) -> str | None:
         """Convert the newest verified checkpoint to a universal one (once; kept beside it), so the
