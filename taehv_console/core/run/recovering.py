@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from taehv_console.core.cluster.ssh import is_unreachable
+from taehv_console.core.models import BackendKind
 from taehv_console.core.run import supervision
+from taehv_console.core.run.backends import SrunBackend
 from taehv_console.core.run.excluding import ExcludeError, ExcludeMixin
 from taehv_console.core.run.outcome import ControlError, RunSnapshot, whoami
 from taehv_console.core.run.parts import ControllerParts
@@ -228,6 +230,11 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
         host = self._host(node)
         if host is None:
             return False
+        if isinstance(self.backend, SrunBackend):
+            # inside an allocation SLURM says; many clusters let no one ssh to a compute node
+            return bool(self.backend.node_down(host))
+        if self.kind is not BackendKind.SSH:
+            return False  # the platform's or this machine's: nothing the console reaches over ssh
         try:
             self.pool.runner(host).run(["true"], timeout=self.pool.settings.connect_timeout_s + 5)
         except Exception as err:  # noqa: BLE001 - any failure to run `true` there means not reachable
