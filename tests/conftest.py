@@ -305,6 +305,19 @@ def _proc_table() -> dict[int, tuple[str, int, int, int]]:
     return out
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and every process below it, parents before their children (from /proc's ppids)."""
+    children: dict[int, list[int]] = {}
+    for child, (_, ppid, _, _) in _proc_table().items():
+        children.setdefault(ppid, []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
 def _alive(pid: int, start: int | None) -> bool:
     st = _stat(pid)
     return st is not None and st[0] not in ("Z", "X") and (start is None or st[3] == start)

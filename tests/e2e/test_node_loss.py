@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.conftest import LoopbackSshd
+from tests.conftest import LoopbackSshd, process_tree
 from tests.e2e.consoles import Console, events, free_port, is_step, run_state
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
@@ -50,29 +50,11 @@ def node_sshd(sshd, tmp_path):
         _kill_tree_of(server)
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _kill_tree_of(server: LoopbackSshd) -> None:
     proc = server._proc
     if proc is None:
         return
-    for pid in [*_descendants(proc.pid), proc.pid]:
+    for pid in process_tree(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -85,7 +67,7 @@ def lose_node(server: LoopbackSshd, run: Path, how: signal.Signals = signal.SIGK
     frozen (SIGSTOP: a hung machine, whose peers wait on it). Returns the node's pids."""
     node1 = next(n for n in run_state(run)["attempts"][-1]["nodes"] if n["index"] == 1)
     _kill_tree_of(server)
-    pids = [*_descendants(node1["pid"]), node1["pid"]]
+    pids = process_tree(node1["pid"])
     for pid in pids:
         try:
             os.kill(pid, how)

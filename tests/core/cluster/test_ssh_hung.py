@@ -16,31 +16,11 @@ from pathlib import Path
 import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings, SshUnreachableError
-from tests.conftest import LoopbackSshd, find_sshd
+from tests.conftest import LoopbackSshd, find_sshd, process_tree
 
 pytestmark = pytest.mark.timeout(120)
 
 ANSWER_S = 2.0
-
-
-def _descendants(pid: int) -> list[int]:
-    """pid and every process below it (sshd forks one or two per connection)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 class FrozenNode:
@@ -52,7 +32,7 @@ class FrozenNode:
         self._stopped: list[int] = []
 
     def freeze(self) -> None:
-        self._stopped = _descendants(self.server._proc.pid)  # the daemon this test started, and its children
+        self._stopped = process_tree(self.server._proc.pid)  # the daemon this test started, and its children
         for p in self._stopped:
             os.kill(p, signal.SIGSTOP)
 
