@@ -43,11 +43,11 @@ from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.health import HealthPolicy
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig, PollerConfig
 from taehv_console.core.watch.state import CheckpointState, RankState
+from tests.conftest import process_tree
 from tests.core.cluster.conftest import build_facts
 from tests.core.cluster.test_preflight_checks import cfg as gpu_config
 from tests.core.cluster.test_preflight_checks import hostfile_topology
 from tests.core.cluster.test_ssh_hung import (  # noqa: F401 - frozen_node is a fixture used here
-    _descendants,
     combined_settings,
     frozen_node,
     hung_node_report,
@@ -211,7 +211,7 @@ def test_04a_ssh_dropped_is_an_error_for_that_node_and_the_others_answer(
     hosts = ["hung1", sshd_hosts[0].alias]
     with SshPool(combined_settings(sshd, frozen_node, tmp_path)) as pool:
         assert all(r.ok for r in pool.run_all(hosts, ["true"], timeout=20).values())
-        serving = _descendants(frozen_node.server._proc.pid)  # the daemon this test started, and its children
+        serving = process_tree(frozen_node.server._proc.pid)  # the daemon this test started, and its children
         frozen_node.server.stop()
         for p in serving:  # the processes serving its connections too: the connection drops
             if alive(p):
