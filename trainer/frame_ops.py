@@ -4,6 +4,8 @@ frames in and out of channels, and a MemBlock's input beside its previous frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -100,3 +102,62 @@ def drop_leading_frames(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
         out = nhwc.unflatten(0, (n, -1))[:, k:].flatten(0, 1).permute(0, 3, 1, 2)
         return out.contiguous(memory_format=torch.channels_last)  # one kept frame each: a strided view
     return x.unflatten(0, (n, -1))[:, k:].flatten(0, 1).contiguous()
+
+
+# CUDA's nearest-upsample kernels index with 32-bit integers and refuse a tensor of 2**31 elements
+# or more: at 480x720 that is 64 channels over more than 96 frames, a batch of 9 twelve-frame clips.
+_MAX_KERNEL_NUMEL = 2**31 - 1
+
+
+def _in_pieces(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, out_per_item: int
+) -> torch.Tensor:
+    """fn(x), or fn over slices of x's batch whose outputs stay under the kernels' 32-bit limit."""
+    if x.shape[0] * out_per_item <= _MAX_KERNEL_NUMEL or x.shape[0] < 2:
+        return fn(x)
+    return torch.cat([fn(p) for p in x.split(max(1, _MAX_KERNEL_NUMEL // out_per_item))])
+
+
+class _NearestUp(torch.autograd.Function):
+    """Nearest upsampling by an integer scale whose gradient is a pooled sum of each scale x scale
+    block. Autograd's own gradient for it scatters with atomic adds, and Inductor compiles that
+    as `new_zeros` + `_unsafe_index_put`: 31 ms of a 216 ms compiled step on an H100 at batch 8
+    (benchmarks/gpu_throughput.py's profile), for what is a read of the gradient and a quarter-size
+    write. avg_pool2d x scale² is that sum exactly (dividing by a power of two is exact)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: int) -> torch.Tensor:
+        ctx.scale = scale
+
+        def up(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.interpolate(t, scale_factor=scale, mode="nearest")
+
+        return _in_pieces(up, x, x[0].numel() * scale * scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        s = ctx.scale
+
+        def pool(g: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.avg_pool2d(g, s) * (s * s)
+
+        return _in_pieces(pool, grad, grad[0].numel()), None
+
+
+def upsample_nearest(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """Nearest-neighbour upsampling by an integer `scale`, in x's dtype and layout.
+
+    Autocast lists the upsample operators as float32 ones, so under bf16 autocast nn.Upsample casts
+    its input to float32, writes a float32 output twice the size, and the next convolution casts it
+    back (on an H100, 7 ms of float32 upsample kernels and part of 15 ms of copies in a 139 ms eager
+    step at batch 4). Repeating pixels is exact in any dtype, so autocast stays out of it. A batch
+    whose output would pass the kernels' 32-bit limit is upsampled in pieces; the gradient is a
+    pooled sum (_NearestUp).
+    """
+    if scale == 1:
+        return x
+    device = x.device.type
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return _NearestUp.apply(x, scale)
+    return _NearestUp.apply(x, scale)  # no autocast here (or a device it has none for, as meta)

@@ -21,6 +21,7 @@ from trainer.frame_ops import (
     frames_to_channels,
     same_layout,
     shift_one_frame,
+    upsample_nearest,
 )
 
 
@@ -79,10 +80,26 @@ class TGrow(nn.Module):
 
 
 def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
-    """Apply layers to frames folded into the batch (N*T, C, H, W); MemBlocks see the previous frame."""
+    """Apply layers to frames folded into the batch (N*T, C, H, W); MemBlocks see the previous frame,
+    and nearest upsampling keeps the activations' dtype (frame_ops.upsample_nearest)."""
     for layer in layers:
-        x = layer(x, n=n) if isinstance(layer, MemBlock) else layer(x)
+        if isinstance(layer, MemBlock):
+            x = layer(x, n=n)
+        elif (scale := _integer_nearest_scale(layer)) is not None:
+            x = upsample_nearest(x, scale)
+        else:
+            x = layer(x)
     return x
+
+
+def _integer_nearest_scale(layer: nn.Module) -> int | None:
+    """The scale of a nearest-neighbour nn.Upsample by a whole number, else None."""
+    if not (isinstance(layer, nn.Upsample) and layer.mode == "nearest"):
+        return None
+    scale = layer.scale_factor
+    if isinstance(scale, (int, float)) and float(scale).is_integer():
+        return int(scale)
+    return None
 
 
 def apply_published(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.frame_ops import CatPast, drop_leading_frames, shift_one_frame
+from trainer import frame_ops
+from trainer.frame_ops import CatPast, drop_leading_frames, shift_one_frame, upsample_nearest
 from trainer.model import TAEHV, TGrow, TPool, reconstruction_target, run_order
 
 
@@ -134,3 +135,23 @@ def test_channels_last_frames_fold_in_one_copy_each_way_and_stay_channels_last()
             (gx,) = torch.autograd.grad(y, x, g)
             assert Copies.n == 1
         assert gx.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("limit", [None, 2 * 4 * 10 * 14], ids=["whole", "in-pieces"])
+def test_upsample_nearest_keeps_dtype_and_layout_and_splits_past_the_kernel_limit(monkeypatch, limit):
+    # CUDA's upsample kernels refuse outputs of 2**31 elements (a batch of 9 clips at 480x720):
+    # the run splits such a batch; with a tiny limit here, into pieces of 2 frames
+    if limit is not None:
+        monkeypatch.setattr(frame_ops, "_MAX_KERNEL_NUMEL", limit)
+    x = torch.randn(5, 4, 5, 7).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = upsample_nearest(x, 2)
+    ref = nn.functional.interpolate(x.detach().float(), scale_factor=2, mode="nearest")
+    assert y.dtype == torch.bfloat16 and y.shape == (5, 4, 10, 14)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y.float(), ref)
+    (y.float() * torch.arange(y.numel()).reshape(y.shape)).sum().backward()
+    grad = nn.functional.avg_pool2d(torch.arange(y.numel()).reshape(y.shape).float(), 2) * 4
+    torch.testing.assert_close(x.grad.float(), grad, rtol=1e-2, atol=1.0)
+    assert upsample_nearest(x, 1) is x
