@@ -84,8 +84,19 @@ def cell_or_error(fn: Any, *a: Any, **k: Any) -> dict[str, Any]:
         return fn(*a, **k)
     except OutOfTime:
         raise
-    except Exception as err:  # noqa: BLE001 - reported in the results, and the section goes on
+    except Exception as err:  # reported in the results, and the section goes on
+        if _caused_by_out_of_time(err):  # the alarm fell inside Inductor, which wraps what it catches
+            raise OutOfTime from err
         return {"error": f"{type(err).__name__}: {err}"[:500]}
+
+
+def _caused_by_out_of_time(err: BaseException) -> bool:
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OutOfTime) or type(seen).__name__ == "OutOfTime" or "OutOfTime" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Out:

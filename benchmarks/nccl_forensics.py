@@ -1,0 +1,127 @@
+"""Records what the console's hang forensics read on real NCCL: torch's Flight Recorder dumps and the
+analyser's verdict over them, for a collective that never completes.
+
+    python3 benchmarks/nccl_forensics.py OUT [--timeout-s 20]
+
+It needs CUDA and NCCL (a GPU machine; CI has neither, and the forensics tests replay what this
+writes). With two GPUs, two ranks run and rank 1 never joins the 4th all-reduce. With one GPU, one
+rank runs: NCCL refuses two ranks on one device (NCCL 2.28.9 on an H100: "Duplicate GPU detected :
+rank 0 and rank 1 both on CUDA device"), so the rank's 4th all-reduce waits instead behind a kernel
+that spins on the compute stream past the timeout. Either way the NCCL watchdog times the
+collective out and dumps. What it writes under OUT:
+
+- `fr/trace_rank_<r>`: the dumps written by the NCCL watchdog on the timeout
+  (TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE);
+- `fr/analysis.txt`: `python -m torch.distributed.flight_recorder.fr_trace` over them;
+- `fr/rank_<r>.log`: each rank's stderr (NCCL_DEBUG=WARN), and `fr/summary.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RANK = """
+import os, sys, time, datetime, torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+torch.cuda.set_device(int(os.environ["DEVICE"]))
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=float(os.environ["TIMEOUT_S"])))
+x = torch.ones(1 << 20, device="cuda")
+for _ in range(3):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+print(f"rank {rank}: 3 all-reduces done", file=sys.stderr, flush=True)
+if rank == 1:
+    time.sleep(float(os.environ["TIMEOUT_S"]) * 4)  # never joins the 4th
+else:
+    if dist.get_world_size() == 1:  # the 4th waits behind a kernel spinning past the timeout
+        torch.cuda._sleep(int(float(os.environ["TIMEOUT_S"]) * 4 * 2e9))
+    dist.all_reduce(x)
+    torch.cuda.synchronize()  # the watchdog aborts the communicator at the timeout
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("--timeout-s", type=float, default=20.0)
+    args = p.parse_args()
+    import torch
+
+    fr = args.out / "fr"
+    fr.mkdir(parents=True, exist_ok=True)
+    devices = torch.cuda.device_count()
+    summary: dict[str, object] = {
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if devices else None,
+        "devices": devices,
+    }
+    port = _free_port()
+    world = 2 if devices > 1 else 1
+    summary["world_size"] = world
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DEVICE": str(rank),
+            "TIMEOUT_S": str(args.timeout_s),
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": str(fr / "trace_rank_"),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+            "NCCL_DEBUG": "WARN",
+            "NCCL_RAS_ENABLE": "1",
+        }
+        log = open(fr / f"rank_{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, "-c", RANK], env=env, stderr=log, stdout=log), log))
+    start = time.monotonic()
+    codes = []
+    for proc, log in procs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, args.timeout_s * 3 - (time.monotonic() - start))))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+        log.close()
+    summary["exit_codes"] = codes
+    summary["wall_s"] = round(time.monotonic() - start, 1)
+    summary["dumps"] = sorted(f.name for f in fr.glob("trace_rank_*"))
+    if summary["dumps"]:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.flight_recorder.fr_trace",
+                "--prefix",
+                "trace_rank_",
+                str(fr),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        (fr / "analysis.txt").write_text(r.stdout + r.stderr)
+        summary["analysis_rc"] = r.returncode
+    (fr / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
