@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -207,9 +208,88 @@ def analyse(
     if code != 0 and not verdict:
         tail = text.strip().splitlines()[-1:] or [f"exit {code}"]
         verdict = (f"Flight Recorder analyser failed: {tail[0][:300]}",)
-    elif not verdict:
+    if not verdict:
         verdict = ("Flight Recorder: every rank joined every recorded collective",)
+    if not any("missing ranks" in line for line in verdict):
+        # every rank joined (a GPU stream that never reaches the collective: a stuck kernel), or
+        # some dumps are missing or unreadable to the analyser: what each dump still waits on says
+        # where its rank stands
+        verdict = (*verdict, *pending_collectives(trace_dir))
     return verdict, text
+
+
+class _PlainData(pickle.Unpickler):
+    """A dump holds dicts, lists and scalars only: refuse anything that would import or run code."""
+
+    def find_class(self, module: str, name: str) -> object:
+        raise pickle.UnpicklingError(f"{module}.{name}: a Flight Recorder dump holds plain data only")
+
+
+def read_dump(path: str | Path) -> dict[str, object] | None:
+    """One rank's dump as the recorder wrote it, or None when it is unreadable or not a dump."""
+    try:
+        with open(path, "rb") as f:
+            data = _PlainData(f).load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+
+
+def _caller(entry: Mapping[str, object]) -> str:
+    """The innermost frame outside torch of a recorded collective: the code that called it."""
+    frames = entry.get("frames")
+    for frame in frames if isinstance(frames, list) else []:
+        name = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
+        if name and "/torch/" not in name:
+            return f"{Path(name).name}:{frame.get('line')} {frame.get('name')}"
+    return ""
+
+
+def pending_collectives(trace_dir: str | Path) -> tuple[str, ...]:
+    """One line per rank and group whose last enqueued collective never completed, read from each
+    dump's pg_status, e.g. "rank 0: collective 4 (all_reduce, group 0:default_pg) enqueued and not
+    completed (3 completed), called at train.py:412 train_step". The recorder marks a collective
+    started only when NCCL timing is on; without it, "enqueued" does not say whether it started."""
+    out = []
+    dumps = {}
+    for path in Path(trace_dir).glob(f"{TRACE_PREFIX}*"):
+        suffix = path.name[len(TRACE_PREFIX) :]
+        if suffix.isdigit():
+            dumps[int(suffix)] = path
+    for rank in sorted(dumps):
+        dump = read_dump(dumps[rank])
+        status = dump.get("pg_status") if dump else None
+        if not dump or not isinstance(status, dict):
+            continue
+        config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
+        for group, st in status.items():
+            if not isinstance(st, dict):
+                continue
+            enqueued, done = st.get("last_enqueued_collective"), st.get("last_completed_collective")
+            started = st.get("last_started_collective")
+            if not isinstance(enqueued, int) or not isinstance(done, int) or enqueued <= done:
+                continue
+            entry = next(
+                (
+                    e
+                    for e in reversed(dump["entries"])  # type: ignore[call-overload]
+                    if isinstance(e, dict)
+                    and e.get("collective_seq_id") == enqueued
+                    and str((e.get("process_group") or ("",))[0]) == str(group)
+                ),
+                {},
+            )
+            op = str(entry.get("profiling_name", "?")).split(":", 1)[-1]
+            desc = (config.get(group) or {}).get("desc", "") if isinstance(config, dict) else ""
+            state = (
+                "started and not completed"
+                if isinstance(started, int) and started >= enqueued
+                else "enqueued and not completed"
+            )
+            line = f"rank {rank}: collective {enqueued} ({op}, group {group}{':' + desc if desc else ''}) {state} ({done} completed)"
+            caller = _caller(entry)
+            out.append(line + (f", called at {caller}" if caller else ""))
+    return tuple(out)
 
 
 def ranks_by_node(ranks: Iterable[int], gpus_per_node: int) -> Mapping[int, list[int]]:

@@ -23,6 +23,7 @@ from tests.core.forensics.conftest import FIXTURES, make_run, sigstop, write_hea
 
 FAKE_RANK = Path(__file__).with_name("fake_nccl_rank.py")
 DUMPS = FIXTURES / "fr_dumps"
+NCCL_DUMPS = FIXTURES / "fr_dumps_nccl_h100"  # written by NCCL's watchdog on an H100
 # found without importing torch (seconds of start-up for a path)
 C10D_HEADERS = (
     Path(importlib.util.find_spec("torch").origin).parent
@@ -107,7 +108,45 @@ def test_real_analyser_when_a_rank_wrote_no_dump(tmp_path):
     (tmp_path / "trace_rank_0").write_bytes((DUMPS / "trace_rank_0").read_bytes())
     verdict, raw = fr.analyse(tmp_path, incomplete=True)
     assert "missed FR dumps from ranks ({1})" in raw
-    assert verdict == ("no Flight Recorder dump from ranks {1}: the analyser cannot decide what is wrong",)
+    assert verdict == (
+        "no Flight Recorder dump from ranks {1}: the analyser cannot decide what is wrong",
+        # the dump that is there still says where rank 0 waits
+        (
+            "rank 0: collective 4 (all_reduce, group 0:default_pg) enqueued and not completed (3 completed),"
+            " called at <string>:9 <module>"
+        ),
+    )
+
+
+def test_a_real_nccl_dump_where_every_rank_joined_says_what_still_waits(tmp_path):
+    # On a real NCCL run, one rank's 4th all-reduce waited behind a kernel that never ended: the
+    # analyser finds nothing wrong between ranks, and the dump's own status says where it stands.
+    verdict, _raw = fr.analyse(NCCL_DUMPS)
+    assert verdict == (
+        "Flight Recorder: every rank joined every recorded collective",
+        (
+            "rank 0: collective 4 (all_reduce, group 0:default_pg) enqueued and not completed (3 completed),"
+            " called at <string>:16 <module>"
+        ),
+    )
+    dump = fr.read_dump(NCCL_DUMPS / "trace_rank_0")
+    assert dump is not None and dump["comm_lib_version"] == "2.28.9"
+    assert dump["pg_config"] == {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}}
+
+
+def test_a_dump_that_would_run_code_is_not_read(tmp_path):
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "ran"),))
+
+    (tmp_path / "trace_rank_0").write_bytes(pickle.dumps({"entries": [Boom()]}))
+    (tmp_path / "trace_rank_1").write_bytes(b"not a pickle")
+    assert fr.read_dump(tmp_path / "trace_rank_0") is None
+    assert fr.read_dump(tmp_path / "trace_rank_1") is None
+    assert fr.pending_collectives(tmp_path) == ()
+    assert not (tmp_path / "ran").exists()
 
 
 def test_an_analyser_that_cannot_run_is_a_verdict_line(tmp_path):
@@ -234,7 +273,13 @@ def test_collect_with_a_stopped_rank_says_it_wrote_no_dump(tmp_path, fake_ranks)
             RankRef(0, 0, "localhost", procs[0].pid),
             communicators_ready=False,
         )
-    assert report.flight_recorder == ("no Flight Recorder dump from ranks {1}",)
+    assert report.flight_recorder == (
+        "no Flight Recorder dump from ranks {1}",
+        (
+            "rank 0: collective 4 (all_reduce, group 0:default_pg) enqueued and not completed"
+            " (3 completed), called at <string>:9 <module>"
+        ),
+    )
     assert any("ranks [1] on node 0: no dump within 3 s" in n for n in report.notes)
     stalled = next(d for d in report.dumps if d.role == "stalled")
     assert stalled.process_state == "T" and "fake_nccl_rank.py" in stalled.frames[0]
