@@ -82,6 +82,16 @@ def test_recorded_agent_line_of_a_gpu_node_parses_into_a_node_sample():
     assert s.process(24814).status == "sleeping" and s.received == 1759516621.6
 
 
+def test_an_agent_line_printed_on_a_real_h100_parses():
+    # benchmarks/gpu_session.sh ran the agent on a lent H100 (driver 580.159.04), idle, no run
+    s = parse_sample(agent_line("agent_line_h100_lent_idle.json"))
+    assert s.gpu_ok and len(s.gpus) == 1 and s.cpu_count == 16
+    g = s.gpus[0]
+    assert g.name == "NVIDIA H100 80GB HBM3" and g.util_pct == 0 and g.temp_c == 55
+    assert g.mem_total_mb == pytest.approx(85520809984 / 2**20, abs=1)
+    assert g.power_w == pytest.approx(140.0, abs=0.1) and g.ecc_uncorrected == 0
+
+
 def test_cpu_only_agent_line_carries_the_flag_and_the_reason():
     s = parse_sample(agent_line("agent_line_cpu_only.json"))
     assert not s.gpu_ok and s.gpus == () and "NVML" in s.gpu_reason
