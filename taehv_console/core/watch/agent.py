@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from taehv_console.core.watch.kmsg import KMSG, XidReader
 from taehv_console.core.watch.nvml import MB, NvmlSampler
 
 AGENT_VERSION = 1
@@ -258,6 +259,7 @@ class Agent:
         nvml: Any = None,
         replay: list[dict] | None = None,
         use_nvml: bool = True,
+        kmsg: str | None = KMSG,
     ):
         self.hostname = hostname or socket.gethostname()
         self.interval = interval
@@ -265,6 +267,8 @@ class Agent:
         self.nvml = None if (replay is not None or not use_nvml) else NvmlSampler(nvml)
         self.host = HostSampler(disks)
         self.procs = RunProcesses(run_dir, self.hostname)
+        # Xid lines in the kernel log (hardware evidence); none for a replayed or synthetic node
+        self.xids = XidReader(kmsg) if (kmsg and replay is None) else None
         self.seq = 0
         self._gone = False
 
@@ -289,6 +293,11 @@ class Agent:
             **self.host.read(),
             "processes": rows,
             "owners": {str(k): v for k, v in owners.items()},
+            "xid": (
+                self.xids.sample()
+                if self.xids is not None
+                else {"ok": False, "reason": "kernel log not read", "events": []}
+            ),
         }
         self.seq += 1
         return line
@@ -296,6 +305,8 @@ class Agent:
     def close(self) -> None:
         if self.nvml is not None:
             self.nvml.close()
+        if self.xids is not None:
+            self.xids.close()
 
 
 def _stdin_closed(fd: int, timeout: float) -> bool:
@@ -325,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-nvml", action="store_true", help="report no GPUs (a CPU-only sample)")
     ap.add_argument(
+        "--kmsg", default=KMSG, help="kernel log to read Xid lines from ('' for none; default %(default)s)"
+    )
+    ap.add_argument(
         "--replay", help="JSON file of recorded NVML readings to report instead of NVML (demos, benchmarks)"
     )
     ap.add_argument("--host-name", help="host name to report (synthetic nodes)")
@@ -343,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         hostname=args.host_name,
         replay=replay,
         use_nvml=not args.no_nvml,
+        kmsg=args.kmsg or None,
     )
     # A bounded run (--count) ends by itself: its stdin may be closed from the start (runner.run).
     stdin_fd = sys.stdin.fileno() if (sys.stdin is not None and not args.count) else -1

@@ -1,12 +1,14 @@
-"""Hardware evidence from the per-node agents' NVML samples: the nodes of a run whose GPUs say the
+"""Hardware evidence from the per-node agents' samples: the nodes of a run whose GPUs say the
 machine is bad (a GPU lost off the bus, uncorrectable ECC errors, GPUs or NVML gone since the node
-was first seen). Pure functions of a RunView; the run's recovery leaves such a node out at once.
+was first seen, from NVML; a hardware Xid in the node's kernel log, from core/watch/kmsg.py). Pure
+functions of a RunView; the run's recovery leaves such a node out at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from taehv_console.core.watch.kmsg import HARDWARE_XIDS
 from taehv_console.core.watch.state import NodeSample, RunView
 
 
@@ -53,4 +55,6 @@ def _evidence(sample: NodeSample, first: int | None) -> list[str]:
         elif g.ecc_uncorrected:  # None: no ECC on the board, or an agent too old to say
             n = g.ecc_uncorrected
             found.append(f"GPU {g.index}: {n} uncorrectable ECC error{'s' if n != 1 else ''}")
+    for code, pci in dict.fromkeys((x.code, x.pci) for x in sample.xids if x.code in HARDWARE_XIDS):
+        found.append(f"Xid {code} on the GPU at PCI {pci}: {HARDWARE_XIDS[code]} (kernel log)")
     return found

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from taehv_console.core.watch.nvml import MB, THROTTLE_REASONS
-from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample
+from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample, XidEvent
 
 _THROTTLE_ITEMS = tuple(sorted(THROTTLE_REASONS.items()))
 _NUM = (int, float)
@@ -116,4 +116,18 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
         processes=procs,
         agent_pid=int(data.get("agent_pid") or 0),
         received=time.time() if received is None else received,
+        xids=_xids(data.get("xid")),
+        xid_reason=str((data.get("xid") or {}).get("reason") or "")
+        if isinstance(data.get("xid"), Mapping)
+        else "",
+    )
+
+
+def _xids(field: object) -> tuple[XidEvent, ...]:
+    """The agent line's Xid events (absent from older agents' lines)."""
+    events = field.get("events") if isinstance(field, Mapping) else None
+    return tuple(
+        XidEvent(code=int(e["code"]), pci=str(e.get("pci", "")), text=str(e.get("text", "")))
+        for e in events or ()
+        if isinstance(e, Mapping) and type(e.get("code")) is int
     )

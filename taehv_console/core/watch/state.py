@@ -102,6 +102,15 @@ class DiskSample:
 
 
 @dataclass(frozen=True)
+class XidEvent:
+    """An Xid line of NVIDIA's driver in a node's kernel log (core/watch/kmsg.py)."""
+
+    code: int
+    pci: str  # the GPU's PCI address, as the driver names it
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class NodeSample:
     """One line of a node agent: what changes on the node (GPUs, CPU, RAM, disk, network, the
     run's processes). `time` is the node's clock; `received` is the console's, set on receipt."""
@@ -124,6 +133,8 @@ class NodeSample:
     processes: tuple[ProcessSample, ...] = ()
     agent_pid: int = 0
     received: float = 0.0
+    xids: tuple[XidEvent, ...] = ()  # seen in the kernel log since the agent started
+    xid_reason: str = ""  # why the kernel log is not read ("" when it is)
 
     def process(self, pid: int) -> ProcessSample | None:
         for p in self.processes:
