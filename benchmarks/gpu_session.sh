@@ -46,13 +46,16 @@ compiled() { # the bare loop compiled in the presets' layout, and one compiled s
 inputs() { # where an eager step's time goes, the input path, the 64x64 crop recipe
     tp --only profile,input,crop --time-limit-s "$(share "$1")"
 }
+convs() { # every convolution of a step timed alone, and padded to 8 channels where it is not
+    timeout "$(share "$1")" $PY benchmarks/conv_shapes.py --out "$OUT"
+}
 forensics() { # NVML as the node agent reads it, and NCCL's Flight Recorder on a hang
     timeout 15 $PY -m taehv_console.core.watch.agent --interval 0.5 --count 3 > "$OUT/nvml.jsonl" < /dev/null
     timeout "$(share "$1")" $PY benchmarks/nccl_forensics.py "$OUT/work" --timeout-s 10
     tar -C "$OUT/work" -czf "$OUT/fr.tar.gz" fr 2> /dev/null
     rm -rf "$OUT/work"
 }
-for step in ${STEPS:-eager:20 trainer:25 compiled:20 inputs:20 forensics:10}; do
+for step in ${STEPS:-eager:18 trainer:24 compiled:18 inputs:18 convs:10 forensics:8}; do
     "${step%%:*}" "${step##*:}"
 done
 n=0
