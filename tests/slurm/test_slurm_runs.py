@@ -229,6 +229,22 @@ def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slu
     _finished_with_weights(rc, console, run)
 
 
+def _kill_rank_1_in_an_allocation(
+    slurm_cluster, tmp_path, job_name: str, max_steps: int, *extra: str
+) -> tuple[Console, Path, int]:
+    """A console in a two-node allocation (checkpoints every 5 steps, 1 s backoff); rank 1 (on n2;
+    the "nodes" are loopback, so its pid is this machine's) killed with SIGKILL at step 7, after
+    the first checkpoint: (the console, the run, its exit code)."""
+    extra = ("--set", "schedule.checkpoint_every=5", "--set", "recovery.backoff_s=1", *extra)
+    argv = ["salloc", "--nodes=2", f"--job-name={job_name}", *cli_argv(*_args(tmp_path, max_steps, *extra))]
+    console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
+    run = _run_dir(console, tmp_path)
+    console.wait_for(lambda o: is_step(o, 7), 420, "step 7, after the checkpoint at step 5")
+    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    return console, run, console.wait(600)
+
+
 def test_a_rank_killed_inside_an_allocation_is_relaunched_with_srun_and_reaches_final_weights(
     slurm_cluster, tmp_path
 ):
@@ -236,20 +252,8 @@ def test_a_rank_killed_inside_an_allocation_is_relaunched_with_srun_and_reaches_
     the "nodes" are loopback, so its pid is this machine's) is killed with SIGKILL after the first
     checkpoint; the console relaunches the srun step in the same allocation from that checkpoint,
     and the run reaches final weights with the time lost recorded."""
-    extra = ("--set", "schedule.checkpoint_every=5", "--set", "recovery.backoff_s=1")
-    argv = [
-        "salloc",
-        "--nodes=2",
-        "--job-name=in-allocation-recovery",
-        *cli_argv(*_args(tmp_path, 14, *extra)),
-    ]
     t0 = time.time()
-    console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
-    run = _run_dir(console, tmp_path)
-    console.wait_for(lambda o: is_step(o, 7), 420, "step 7, after the checkpoint at step 5")
-    victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
-    os.kill(victim, signal.SIGKILL)
-    rc = console.wait(600)
+    console, run, rc = _kill_rank_1_in_an_allocation(slurm_cluster, tmp_path, "in-allocation-recovery", 14)
     state = run_state(run)
     assert state["backend"] == "slurm" and list(state["hosts"]) == ["n1", "n2"]
     _finished_with_weights(rc, console, run)
@@ -312,24 +316,12 @@ def test_a_node_whose_rank_is_killed_inside_an_allocation_is_left_out_and_the_ru
     restart on both nodes and leave n2 out only at its second failure. One strike stands in for a
     node that keeps failing, so that one kill reaches the exclusion."""
     name = "in-allocation-exclude"
-    extra = (
-        "--set",
-        "schedule.checkpoint_every=5",
-        "--set",
-        "recovery.backoff_s=1",
-        "--set",
-        "recovery.exclude_after=1",
-    )
-    argv = ["salloc", "--nodes=2", f"--job-name={name}", *cli_argv(*_args(tmp_path, 16, *extra))]
     t0 = time.time()
     steps = _Steps(slurm_cluster, name)
     try:
-        console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
-        run = _run_dir(console, tmp_path)
-        console.wait_for(lambda o: is_step(o, 7), 420, "step 7, after the checkpoint at step 5")
-        victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
-        os.kill(victim, signal.SIGKILL)
-        rc = console.wait(600)
+        console, run, rc = _kill_rank_1_in_an_allocation(
+            slurm_cluster, tmp_path, name, 16, "--set", "recovery.exclude_after=1"
+        )
     finally:
         srun_steps = steps.stop()
     assert rc == ExitCode.DONE, console.tail()

@@ -6,6 +6,9 @@ One real run for the whole flow: it is the slow part (about 20 s to start on two
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -54,6 +57,36 @@ def _stop_leftovers(run_path: str | None) -> None:
             request_stop(run, pool, grace_s=5)
 
 
+async def launch_from_the_wizard(pilot, app, seen: list[object]):
+    """The wizard as a new user walks it on this machine (detect, preflight, preset, review, start):
+    (the run's path, the review) once the dashboard has attached to the launched run."""
+    # no live run under --runs: the wizard opens and detects this machine
+    await wait_for(pilot, lambda: screen_is(app, "DetectScreen") and app.wizard.topology, 60, "detection")
+    assert app.wizard.topology.source.value == "local"
+    await pilot.press("n")
+    await wait_for(pilot, lambda: app.wizard.preflight, 120, "preflight")
+    assert app.wizard.preflight.report.ok, app.wizard.preflight.report.findings
+    assert "cpu-smoke" in app.wizard.preflight.chosen and "generated clips" in app.wizard.preflight.chosen
+    await pilot.press("n")
+    await wait_for(pilot, lambda: screen_is(app, "PresetScreen"), 30, "preset screen")
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.press("n")
+    await wait_for(pilot, lambda: screen_is(app, "ReviewScreen"), 60, "review")
+    review = app.wizard.review
+    assert not review.blocked
+    await pilot.press("s")
+    await wait_for(pilot, lambda: screen_is(app, "DashboardScreen"), 60, "dashboard")
+    launched = await wait_for(
+        pilot,
+        lambda: next((m for m in seen if isinstance(m, messages.RunAttached)), None),
+        30,
+        "launch",
+    )
+    assert launched.how == "launched" and launched.run_path == review.run_path  # the id the review showed
+    return launched.run_path, review
+
+
 def test_wizard_launches_stops_resumes_a_real_cpu_run(tmp_path):
     asyncio.run(_flow(tmp_path))
 
@@ -83,37 +116,8 @@ async def _flow(tmp_path) -> None:
     run_path = None
     try:
         async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
-            # no live run under --runs: the wizard opens and detects this machine
-            await wait_for(
-                pilot, lambda: screen_is(app, "DetectScreen") and app.wizard.topology, 60, "detection"
-            )
-            assert app.wizard.topology.source.value == "local"
-            await pilot.press("n")
-            await wait_for(pilot, lambda: app.wizard.preflight, 120, "preflight")
-            assert app.wizard.preflight.report.ok, app.wizard.preflight.report.findings
-            assert (
-                "cpu-smoke" in app.wizard.preflight.chosen
-                and "generated clips" in app.wizard.preflight.chosen
-            )
-            await pilot.press("n")
-            await wait_for(pilot, lambda: screen_is(app, "PresetScreen"), 30, "preset screen")
-            await app.workers.wait_for_complete()
-            await pilot.pause()
-            await pilot.press("n")
-            await wait_for(pilot, lambda: screen_is(app, "ReviewScreen"), 60, "review")
-            review = app.wizard.review
-            assert not review.blocked and review.config.optim.max_steps == 1000
-            await pilot.press("s")
-
-            await wait_for(pilot, lambda: screen_is(app, "DashboardScreen"), 60, "dashboard")
-            launched = await wait_for(
-                pilot,
-                lambda: next((m for m in seen if isinstance(m, messages.RunAttached)), None),
-                30,
-                "launch",
-            )
-            run_path = launched.run_path
-            assert launched.how == "launched" and run_path == review.run_path  # the id the review showed
+            run_path, review = await launch_from_the_wizard(pilot, app, seen)
+            assert review.config.optim.max_steps == 1000
             await wait_for(pilot, lambda: step_of(app) >= 1, 240, "the first steps")
             first = step_of(app)
             await wait_for(pilot, lambda: step_of(app) > first, 120, "steps advancing")
@@ -169,5 +173,55 @@ async def _flow(tmp_path) -> None:
             )
             await pilot.press("q")
         assert not any(isinstance(m, messages.ControlFailed) for m in seen), seen
+    finally:
+        _stop_leftovers(run_path)
+
+
+def test_the_tui_quit_in_the_middle_of_a_kill_9_the_run_still_recovers(tmp_path, monkeypatch):
+    """Issue 20's case: a rank dies and the user quits the TUI while the console is on it. The
+    supervisor the launch started takes the run back and heals it, with every window closed."""
+    monkeypatch.setenv("TAEHV_SUPERVISOR", "on")
+    asyncio.run(_quit_mid_kill(tmp_path))
+
+
+async def _quit_mid_kill(tmp_path) -> None:
+    seen: list[object] = []
+    app = sample_app(
+        "--runs",
+        str(tmp_path / "runs"),
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--set",
+        "optim.max_steps=16",
+        "--set",
+        "schedule.val_every=1000",
+        "--set",
+        "schedule.checkpoint_every=4",
+        "--set",
+        "recovery.backoff_s=1",
+        startup="auto",
+    )
+    run_path = None
+    try:
+        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+            run_path, _review = await launch_from_the_wizard(pilot, app, seen)
+            await wait_for(pilot, lambda: step_of(app) >= 6, 300, "step 6, after the checkpoint at step 4")
+            run = Path(run_path)
+            assert (run / "supervisor.json").is_file()  # the launch started one
+            victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+            os.kill(victim, signal.SIGKILL)
+            await pilot.pause(1.0)  # the console is on it: its watch has seen the rank go
+            await pilot.press("q")
+        run = Path(run_path)
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and json.loads((run / "state.json").read_text())["phase"] != "done":
+            await asyncio.sleep(1)
+        state = json.loads((run / "state.json").read_text())
+        log = (run / "supervisor.log").read_text()
+        assert state["phase"] == "done", log[-3000:]
+        assert (run / "final" / "taehv.safetensors").is_file()
+        assert [a["decision"] for a in state["attempts"]] == ["restart", ""], state["attempts"]
+        assert state["attempts"][-1]["restarted_by"] == "recovery"
+        assert "restarting (restart 1 of" in log
     finally:
         _stop_leftovers(run_path)
