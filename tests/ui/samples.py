@@ -19,16 +19,14 @@ from taehv_console.core.models import (
     Topology,
     TopologySource,
 )
+from taehv_console.core.watch.nodesample import DiskSample, GpuSample, NodeSample
 from taehv_console.core.watch.state import (
     CheckpointInfo,
     CheckpointState,
     CheckpointSummary,
     ClusterState,
     CollectiveStall,
-    DiskSample,
-    GpuSample,
     Histories,
-    NodeSample,
     NodeSnapshot,
     NodeState,
     Notice,

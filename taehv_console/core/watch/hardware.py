@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from taehv_console.core.watch.kmsg import HARDWARE_XIDS
-from taehv_console.core.watch.state import NodeSample, RunView
+from taehv_console.core.watch.nodesample import NodeSample
+from taehv_console.core.watch.state import RunView
 
 
 def first_gpu_counts(view: RunView, known: Mapping[str, int]) -> Mapping[str, int]:

@@ -21,13 +21,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from taehv_console.core.watch.nodesample import NodeSample, ProcessSample
 from taehv_console.core.watch.nvml import SLOWDOWN_REASONS
 from taehv_console.core.watch.state import (
     CollectiveStall,
     LogSignal,
-    NodeSample,
     NodeState,
-    ProcessSample,
     RankHealth,
     RankState,
     copy_replacing,

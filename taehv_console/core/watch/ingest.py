@@ -23,11 +23,11 @@ from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.events import EventFold, rank_of
 from taehv_console.core.watch.health import RankObservation
 from taehv_console.core.watch.nodeline import parse_sample
+from taehv_console.core.watch.nodesample import NodeSample
 from taehv_console.core.watch.state import (
     CheckpointSummary,
     ForensicsSummary,
     LogSignal,
-    NodeSample,
     Notice,
     PointHistory,
     Series,

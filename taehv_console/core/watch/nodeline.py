@@ -10,8 +10,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from taehv_console.core.watch.nodesample import DiskSample, GpuSample, NodeSample, ProcessSample, XidEvent
 from taehv_console.core.watch.nvml import MB, THROTTLE_REASONS
-from taehv_console.core.watch.state import DiskSample, GpuSample, NodeSample, ProcessSample, XidEvent
 
 _THROTTLE_ITEMS = tuple(sorted(THROTTLE_REASONS.items()))
 _NUM = (int, float)

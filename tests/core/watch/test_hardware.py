@@ -22,9 +22,10 @@ from taehv_console.core.cluster.ssh import SshPool, SshSettings
 from taehv_console.core.models import BackendKind
 from taehv_console.core.watch.hardware import first_gpu_counts, hardware_evidence
 from taehv_console.core.watch.nodeline import gpu_samples, parse_sample
+from taehv_console.core.watch.nodesample import NodeSample
 from taehv_console.core.watch.nvml import NvmlSampler
 from taehv_console.core.watch.runwatch import RunWatch
-from taehv_console.core.watch.state import NodeSample, NodeSnapshot, NodeState, RunHeader, RunView
+from taehv_console.core.watch.state import NodeSnapshot, NodeState, RunHeader, RunView
 from taehv_console.core.watch.streams import LocalLineStream
 from tests.core.watch.conftest import agent_line, fast_config, nvml_fixture
 from tests.core.watch.test_agent import _ScriptedNvml

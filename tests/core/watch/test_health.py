@@ -9,7 +9,8 @@ import pytest
 from taehv_console.core.logscan import LogSignal
 from taehv_console.core.watch.health import HealthPolicy, RankObservation, assess_node, assess_ranks
 from taehv_console.core.watch.nodeline import parse_sample
-from taehv_console.core.watch.state import NodeState, ProcessSample, RankState
+from taehv_console.core.watch.nodesample import ProcessSample
+from taehv_console.core.watch.state import NodeState, RankState
 from tests.core.watch.conftest import agent_line, nvml_fixture
 
 NOW = 10_000.0
