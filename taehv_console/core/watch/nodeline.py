@@ -94,6 +94,7 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
         )
         for p in data.get("processes") or ()
     )
+    xids, xid_reason = _xids(data)
     return NodeSample(
         host=str(data["host"]),
         time=float(data["time"]),
@@ -116,18 +117,20 @@ def parse_sample(data: str | bytes | Mapping[str, Any], received: float | None =
         processes=procs,
         agent_pid=int(data.get("agent_pid") or 0),
         received=time.time() if received is None else received,
-        xids=_xids(data.get("xid")),
-        xid_reason=str((data.get("xid") or {}).get("reason") or "")
-        if isinstance(data.get("xid"), Mapping)
-        else "",
+        xids=xids,
+        xid_reason=xid_reason,
     )
 
 
-def _xids(field: object) -> tuple[XidEvent, ...]:
-    """The agent line's Xid events (absent from older agents' lines)."""
-    events = field.get("events") if isinstance(field, Mapping) else None
-    return tuple(
-        XidEvent(code=int(e["code"]), pci=str(e.get("pci", "")), text=str(e.get("text", "")))
-        for e in events or ()
-        if isinstance(e, Mapping) and type(e.get("code")) is int
+def _xids(data: Mapping[str, Any]) -> tuple[tuple[XidEvent, ...], str]:
+    """The agent line's Xid events and why its kernel log is not read (absent from older agents'
+    lines: none, and no reason)."""
+    d = data.get("xid")
+    if not isinstance(d, Mapping):
+        return (), ""
+    events = tuple(
+        XidEvent(code=int(p["code"]), pci=str(p.get("pci", "")), text=str(p.get("text", "")))
+        for p in d.get("events") or ()
+        if isinstance(p, Mapping) and type(p.get("code")) is int
     )
+    return events, str(d.get("reason") or "")
