@@ -222,6 +222,9 @@ async def _quit_mid_kill(tmp_path) -> None:
         assert (run / "final" / "taehv.safetensors").is_file()
         assert [a["decision"] for a in state["attempts"]] == ["restart", ""], state["attempts"]
         assert state["attempts"][-1]["restarted_by"] == "recovery"
-        assert "restarting (restart 1 of" in log
+        # After the quit the supervisor owns the run and carries it to the end, whichever step of the
+        # recovery the console had reached when its window closed (a matter of timing: CI has seen
+        # the supervisor restart the failed attempt, and take over one the console had restarted)
+        assert f"{run.name} ended: done" in log, log
     finally:
         _stop_leftovers(run_path)
