@@ -2,7 +2,7 @@
 2 DeepSpeed ranks on gloo, generated clips), the seconds from the fault to training again, split
 into detection, teardown and relaunch, and the steps trained again since the checkpoint resumed.
 
-    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error] [--stall-after 20]
+    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error] [--stall-after 20] [--keep]
 
 kill9: SIGKILL of rank 1 (the OOM killer, a crash); sigstop: rank 1 stops and never comes back (a
 hang; ended at recovery.stall_restart_after_s); error: the trainer raises an error that would
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,9 +55,19 @@ def wait_step(proc: subprocess.Popen, step: int) -> None:
     raise SystemExit("the run ended before the fault could be injected")
 
 
-def measure(fault: str, stall_after: float) -> dict:
+def measure(fault: str, stall_after: float, keep: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"taehv-recovery-{fault}-"))
-    runs = work / "runs"
+    try:
+        out = _measure(fault, stall_after, work / "runs")
+    finally:
+        if not keep:  # a run directory holds ~0.7 GB of checkpoints
+            shutil.rmtree(work, ignore_errors=True)
+    if keep:
+        out["runs"] = str(work / "runs")
+    return out
+
+
+def _measure(fault: str, stall_after: float, runs: Path) -> dict:
     extra = ["--set", f"recovery.stall_restart_after_s={stall_after:g}"]
     if fault == "error":
         extra += ["--env", "TAEHV_FAULTS=raise:1:8"]
@@ -97,9 +108,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", default="kill9,sigstop,error")
     parser.add_argument("--stall-after", type=float, default=20.0, help="recovery.stall_restart_after_s")
+    parser.add_argument("--keep", action="store_true", help="keep each fault's run directory (~0.7 GB)")
     args = parser.parse_args()
     for fault in args.faults.split(","):
-        print(json.dumps(measure(fault.strip(), args.stall_after)), flush=True)
+        print(json.dumps(measure(fault.strip(), args.stall_after, args.keep)), flush=True)
     return 0
 
 
