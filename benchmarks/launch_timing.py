@@ -16,7 +16,6 @@ Both "nodes" share this machine's cores, so the numbers include that contention.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -25,15 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def load_loopback_sshd():
-    # loaded by path under its own name, registered before it runs (its dataclasses need it)
-    spec = importlib.util.spec_from_file_location("taehv_test_conftest", ROOT / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.LoopbackSshd
 
 
 def one_round(pool, runs: Path, clips: Path, port: int, steps_before_stop: int) -> dict[str, float]:
@@ -93,9 +83,9 @@ def main() -> int:
     args = p.parse_args()
 
     from taehv_console.core.cluster.ssh import SshPool
+    from tests.conftest import LoopbackSshd
     from trainer.synthetic import make_synthetic
 
-    LoopbackSshd = load_loopback_sshd()
     with tempfile.TemporaryDirectory(prefix="taehv-launch-bench-") as tmp:
         work = Path(tmp)
         clips = work / "clips"

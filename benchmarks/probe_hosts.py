@@ -13,7 +13,6 @@ remote probes compete for cores and the wall time rises with N for that reason a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -22,16 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_loopback_sshd():
-    # The fixture module is loaded by path: tests/ is not a package. It must be in sys.modules
-    # before it runs, for its dataclasses.
-    spec = importlib.util.spec_from_file_location("taehv_test_conftest", ROOT / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.LoopbackSshd
+sys.path.insert(0, str(ROOT))  # tests.conftest: the loopback sshd
 
 
 def main() -> int:
@@ -42,8 +32,9 @@ def main() -> int:
 
     from taehv_console.core.cluster.gather import probe_hosts
     from taehv_console.core.cluster.ssh import SshPool
+    from tests.conftest import LoopbackSshd
 
-    sshd = load_loopback_sshd()(tempfile.mkdtemp(prefix="taehv-bench-sshd-"), n_hosts=max(args.sizes)).start()
+    sshd = LoopbackSshd(tempfile.mkdtemp(prefix="taehv-bench-sshd-"), n_hosts=max(args.sizes)).start()
     try:
         settings = sshd.settings()
         print(

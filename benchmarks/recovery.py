@@ -2,11 +2,16 @@
 2 DeepSpeed ranks on gloo, generated clips), the seconds from the fault to training again, split
 into detection, teardown and relaunch, and the steps trained again since the checkpoint resumed.
 
-    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error] [--stall-after 20] [--keep]
+    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error,node-lost,node-lost-spare]
+        [--stall-after 20] [--keep]
 
 kill9: SIGKILL of rank 1 (the OOM killer, a crash); sigstop: rank 1 stops and never comes back (a
 hang; ended at recovery.stall_restart_after_s); error: the trainer raises an error that would
-repeat (ended at once, no restart: the figure is the time to FAILED). One JSON line per fault:
+repeat (ended at once, no restart: the figure is the time to FAILED); node-lost: two loopback
+"nodes" over a real sshd (one rank each, as tests/e2e/test_node_loss.py), and node 1's sshd and
+every process on it SIGKILLed, so it cannot be reached: it is left out and the run goes on with one
+node through a universal checkpoint; node-lost-spare: the same with a spares hostfile, so a spare
+takes its place at the same world size (needs openssh-server). One JSON line per fault:
 fault_to_training_s from the signal itself; lost_s from the failed attempt's last step, split into
 detect_s (to the failure named), teardown_s (to nothing of it left) and relaunch_s (backoff,
 start-up and checkpoint load, to the first step again).
@@ -19,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,9 +37,76 @@ sys.path.insert(0, str(ROOT))
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.state import RunState
 
+FAULTS = ("kill9", "sigstop", "error", "node-lost", "node-lost-spare")
+NODE0, LOST, SPARE = "127.0.0.2", "127.0.0.6", "127.0.0.4"
+SSH_KEYS = ("client_ed25519", "client_ed25519.pub", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 
-def console(runs: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "TAEHV_SUPERVISOR": "off", "DS_ACCELERATOR": "cpu"}
+
+class TwoNodes:
+    """Two loopback nodes: NODE0 and SPARE behind one sshd, LOST behind an sshd of its own on the
+    same port and keys, so that losing it (its sshd and every process on it killed) leaves nothing
+    that answers there."""
+
+    def __init__(self, work: Path, spare: bool):
+        from tests.conftest import LoopbackSshd
+
+        self.work, self.spare = work, spare
+        self.main = LoopbackSshd(work / "sshd", n_hosts=3, first=2).start()
+        own = work / "node-sshd"
+        own.mkdir()
+        for name in SSH_KEYS:
+            shutil.copy(self.main.dir / name, own / name)
+        self.node = LoopbackSshd(own, n_hosts=1, first=6).start(port=self.main.port)
+        self.known = work / "known_hosts"
+        self.known.write_text(
+            Path(self.main.known_hosts).read_text() + Path(self.node.known_hosts).read_text()
+        )
+        self.lost_pids: list[int] = []
+
+    def args(self) -> list[str]:
+        hostfile = self.work / "hostfile"
+        hostfile.write_text(f"{NODE0} slots=1\n{LOST} slots=1\n")
+        with socket.socket() as s:
+            s.bind((NODE0, 0))
+            port = s.getsockname()[1]
+        out = ["--hosts", str(hostfile), "--master-port", str(port)]
+        if self.spare:
+            (self.work / "spares").write_text(f"{SPARE} slots=1\n")
+            out += ["--spares", str(self.work / "spares")]
+        return out
+
+    def env(self) -> dict[str, str]:
+        return {**self.main.env(), "TAEHV_KNOWN_HOSTS": str(self.known)}
+
+    def lose(self, run: Path) -> None:
+        from tests.conftest import process_tree
+
+        node1 = next(
+            n
+            for n in json.loads((run / "state.json").read_text())["attempts"][-1]["nodes"]
+            if n["index"] == 1
+        )
+        sshd = self.node._proc
+        pids = (process_tree(sshd.pid) if sshd is not None else []) + process_tree(node1["pid"])
+        self.lost_pids = pids
+        _kill(pids)
+
+    def close(self) -> None:
+        _kill(self.lost_pids)
+        self.node.stop()
+        self.main.stop()
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def console(runs: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, **(env or {}), "TAEHV_SUPERVISOR": "off", "DS_ACCELERATOR": "cpu"}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_NODELIST"):
         env.pop(key, None)
     argv = [sys.executable, "-m", "taehv_console.cli", "--no-tui", "--runs", str(runs), "--json"]
@@ -57,9 +130,12 @@ def wait_step(proc: subprocess.Popen, step: int) -> None:
 
 def measure(fault: str, stall_after: float, keep: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"taehv-recovery-{fault}-"))
+    nodes = TwoNodes(work, spare=fault == "node-lost-spare") if fault.startswith("node-lost") else None
     try:
-        out = _measure(fault, stall_after, work / "runs")
+        out = _measure(fault, stall_after, work / "runs", nodes)
     finally:
+        if nodes is not None:
+            nodes.close()
         if not keep:  # a run directory holds ~0.7 GB of checkpoints
             shutil.rmtree(work, ignore_errors=True)
     if keep:
@@ -67,16 +143,18 @@ def measure(fault: str, stall_after: float, keep: bool) -> dict:
     return out
 
 
-def _measure(fault: str, stall_after: float, runs: Path) -> dict:
+def _measure(fault: str, stall_after: float, runs: Path, nodes: TwoNodes | None) -> dict:
     extra = ["--set", f"recovery.stall_restart_after_s={stall_after:g}"]
     if fault == "error":
         extra += ["--env", "TAEHV_FAULTS=raise:1:8"]
-    proc = console(runs, *extra)
+    proc = console(runs, *extra, *(nodes.args() if nodes else []), env=nodes.env() if nodes else None)
     wait_step(proc, 7)
     run = next(runs.glob("20*"))
     pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
     t_fault = time.time()
-    if fault == "kill9":
+    if nodes is not None:
+        nodes.lose(run)
+    elif fault == "kill9":
         os.kill(pid, signal.SIGKILL)
     elif fault == "sigstop":
         os.kill(pid, signal.SIGSTOP)
@@ -101,17 +179,24 @@ def _measure(fault: str, stall_after: float, runs: Path) -> dict:
         )
     else:
         out["fault_to_failed_s"] = round((first.get("ended") or detected or t_fault) - t_fault, 1)
+    for left_out in state.get("exclusions") or []:
+        out.setdefault("excluded", []).append(
+            {k: left_out.get(k) for k in ("host", "replaced_by", "nodes_before", "nodes_after")}
+        )
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--faults", default="kill9,sigstop,error")
+    parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--stall-after", type=float, default=20.0, help="recovery.stall_restart_after_s")
     parser.add_argument("--keep", action="store_true", help="keep each fault's run directory (~0.7 GB)")
     args = parser.parse_args()
-    for fault in args.faults.split(","):
-        print(json.dumps(measure(fault.strip(), args.stall_after, args.keep)), flush=True)
+    faults = [f.strip() for f in args.faults.split(",")]
+    if unknown := sorted(set(faults) - set(FAULTS)):
+        parser.error(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    for fault in faults:
+        print(json.dumps(measure(fault, args.stall_after, args.keep)), flush=True)
     return 0
 
 
