@@ -248,6 +248,12 @@ class RecoverySection(_Section):
         description="restart when a rank has been stalled this long (0 = auto: the larger of "
         "180 s and 20 step times)",
     )
+    node_lost_after_s: float = Field(
+        60,
+        gt=0,
+        description="a node the console cannot reach while the run makes no step for this long is "
+        "lost (left out, or replaced by a spare); while steps go on it is only SSH trouble",
+    )
     exclude_after: int = Field(2, ge=1, description="strikes against one node before it is left out")
     min_nodes: int = Field(1, ge=1, description="the fewest nodes a run continues on after leaving nodes out")
     backoff_s: float = Field(10, ge=0, description="wait before the first restart; doubles each restart")

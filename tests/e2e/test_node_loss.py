@@ -200,17 +200,24 @@ def test_a_hung_node_that_cannot_be_reached_counts_as_lost_after_the_bound_and_i
     """The machine freezes (its ranks SIGSTOPped) and drops off the network: rank 0 waits in its
     collective without an error, so only the bound on an unreachable node with no step ends it,
     long before the collective timeout."""
-    from taehv_console.core.run.liveness import NODE_LOST_AFTER_S
-
     server, known = node_sshd
     # the stall bound (cpu-smoke: 60 s) would end the attempt too; this test is about the other bound
-    c = console(tmp_path, sshd, known, "--set", "recovery.stall_restart_after_s=600")
+    bound = 20
+    c = console(
+        tmp_path,
+        sshd,
+        known,
+        "--set",
+        "recovery.stall_restart_after_s=600",
+        "--set",
+        f"recovery.node_lost_after_s={bound}",
+    )
     run = _run_after_loss(c, tmp_path, server, signal.SIGSTOP)
     state = run_state(run)
     first, second = state["attempts"][0], state["attempts"][-1]
     assert (first["cause"], first["decision"], first["blamed_node"]) == ("node-lost", "exclude", 1), first
     assert "cannot be reached" in first["why"] and second["outcome"] == "done"
     # named once the bound had passed with no step, not at the first missed answer
-    assert first["detected"] - first["last_step_at"] >= NODE_LOST_AFTER_S, first
+    assert first["detected"] - first["last_step_at"] >= bound, first
     assert state["exclusions"][0]["nodes_after"] == 1
     print(f"\nhung node lost -> training again on one node: {second['lost_s']} s")

@@ -22,10 +22,6 @@ PEER_START_MARGIN_S = 120.0
 # A launcher whose tree is gone gets this long to have its exit status appear before it counts
 # as vanished (the wrapper writes it the moment the launcher exits, on shared storage).
 STATUS_LAG_S = 5.0
-# A node the console cannot reach while the run makes no step for this long is lost: its ranks are
-# gone or cut off, and the others wait on them until the collective timeout (hours on the presets).
-# While steps go on, an unreachable node is only the console's SSH trouble: the run trains on.
-NODE_LOST_AFTER_S = 60.0
 
 
 class LivenessMixin(ControllerParts):
@@ -105,12 +101,16 @@ class LivenessMixin(ControllerParts):
                 self._vanished[node] = "srun"
 
     def _lost_nodes(self, now: float) -> list[int]:
-        """Nodes unreachable for NODE_LOST_AFTER_S while the run made no step for as long."""
+        """Nodes unreachable for recovery.node_lost_after_s while the run made no step for as long:
+        their ranks are gone or cut off, and the others would wait on them until the collective
+        timeout (hours on the presets). While steps go on, an unreachable node is only the
+        console's SSH trouble: the run trains on."""
+        bound = self.cfg.recovery.node_lost_after_s
         a = self.attempt
         last = max(self._tail().progress.last_step_time or 0.0, a.started if a else 0.0)
-        if now - last < NODE_LOST_AFTER_S:
+        if now - last < bound:
             return []
-        return sorted(n for n, (since, _) in self._unreachable.items() if now - since >= NODE_LOST_AFTER_S)
+        return sorted(n for n, (since, _) in self._unreachable.items() if now - since >= bound)
 
 
 def _short(err: Exception) -> str:

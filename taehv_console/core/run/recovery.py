@@ -369,6 +369,7 @@ def policy_lines(policy: RecoverySection, notify: NotifySection, step_time_s: fl
         f"notify: {', '.join(targets) or 'none'}",
         (
             f"a bad node is left out ({policy.exclude_after} strikes; at once if its GPUs fail or it is "
-            f"unreachable): a spare replaces it, else {policy.min_nodes}+ nodes go on"
+            f"unreachable for {policy.node_lost_after_s:g} s with no step): a spare replaces it, else "
+            f"{policy.min_nodes}+ nodes go on"
         ),
     ]
