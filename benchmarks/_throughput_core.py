@@ -205,8 +205,11 @@ def dynamo_counts() -> dict[str, Any]:
     }
 
 
-def build_bare(layout: str, compiled: bool, device: str) -> tuple[TAEHV, torch.optim.Optimizer]:
-    """TAEHV with AdamW (fp32 weights, fused on CUDA) in the trainer's execution settings."""
+def build_bare(
+    layout: str, compiled: bool, device: str, compile_mode: str = "default"
+) -> tuple[TAEHV, torch.optim.Optimizer]:
+    """TAEHV with AdamW (fp32 weights, fused on CUDA) in the trainer's execution settings
+    (`compile_mode`: torch.compile's mode, as model.compile_mode sets it)."""
     torch.manual_seed(0)
     model = TAEHV().to(device).train()
     if layout == "channels_last":
@@ -214,7 +217,10 @@ def build_bare(layout: str, compiled: bool, device: str) -> tuple[TAEHV, torch.o
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=device == "cuda")
     if compiled:
         # per-stage compile (forward, encode and decode on teacher latents alike) where the model has it
-        model.compile_stages() if hasattr(model, "compile_stages") else model.compile()
+        if hasattr(model, "compile_stages"):
+            model.compile_stages(mode=compile_mode)
+        else:
+            model.compile(mode=compile_mode)
     return model, opt
 
 
@@ -282,7 +288,7 @@ def measure_bare(
     counters.clear()
     free(args.device)
     try:
-        model, opt = build_bare(layout, mode == "compile", args.device)
+        model, opt = build_bare(layout, mode == "compile", args.device, args.compile_mode)
         video = clip_batch(batch, frames, h, w, args.device)
         latents = teacher_like_latents(video) if distill else None
         t0 = time.perf_counter()
@@ -312,6 +318,7 @@ def measure_bare(
     cell.update(memory(args.device))
     cell["first_step_s"] = round(first_s, 3)
     if mode == "compile":
+        cell["compile_mode"] = args.compile_mode
         cell["compile_s"] = round(first_s - cell["step_ms_median"] / 1e3, 3)
         cell.update(dynamo_counts())
     del model, opt, video, latents

@@ -72,6 +72,7 @@ def section_trainer(args: Any, out: Out) -> None:
         ]
         cmd += ["--trainer-batch", str(args.trainer_batch), "--trainer-layout", args.trainer_layout]
         cmd += ["--workers", str(_workers(args))] + (["--trainer-compile"] if args.trainer_compile else [])
+        cmd += ["--compile-mode", args.compile_mode]
         cmd += [] if args.bf16 else ["--no-bf16"]
         env = {**os.environ, "DS_ACCELERATOR": "cuda" if args.device == "cuda" else "cpu"}
         try:
@@ -106,6 +107,7 @@ def trainer_child(args: Any, out: Out) -> None:
             "model": {
                 "channels_last": args.trainer_layout == "channels_last",
                 "compile": args.trainer_compile,
+                "compile_mode": args.compile_mode,
             },
         }
         t0 = time.perf_counter()
@@ -210,7 +212,7 @@ def section_profile(args: Any, out: Out) -> None:
     if args.device != "cuda" and mode == "compile":
         out.emit("profile", skipped="compile: no CUDA")
         return
-    model, opt = build_bare(layout, mode == "compile", args.device)
+    model, opt = build_bare(layout, mode == "compile", args.device, args.compile_mode)
     video = clip_batch(batch, args.size[0], args.size[1], args.size[2], args.device)
     for _ in range(max(2, args.warmup)):
         bare_step(model, opt, video, args)

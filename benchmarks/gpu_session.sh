@@ -46,6 +46,12 @@ compiled() { # the bare loop compiled in the presets' layout, and one compiled s
 inputs() { # where an eager step's time goes, the input path, the 64x64 crop recipe
     tp --only profile,input,crop --time-limit-s "$(share "$1")"
 }
+autotune() { # compiled with max-autotune (Triton conv templates against cuDNN, ReLU fused into them);
+    # not in the default list: its compile alone may take minutes (a follow-up: STEPS="autotune:100")
+    local s; s=$(share "$1")
+    timeout "$s" $PY benchmarks/gpu_throughput.py --out "$OUT" --only grid --layouts channels_last \
+        --modes compile --batches 8 --compile-mode max-autotune-no-cudagraphs --time-limit-s "$s"
+}
 convs() { # every convolution of a step timed alone, and padded to 8 channels where it is not
     timeout "$(share "$1")" $PY benchmarks/conv_shapes.py --out "$OUT"
 }

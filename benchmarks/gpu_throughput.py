@@ -244,6 +244,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--layouts", default="channels_last,nchw", help="the first goes first (the presets' layout)"
     )
     p.add_argument("--modes", default="eager,compile")
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "max-autotune-no-cudagraphs"),
+        help="torch.compile's mode for every compiled part, the trainer's included (model.compile_mode)",
+    )
     p.add_argument("--batches", default="4,8,max")
     p.add_argument("--max-batch-cap", type=int, default=64, help="the max-batch search stops here")
     p.add_argument(

@@ -134,6 +134,9 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
             only,
             "--zero",
             "2",
+            # the trainer's run.toml carries it (compile itself is CUDA-only here): it must validate
+            "--compile-mode",
+            "max-autotune-no-cudagraphs",
             "--out",
             str(out),
         ],

@@ -52,6 +52,13 @@ class ModelSection(_Section):
     activation_checkpointing: bool = False
     channels_last: bool = False
     compile: bool = False
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = Field(
+        "default",
+        description="torch.compile's mode under model.compile: 'max-autotune-no-cudagraphs' times "
+        "Triton convolution and matmul templates against cuDNN's kernels and keeps the faster, "
+        "which lets a convolution's ReLU fuse into it (compiling takes minutes longer). No CUDA-graph "
+        "modes: untried under DeepSpeed, and with steps of ~200 ms kernel launches are not what limits",
+    )
 
     @model_validator(mode="after")
     def _time_scales_agree(self) -> ModelSection:

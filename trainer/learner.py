@@ -85,7 +85,8 @@ def build_learner(
         # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
         rt.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
     if cfg.model.compile:
-        model.compile_stages()  # each encoder/decoder stage: decode on teacher latents runs compiled too
+        # each encoder/decoder stage: decode on teacher latents runs compiled too
+        model.compile_stages(mode=cfg.model.compile_mode)
     teacher = None
     if teacher_cpu is not None:
         teacher = teacher_cpu.to(rt.device, torch.bfloat16 if rt.precision == "bf16" else torch.float32)

@@ -116,3 +116,26 @@ def test_the_compiled_backward_pools_the_upsample_gradient_instead_of_scattering
     assert backward_ops
     assert not [op for op in backward_ops if "index_put" in op]
     assert sum("avg_pool2d" in op for op in backward_ops) == 3  # the decoder's three 2x upsamples
+
+
+def test_model_compile_mode_reaches_torch_compile_for_every_stage(monkeypatch):
+    """model.compile_mode is passed to torch.compile for each stage, with dynamic=False kept, and a
+    mode the config does not offer is refused naming the field."""
+    from pydantic import ValidationError
+
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig.model_validate(
+        {"model": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}}
+    )
+    asked: list[dict] = []
+
+    def record(fn, *args, **kwargs):
+        asked.append(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    TAEHV().compile_stages(mode=cfg.model.compile_mode)
+    assert asked == [{"mode": "max-autotune-no-cudagraphs", "dynamic": False}] * 9
+    with pytest.raises(ValidationError, match="model.compile_mode"):
+        TrainConfig.model_validate({"model": {"compile_mode": "reduce-overhead"}})
