@@ -625,13 +625,13 @@ class _FixtureOwners:
     def pytest_fixture_setup(self, fixturedef, request):
         with REAPER.lock:
             REAPER.owners.append((fixturedef, f"fixture {fixturedef.argname} ({fixturedef.scope})"))
-        before = _entries(REAPER.basetemp) if fixturedef.scope == "session" else None
+        before = _entries(REAPER.basetemp) if fixturedef.scope in ("session", "package") else None
         try:
             return (yield)
         finally:
             with REAPER.lock:
                 REAPER.owners.pop()
-            if before is not None:  # what a session fixture made lives until the session ends
+            if before is not None:  # what a session (or package) fixture made outlives the module
                 _SESSION_DIRS.update(_entries(REAPER.basetemp) - before)
 
     def pytest_fixture_post_finalizer(self, fixturedef, request):
