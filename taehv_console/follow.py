@@ -215,7 +215,8 @@ class RichView(PlainView):
 
         self.health(view)
         h = headline(view)
-        stats = f"loss {h.loss}  psnr {h.psnr} dB  {h.clips_per_s} clips/s  eta {h.eta}"
+        mfu = f"  MFU {h.mfu}{' (low)' if h.slow else ''}" if h.mfu else ""
+        stats = f"loss {h.loss}  psnr {h.psnr} dB  {h.clips_per_s} clips/s{mfu}  eta {h.eta}"
         self.bar.update(
             self.task,
             completed=view.run.step or 0,

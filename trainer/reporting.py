@@ -11,6 +11,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from trainer.config import TrainConfig
+from trainer.flops import datasheet_peak, mfu
 from trainer.loss import RECIPE_METRICS
 from trainer.metrics import DeviceMetrics, psnr_from_mse
 from trainer.runtime import Runtime
@@ -29,6 +30,10 @@ class StepReporter:
         self.tb: SummaryWriter | None = None  # rank 0's, opened when training starts
         self.data_wait_s = 0.0  # since the last log step: seconds blocked on the loader
         self.last: dict[str, Any] = {}
+        # MFU needs the GPU's datasheet peak: none on CPU, or on a GPU with no datasheet figure
+        self.peak_tflops: float | None = None
+        if rt.device_kind == "cuda":
+            self.peak_tflops, _why = datasheet_peak(torch.cuda.get_device_name(rt.device))
 
     def open(self) -> SummaryWriter | None:
         if self.rt.is_main:
@@ -123,9 +128,29 @@ class StepReporter:
             "data_wait_s": data_wait_s,
             "data_wait_share": data_wait_s / step_time if step_time > 0 else 0.0,
         }
+        if self.peak_tflops and step_time > 0:
+            d, loss = self.cfg.data, self.cfg.loss
+            self.last["mfu"] = mfu(
+                self.last["samples_per_s"],
+                d.frames,
+                d.height,
+                d.width,
+                self.cfg.topology.world_size,
+                self.peak_tflops,
+                teacher_decode=loss.distilling and loss.decoder_on_teacher_latents,
+            )
         rt.events.emit("step", **self.last)
         if self.tb is not None:
-            for k in ("loss", "recon_loss", "psnr", "lr", "samples_per_s", "step_time_s", *RECIPE_METRICS):
+            for k in (
+                "loss",
+                "recon_loss",
+                "psnr",
+                "lr",
+                "samples_per_s",
+                "mfu",
+                "step_time_s",
+                *RECIPE_METRICS,
+            ):
                 if k in self.last:
                     self.tb.add_scalar(f"train/{k}", self.last[k], state.step)
             if grad_norm is not None:
@@ -133,4 +158,5 @@ class StepReporter:
         rt.log.info(
             f"step {state.step}/{self.cfg.optim.max_steps} loss {self.last['loss']:.5f} "
             f"psnr {self.last['psnr']:.2f} lr {lr:.3g} {self.last['samples_per_s']:.2f} clips/s"
+            + (f" MFU {100 * self.last['mfu']:.1f} %" if "mfu" in self.last else "")
         )

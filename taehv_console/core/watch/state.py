@@ -288,6 +288,7 @@ class RunHeader:
     psnr: float | None = None
     lr: float | None = None
     clips_per_s: float | None = None
+    mfu: float | None = None  # model FLOPs utilisation per GPU, 0-1 (the step event's; GPUs only)
     step_time_s: float | None = None
     eta_s: float | None = None
     val_step: int | None = None

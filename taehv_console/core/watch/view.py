@@ -32,6 +32,7 @@ from taehv_console.core.watch.state import (
     SourceStatus,
 )
 from taehv_console.core.watch.tbscalars import HISTORY_TAGS, TensorBoardScalars
+from trainer.flops import LOW_MFU
 
 _QUIET = frozenset({"healthy", "starting", "ok", "unknown", "stopped"})
 # the console's verdict wins once it has one: the processes are gone, the record says how
@@ -223,6 +224,7 @@ class ViewBuilder:
             psnr=last.get("psnr"),
             lr=last.get("lr"),
             clips_per_s=last.get("samples_per_s"),
+            mfu=last.get("mfu"),
             step_time_s=step_time,
             eta_s=eta_s(step, max_steps, step_time) if phase in ("running", "stalled", "starting") else None,
             val_step=(fold.last_val or {}).get("step"),
@@ -384,12 +386,15 @@ class Headline:
     psnr: str
     clips_per_s: str
     eta: str
+    mfu: str = ""  # "21.3 %"; "" where no MFU is known (CPU, or a GPU with no datasheet peak)
+    slow: bool = False  # MFU below trainer.flops.LOW_MFU: the run crawls
 
     @property
     def text(self) -> str:
+        mfu = f"mfu {self.mfu}{' (low)' if self.slow else ''} " if self.mfu else ""
         return (
             f"{self.phase} step {self.step} loss {self.loss} psnr {self.psnr} clips/s {self.clips_per_s} "
-            f"eta {self.eta}"
+            f"{mfu}eta {self.eta}"
         )
 
 
@@ -406,7 +411,13 @@ def headline(view: RunView) -> Headline:
         psnr=number_text(run.psnr, ".2f"),
         clips_per_s=number_text(run.clips_per_s, ".3g"),
         eta=duration_text(run.eta_s),
+        mfu=mfu_text(run.mfu),
+        slow=run.mfu is not None and run.mfu < LOW_MFU,
     )
+
+
+def mfu_text(mfu: float | None) -> str:
+    return "" if not isinstance(mfu, (int, float)) else f"{100 * mfu:.1f} %"
 
 
 def progress_dict(view: RunView) -> dict[str, Any]:
@@ -419,6 +430,7 @@ def progress_dict(view: RunView) -> dict[str, Any]:
         "loss": run.loss,
         "psnr": run.psnr,
         "samples_per_s": run.clips_per_s,
+        "mfu": run.mfu,
         "lr": run.lr,
         "val_psnr": run.val_psnr,
         "eta_s": run.eta_s,

@@ -1,4 +1,4 @@
-"""The run header: phase, step/max with a bar, loss, PSNR, clips/s, ETA and elapsed time, drawn
+"""The run header: phase, step/max with a bar, loss, PSNR, clips/s, MFU, ETA and elapsed time, drawn
 from one ClusterState (its own `time` is "now", so the same state always draws the same)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from taehv_console.core.run.recovery import recoveries, restart_text
+from taehv_console.core.watch.view import mfu_text
 from taehv_console.ui import formatting as f
+from trainer.flops import LOW_MFU
 
 if TYPE_CHECKING:
     from taehv_console.core.watch.state import RunView
@@ -62,6 +64,7 @@ def header_content(state: RunView, console_phase: str | None = None) -> Content:
         "  ",
         f.num(run.clips_per_s, ".3g"),
         Content.styled(" clips/s", "dim"),
+        *_mfu(run.mfu),
         "  ",
         Content.styled("ETA ", "dim"),
         f.duration(run.eta_s),
@@ -74,6 +77,14 @@ def header_content(state: RunView, console_phase: str | None = None) -> Content:
     if run.stop_reason:
         line2 += ["  ", Content.styled(f"stopped: {run.stop_reason}", f.health_style(phase))]
     return Content("\n").join([Content.assemble(*line1), Content.assemble(*line2)])
+
+
+def _mfu(mfu: float | None) -> list[str | Content]:
+    """'  MFU 21.3 %', in the warning colour below LOW_MFU (the public project's 3-4 % crawl)."""
+    if mfu is None:
+        return []
+    style = f.health_style("warning") if mfu < LOW_MFU else "bold"
+    return ["  ", Content.styled("MFU ", "dim"), Content.styled(mfu_text(mfu), style)]
 
 
 class RunHeaderBar(Static):
