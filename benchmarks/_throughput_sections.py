@@ -157,6 +157,8 @@ def trainer_child(args: Any, out: Out) -> None:
             **memory(args.device),
             build_s=round(build_s, 2),
             warmup_s=round(warm_s, 2),
+            # the peak the trainer's own `mfu` (its step events) divides by: None on CPU
+            trainer_peak_tflops=trainer.reporter.peak_tflops,
             bare_clips_per_s=bare.get("clips_per_s"),
             ratio_to_bare=round(row["clips_per_s"] / bare["clips_per_s"], 3)
             if bare.get("clips_per_s")

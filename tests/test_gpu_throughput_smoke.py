@@ -171,6 +171,7 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     step, syncs = by("trainer")
     assert step["zero"] == 2 and step["clips_per_s"] > 0 and step["ratio_to_bare"] > 0
     assert step["bare_clips_per_s"] > 0 and "no CUDA" in step["prefetch"]
+    assert step["trainer_peak_tflops"] is None  # on CPU the trainer reports no MFU
     assert syncs["what"] == "host syncs per optimizer step" and syncs["cuda_sync_debug_per_step"] == "no CUDA"
     # fp32 on CPU: the trainer reads each micro-batch's loss (the GPU's bf16 loop does not)
     assert syncs["trainer_per_step"] > 0 and any("train.py" in site for site in syncs["hooked_sites"])
