@@ -320,18 +320,28 @@ def make_view(json_mode: bool, out: TextIO | None = None) -> View:
 # ---------------------------------------------------------------------------------- following
 
 
+class _Suspended(Exception):
+    """Raised from the follow loop's update: Ctrl-Z (SIGTSTP) asked this console to step aside."""
+
+
 class _Signals:
-    """SIGTERM/SIGINT -> a graceful stop of the run; a second one cuts the grace short."""
+    """SIGTERM/SIGINT -> a graceful stop of the run; a second one cuts the grace short. SIGTSTP
+    (Ctrl-Z) -> this console hands the run to its supervisor before it stops (see _suspend)."""
 
     def __init__(self, view: View):
         self.view = view
         self.count = 0
+        self.suspend = False
         self.ctrl: RunController | None = None
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
+        self._old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._tstp)
+
+    def _tstp(self, _signum: int, _frame: FrameType | None) -> None:
+        self.suspend = True
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.count += 1
@@ -350,27 +360,88 @@ class _Signals:
 
 def follow(ctrl: RunController, view: View, grace_s: float | None = None) -> ExitCode:
     """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
-    pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully. Returns the
-    ExitCode of its outcome and prints a summary."""
+    pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully, Ctrl-Z hands
+    it to its supervisor until `fg`. Returns the ExitCode of its outcome and prints a summary."""
     if grace_s is not None:
         ctrl.grace_s = grace_s
     sigs = _Signals(view)
     sigs.ctrl = ctrl
     sigs.install()
-    watch = RunWatch.for_controller(ctrl).start()
+    reopened: RunController | None = None  # the controller taken back after a Ctrl-Z, ours to close
+
+    def update(snap: RunSnapshot) -> None:
+        view.update(snap, watch.view())
+        if sigs.suspend and sigs.count == 0:  # a stop in progress is finished first
+            raise _Suspended
+
     try:
-        outcome = ctrl.follow(
-            lambda snap: view.update(snap, watch.view()),
-            should_stop=lambda: sigs.count > 0,
-            stalls=watch.stalls,
-            hardware=watch.hardware,
-        )
-        view.update(ctrl.snapshot(), watch.final_view())
+        while True:
+            watch = RunWatch.for_controller(ctrl).start()
+            try:
+                outcome = ctrl.follow(
+                    update, should_stop=lambda: sigs.count > 0, stalls=watch.stalls, hardware=watch.hardware
+                )
+                view.update(ctrl.snapshot(), watch.final_view())
+                break
+            except _Suspended:
+                pass
+            finally:
+                watch.stop()
+            taken = _suspend(ctrl, view, sigs)
+            if taken is None:
+                view.close()
+                return ExitCode.BUSY
+            if taken is not ctrl:
+                if reopened is not None:
+                    reopened.close()
+                ctrl = reopened = sigs.ctrl = taken
+        view.close()
+        return report_outcome(ctrl, outcome, view, watch.final_view())
     finally:
-        watch.stop()
         sigs.restore()
-    view.close()
-    return report_outcome(ctrl, outcome, view, watch.final_view())
+        if reopened is not None:
+            reopened.close()
+
+
+def _suspend(ctrl: RunController, view: View, sigs: _Signals) -> RunController | None:
+    """Ctrl-Z while following: a stopped console holding the run's lock would keep its supervisor
+    in standby, so nothing would recover a failure until `fg`. The console lets go of the run
+    first (the supervisor takes it within a second), stops, and on SIGCONT takes it back. Without
+    a supervisor (TAEHV_SUPERVISOR=off, a platform pod) it keeps the run, and says so. Returns the
+    controller to follow with, or None when the supervisor would not hand the run back."""
+    from taehv_console.core.run import supervision
+    from taehv_console.core.run.lock import RunBusyError
+
+    sigs.suspend = False
+    keeper = supervision.running_supervisor(ctrl.run)
+    if keeper is None:
+        view.note("suspended: no supervisor runs for this run, so nothing recovers it until `fg`")
+    else:
+        ctrl.close()
+        view.note(
+            f"suspended: the run's supervisor (pid {keeper['pid']}) controls it; `fg` to follow it again"
+        )
+    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    try:
+        signal.raise_signal(signal.SIGTSTP)  # stopped here until SIGCONT
+    finally:
+        signal.signal(signal.SIGTSTP, sigs._tstp)
+    if keeper is None:
+        view.note("continued")
+        return ctrl
+    view.note("continued: taking the run back from its supervisor")
+    purpose, grace = ctrl.lock.purpose, ctrl.grace_s
+    for _ in range(4):  # the supervisor lets go between two rounds, never in a restart's middle
+        try:
+            taken = RunController.open(ctrl.run, ctrl.pool, purpose=purpose)
+        except RunBusyError:
+            if sigs.count:
+                break
+            continue
+        taken.grace_s = grace
+        return taken
+    view.note(f"the supervisor keeps the run; follow it with: taehv-console attach {ctrl.run.path}")
+    return None
 
 
 def report_ended(ctrl: RunController, view: View) -> ExitCode:

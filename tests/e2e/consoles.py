@@ -42,9 +42,17 @@ class Console:
     a closed terminal would end it), with its JSON lines collected by a reader thread."""
 
     def __init__(
-        self, *args: Any, env: dict | None = None, cwd: Path | None = None, argv: list[str] | None = None
+        self,
+        *args: Any,
+        env: dict | None = None,
+        cwd: Path | None = None,
+        argv: list[str] | None = None,
+        job_control: bool = False,
     ):
-        # argv: the whole command line, when the console runs under another command (salloc ...)
+        # argv: the whole command line, when the console runs under another command (salloc ...).
+        # job_control: a process group of its own inside this session, as a shell's job is, rather
+        # than a session: a session leader's group is orphaned, and the kernel discards a SIGTSTP
+        # whose default action would stop it (Ctrl-Z works only on a job).
         self.argv = argv or cli_argv(*args)
         self.proc = subprocess.Popen(
             self.argv,
@@ -53,7 +61,7 @@ class Console:
             text=True,
             env=env,
             cwd=cwd,
-            start_new_session=True,
+            **({"process_group": 0} if job_control else {"start_new_session": True}),
         )
         self.lines: list[dict] = []
         self._q: queue.Queue = queue.Queue()

@@ -21,7 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def cpu_smoke(
-    tmp_path, max_steps: int, checkpoint_every: int, *extra: str, env: dict | None = None
+    tmp_path,
+    max_steps: int,
+    checkpoint_every: int,
+    *extra: str,
+    env: dict | None = None,
+    job_control: bool = False,
 ) -> Console:
     """`--no-tui` on cpu-smoke and generated clips, validating only at the start, 1 s backoff."""
     return Console(
@@ -41,6 +46,7 @@ def cpu_smoke(
         *THREADS,
         env=env if env is not None else _no_platform_env(),
         cwd=tmp_path,
+        job_control=job_control,
     )
 
 
@@ -103,6 +109,48 @@ def test_the_console_killed_then_a_rank_killed_the_supervisor_heals_the_run_alon
         not os.path.exists(f"/proc/{info['pid']}")
         or open(f"/proc/{info['pid']}/stat").read().split()[2] == "Z"
     )
+
+
+def _state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_z_hands_the_run_to_its_supervisor_which_heals_it_until_fg(tmp_path):
+    """Ctrl-Z on `--no-tui` (SIGTSTP): a stopped console that kept the run's lock would keep the
+    supervisor in standby, and a crash would wait for `fg`. The console lets go first, then stops;
+    the supervisor restarts a killed rank meanwhile; `fg` (SIGCONT) takes the run back, and the
+    console follows it to final weights."""
+    env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
+    console = cpu_smoke(tmp_path, 12, 4, env=env, job_control=True)
+    console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
+    run, victim = rank_1(tmp_path)
+    console.signal(signal.SIGTSTP)
+    note = console.wait_for(
+        lambda o: "suspended: the run's supervisor" in o.get("message", ""), 60, "the suspend note"
+    )
+    assert "`fg` to follow it again" in note["message"]
+    deadline = time.time() + 30
+    while (
+        _state_of(console.proc.pid) != "T" or read_holder(run / "lock").get("purpose") != "supervise"
+    ) and (time.time() < deadline):
+        time.sleep(0.2)
+    assert _state_of(console.proc.pid) == "T"  # stopped, as Ctrl-Z leaves a job
+    assert read_holder(run / "lock").get("purpose") == "supervise"
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(run_state(run)["attempts"]) < 2:
+        time.sleep(0.5)
+    assert run_state(run)["attempts"][0]["decision"] == "restart", run_state(run)["attempts"]
+    console.signal(signal.SIGCONT)  # fg
+    console.wait_for(lambda o: "continued: taking the run back" in o.get("message", ""), 60, "the fg note")
+    rc = console.wait(400)
+    assert rc == ExitCode.DONE, console.tail()
+    state = run_state(run)
+    assert state["phase"] == "done" and (run / "final" / "taehv.safetensors").is_file()
+    assert [a["decision"] for a in state["attempts"]] == ["restart", ""]
+    assert "restarting (restart 1 of 3)" in (run / "supervisor.log").read_text()
+    assert console.result()["exit_code"] == ExitCode.DONE
 
 
 def test_a_sigstopped_rank_is_named_its_stack_taken_then_the_run_restarted_and_done(tmp_path):

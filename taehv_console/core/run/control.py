@@ -113,6 +113,7 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         self._hardware: Callable[[], Mapping[str, str]] | None = None  # host -> evidence (watch)
         self._pending_recovery: Attempt | None = None  # the failed attempt a relaunch recovers
         self._fault_time: float | None = None
+        self._closed = False
 
     # -- opening
     @classmethod
@@ -143,6 +144,11 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         return cls(run, backend, lock, state, cfg, pool, writes_state=lock_name is None)
 
     def close(self) -> None:
+        """Write what is pending and release the run (idempotent: a state written after the lock
+        went could overwrite whoever holds it now)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.flush_state()
         finally:
