@@ -26,35 +26,73 @@ def gpu_family(gpu_name: str) -> str | None:
 # Throughput per GPU at the reference clip (12 x 480 x 720), scaled by pixel-frames for other
 # clip sizes (the cost of every layer is linear in frames x height x width).
 REFERENCE_CLIP = (12, 480, 720)
-# H100: the public 8-GPU time (111 h for 100k steps of 128 clips) is 12.8M clips / 111 h / 8 GPUs
-# = 4.0 clips/s per GPU. The public 16-GPU measurement (115 clips/s of 12x480x480) would give
-# 4.8 at 480x720; 4.0 is the more conservative of the two and reproduces the baseline row.
-# A800: H100 x 0.61, the ratio of memory bandwidth (2.04 / 3.35 TB/s): at 3-4% of peak FLOPs
-# this model is not compute-bound, so the FLOP ratio (0.32) would be too pessimistic.
+# H100, measured with this trainer (docs/performance.md: one H100 SXM, batch 8, bf16): the trainer
+# (accelerate + DeepSpeed ZeRO-2 on one rank, loader, jitter, heartbeats) compiled in channels_last
+# ran 33.4 and 32.6 clips/s, the GPU presets' settings. The trainer was not timed eager; there the
+# bare loop's figures (channels_last 32.4, NCHW 21.6) are scaled by the trainer's measured ratio to
+# the bare loop (0.87). Gradient exchange is not in these: the plan adds it.
+TRAINER_TO_BARE = 0.87
+H100_CLIPS_PER_S = {
+    ("channels_last", True): 33.0,
+    ("channels_last", False): round(32.4 * TRAINER_TO_BARE, 1),
+    ("nchw", False): round(21.6 * TRAINER_TO_BARE, 1),
+}
+# The public project's trainer: its 8-GPU time (111 h for 100k steps of 128 clips) is 12.8M clips /
+# 111 h / 8 GPUs = 4.0 clips/s per GPU.
+PUBLIC_H100_CLIPS_PER_S = 4.0
+# A800 / A100, from the H100's compiled step (convolutions 64 % of its time, memory-bound fused
+# elementwise kernels 34 %, the rest 2 %): convolutions scale with the dense bf16 peak (989 / 312 =
+# 3.17x the time), elementwise with memory bandwidth (3.35 / 2.04 TB/s = 1.64x): 0.64 x 3.17 +
+# 0.34 x 1.64 + 0.02 = 2.61x the time, 0.38x the throughput. An estimate, not a measurement.
+A800_VS_H100 = 0.38
 # CPU: measured on this project's dev machine, one core per process, fp32: ~0.8 s for forward,
 # backward and AdamW step of one 8x64x64 clip = 1.2 clips/s, i.e. 0.01 at the reference size.
-CLIPS_PER_S_PER_GPU = {"H100": 4.0, "A800": 2.4, "cpu": 0.01}
+CPU_CLIPS_PER_S = 0.01
+# the reference figure of each family in the GPU presets' execution settings
+CLIPS_PER_S_PER_GPU = {
+    "H100": H100_CLIPS_PER_S[("channels_last", True)],
+    "A800": round(H100_CLIPS_PER_S[("channels_last", True)] * A800_VS_H100, 1),
+    "cpu": CPU_CLIPS_PER_S,
+}
+
+
+def _h100(cfg: TrainConfig) -> tuple[float, str]:
+    m = cfg.model
+    layout = "channels_last" if m.channels_last else "nchw"
+    if layout == "nchw":
+        return H100_CLIPS_PER_S[("nchw", False)], "measured bare NCHW eager x 0.87"
+    if m.compile:
+        return H100_CLIPS_PER_S[("channels_last", True)], "measured: this trainer, compiled, channels_last"
+    return H100_CLIPS_PER_S[("channels_last", False)], "measured bare channels_last eager x 0.87"
 
 
 def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
-    """Clips per second per GPU (or CPU process) for cfg's clip size, and where the figure comes from."""
+    """Clips per second per GPU (or CPU process) for cfg's clip size and execution settings
+    (channels_last, compile), and where the figure comes from."""
     family = "cpu" if cfg.topology.device == "cpu" else (gpu_family(gpu) or "H100")
-    ref = CLIPS_PER_S_PER_GPU[family]
+    if family == "cpu":
+        ref, origin = CPU_CLIPS_PER_S, "measured: one core, fp32"
+    else:
+        ref, origin = _h100(cfg)
+        if family == "A800":
+            ref, origin = (
+                round(ref * A800_VS_H100, 1),
+                f"H100 {ref:g} x {A800_VS_H100:g}, estimated from its profile",
+            )
+        else:
+            origin += f"; the public project's trainer: {PUBLIC_H100_CLIPS_PER_S:g}"
     f, h, w = REFERENCE_CLIP
     d = cfg.data
     clips = ref * (f * h * w) / (d.frames * d.height * d.width)
     if cfg.model.activation_checkpointing:
         clips /= 1.3  # one extra forward of each checkpointed stage: ~30% more compute
-    origin = {
-        "H100": "public 8-GPU time",
-        "A800": "H100 x 0.61, memory bandwidth ratio",
-        "cpu": "measured: one core, fp32",
-    }[family]
     why = f"{family} {ref:g} clips/s at 12x480x720 ({origin}), scaled to {d.frames}x{d.height}x{d.width}"
     if cfg.topology.device == "cuda" and gpu_family(gpu) is None:
         why += f" (GPU {gpu or 'unknown'}: H100 assumed)"
     if cfg.model.activation_checkpointing:
         why += ", /1.3 for activation checkpointing"
+    if family != "cpu" and cfg.deepspeed.zero_stage == 3:
+        why += " (measured under ZeRO-2; ZeRO-3's per-module hooks cost more)"
     return clips, why
 
 

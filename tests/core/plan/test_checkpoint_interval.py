@@ -105,7 +105,8 @@ def test_8gpu_h100_interval_is_checkpoint_every_times_step_time():
     c = plan.checkpoint
     assert c is not None
     assert c.interval_s == pytest.approx(cfg.schedule.checkpoint_every * plan.time.step_s)
-    assert c.interval_s / 3600 == pytest.approx(2.22, abs=0.01)  # 2,000 x ~4.0 s
+    # 2,000 x ~0.49 s (128 clips at 33 clips/s on each of 8 H100s, the trainer as measured)
+    assert c.interval_s / 3600 == pytest.approx(0.27, abs=0.01)
     assert c.gpus == 8 and c.mtbf_s / 3600 == pytest.approx(1 / (LLAMA3_FAILURES_PER_GPU_HOUR * 8))
     assert c.run_s == pytest.approx(plan.time.hours_to_max_steps * 3600)
     assert c.expected_failures == pytest.approx(

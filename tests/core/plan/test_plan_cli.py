@@ -48,7 +48,8 @@ def test_plan_comparison_json(capsys):
     names = [p["name"] for p in data["plans"]]
     assert "cpu-smoke" not in names and {"8gpu-h100", "64gpu-h100"} <= set(names)
     base = next(p for p in data["plans"] if p["name"] == "8gpu-h100")
-    assert base["speedup_vs_baseline"] == 1.0 and round(base["time"]["hours_to_max_steps"]) == 111
+    # 100k steps x 128 clips at 33 clips/s per H100 (this trainer, measured), NVLink: 13.5 h
+    assert base["speedup_vs_baseline"] == 1.0 and round(base["time"]["hours_to_max_steps"], 1) == 13.5
 
 
 def test_plan_derived_topology_json(capsys):
