@@ -21,7 +21,9 @@ from typing import Any, Protocol, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from taehv_console.core.run import supervision
 from taehv_console.core.run.control import RunController
+from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import Outcome, RunSnapshot
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.watch.monitor import snapshot_once
@@ -409,9 +411,6 @@ def _suspend(ctrl: RunController, view: View, sigs: _Signals) -> RunController |
     first (the supervisor takes it within a second), stops, and on SIGCONT takes it back. Without
     a supervisor (TAEHV_SUPERVISOR=off, a platform pod) it keeps the run, and says so. Returns the
     controller to follow with, or None when the supervisor would not hand the run back."""
-    from taehv_console.core.run import supervision
-    from taehv_console.core.run.lock import RunBusyError
-
     sigs.suspend = False
     keeper = supervision.running_supervisor(ctrl.run)
     if keeper is None:
@@ -419,7 +418,8 @@ def _suspend(ctrl: RunController, view: View, sigs: _Signals) -> RunController |
     else:
         ctrl.close()
         view.note(
-            f"suspended: the run's supervisor (pid {keeper['pid']}) controls it; `fg` to follow it again"
+            f"suspended: the run's supervisor controls it (its log: {supervision.log_path(ctrl.run)}); "
+            "`fg` to follow it again"
         )
     signal.signal(signal.SIGTSTP, signal.SIG_DFL)
     try:
