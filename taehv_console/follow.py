@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from taehv_console.core.run import supervision
+from taehv_console.core.run.client import RunClient, client_mode
 from taehv_console.core.run.control import RunController
-from taehv_console.core.run.lock import RunBusyError
-from taehv_console.core.run.outcome import Outcome, RunSnapshot
+from taehv_console.core.run.outcome import ControlError, Outcome, RunSnapshot
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import RunWatch
@@ -322,19 +322,15 @@ def make_view(json_mode: bool, out: TextIO | None = None) -> View:
 # ---------------------------------------------------------------------------------- following
 
 
-class _Suspended(Exception):
-    """Raised from the follow loop's update: Ctrl-Z (SIGTSTP) asked this console to step aside."""
-
-
 class _Signals:
     """SIGTERM/SIGINT -> a graceful stop of the run; a second one cuts the grace short. SIGTSTP
-    (Ctrl-Z) -> this console hands the run to its supervisor before it stops (see _suspend)."""
+    (Ctrl-Z) -> the console says who keeps the run meanwhile, then stops (see _pause)."""
 
     def __init__(self, view: View):
         self.view = view
         self.count = 0
         self.suspend = False
-        self.ctrl: RunController | None = None
+        self.ctrl: RunController | None = None  # a console controlling the run: told to hurry
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -360,91 +356,91 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def follow(ctrl: RunController, view: View, grace_s: float | None = None) -> ExitCode:
-    """Follow a launched or attached run to its end, rendering the run's RunView (its one watch
-    pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it gracefully, Ctrl-Z hands
-    it to its supervisor until `fg`. Returns the ExitCode of its outcome and prints a summary."""
-    if grace_s is not None:
-        ctrl.grace_s = grace_s
-    sigs = _Signals(view)
-    sigs.ctrl = ctrl
-    sigs.install()
-    reopened: RunController | None = None  # the controller taken back after a Ctrl-Z, ours to close
-
-    def update(snap: RunSnapshot) -> None:
-        view.update(snap, watch.view())
-        if sigs.suspend and sigs.count == 0:  # a stop in progress is finished first
-            raise _Suspended
-
-    try:
-        while True:
-            watch = RunWatch.for_controller(ctrl).start()
-            try:
-                outcome = ctrl.follow(
-                    update, should_stop=lambda: sigs.count > 0, stalls=watch.stalls, hardware=watch.hardware
-                )
-                view.update(ctrl.snapshot(), watch.final_view())
-                break
-            except _Suspended:
-                pass
-            finally:
-                watch.stop()
-            taken = _suspend(ctrl, view, sigs)
-            if taken is None:
-                view.close()
-                return ExitCode.BUSY
-            if taken is not ctrl:
-                if reopened is not None:
-                    reopened.close()
-                ctrl = reopened = sigs.ctrl = taken
-        view.close()
-        return report_outcome(ctrl, outcome, view, watch.final_view())
-    finally:
-        sigs.restore()
-        if reopened is not None:
-            reopened.close()
-
-
-def _suspend(ctrl: RunController, view: View, sigs: _Signals) -> RunController | None:
-    """Ctrl-Z while following: a stopped console holding the run's lock would keep its supervisor
-    in standby, so nothing would recover a failure until `fg`. The console lets go of the run
-    first (the supervisor takes it within a second), stops, and on SIGCONT takes it back. Without
-    a supervisor (TAEHV_SUPERVISOR=off, a platform pod) it keeps the run, and says so. Returns the
-    controller to follow with, or None when the supervisor would not hand the run back."""
+def _pause(view: View, sigs: _Signals, keeper: str) -> None:
+    """Ctrl-Z while following: say who keeps the run while this console is stopped, stop here
+    until SIGCONT (`fg`), then go on following."""
     sigs.suspend = False
-    keeper = supervision.running_supervisor(ctrl.run)
-    if keeper is None:
-        view.note("suspended: no supervisor runs for this run, so nothing recovers it until `fg`")
-    else:
-        ctrl.close()
-        view.note(
-            f"suspended: the run's supervisor controls it (its log: {supervision.log_path(ctrl.run)}); "
-            "`fg` to follow it again"
-        )
+    view.note(f"suspended: {keeper}; `fg` to follow it again")
     signal.signal(signal.SIGTSTP, signal.SIG_DFL)
     try:
         signal.raise_signal(signal.SIGTSTP)  # stopped here until SIGCONT
     finally:
         signal.signal(signal.SIGTSTP, sigs._tstp)
-    if keeper is None:
-        view.note("continued")
-        return ctrl
-    view.note("continued: taking the run back from its supervisor")
-    purpose, grace = ctrl.lock.purpose, ctrl.grace_s
-    for _ in range(4):  # the supervisor lets go between two rounds, never in a restart's middle
+    view.note("continued")
+
+
+def follow_run(ctrl: RunController, view: View, grace_s: float | None = None) -> ExitCode:
+    """Follow a run this console launched, resumed or opened: as its supervisor's client where a
+    supervisor keeps the run (core/run/client.py; the lock goes to the supervisor), else under
+    this console's control."""
+    if grace_s is not None:
+        ctrl.grace_s = grace_s
+    if client_mode(ctrl.kind):
+        return follow_client(RunClient.hand_over(ctrl), view)
+    return follow(ctrl, view)
+
+
+def follow_client(client: RunClient, view: View) -> ExitCode:
+    """Follow a supervised run to its end as the supervisor's client, rendering its RunView into
+    `view`: SIGTERM/SIGINT ask the supervisor to stop it (a second one, to hurry), Ctrl-Z stops
+    only this console. Returns the ExitCode of how the run ended and prints a summary."""
+    sigs = _Signals(view)
+    sigs.install()
+    watch = RunWatch.for_client(client).start()
+    keeper = f"the run's supervisor controls it (its log: {supervision.log_path(client.run)})"
+
+    def update(snap: RunSnapshot) -> None:
+        view.update(snap, watch.view())
+        if sigs.suspend:
+            _pause(view, sigs, keeper)
+
+    try:
         try:
-            taken = RunController.open(ctrl.run, ctrl.pool, purpose=purpose)
-        except RunBusyError:
-            if sigs.count:
-                break
-            continue
-        taken.grace_s = grace
-        return taken
-    view.note(f"the supervisor keeps the run; follow it with: taehv-console attach {ctrl.run.path}")
-    return None
+            outcome = client.follow(update, should_stop=lambda: sigs.count > 0, hurry=lambda: sigs.count > 1)
+        except ControlError as err:
+            view.note(str(err))
+            view.close()
+            return ExitCode.FAILED
+        final = watch.final_view()
+        view.update(client.snapshot(), final)
+    finally:
+        watch.stop()
+        sigs.restore()
+    view.close()
+    return report_outcome(client, outcome, view, final)
 
 
-def report_ended(ctrl: RunController, view: View) -> ExitCode:
+def follow(ctrl: RunController, view: View, grace_s: float | None = None) -> ExitCode:
+    """Follow a launched or attached run to its end under this console's control, rendering the
+    run's RunView (its one watch pipeline, with stall forensics) into `view`; SIGTERM/SIGINT stop it
+    gracefully. Returns the ExitCode of its outcome and prints a summary."""
+    if grace_s is not None:
+        ctrl.grace_s = grace_s
+    sigs = _Signals(view)
+    sigs.ctrl = ctrl
+    sigs.install()
+    keeper = "no supervisor runs for this run, so nothing recovers it until `fg`"
+
+    def update(snap: RunSnapshot) -> None:
+        view.update(snap, watch.view())
+        if sigs.suspend and sigs.count == 0:  # a stop in progress is finished first
+            _pause(view, sigs, keeper)
+
+    watch = RunWatch.for_controller(ctrl).start()
+    try:
+        outcome = ctrl.follow(
+            update, should_stop=lambda: sigs.count > 0, stalls=watch.stalls, hardware=watch.hardware
+        )
+        final = watch.final_view()
+        view.update(ctrl.snapshot(), final)
+    finally:
+        watch.stop()
+        sigs.restore()
+    view.close()
+    return report_outcome(ctrl, outcome, view, final)
+
+
+def report_ended(ctrl: RunController | RunClient, view: View) -> ExitCode:
     """A run that is not running (any more): its RunView read once, then how it ended."""
     run_view = snapshot_once(ctrl.run.path)
     view.update(ctrl.snapshot(), run_view)
@@ -452,7 +448,7 @@ def report_ended(ctrl: RunController, view: View) -> ExitCode:
 
 
 def report_outcome(
-    ctrl: RunController, outcome: Outcome, view: View, run_view: RunView | None = None
+    ctrl: RunController | RunClient, outcome: Outcome, view: View, run_view: RunView | None = None
 ) -> ExitCode:
     code = exit_code_for(outcome.phase, final=outcome.final)
     summary = outcome_dict(ctrl, outcome, code, run_view)
@@ -482,7 +478,7 @@ def report_outcome(
 
 
 def outcome_dict(
-    ctrl: RunController, outcome: Outcome, code: ExitCode, run_view: RunView | None = None
+    ctrl: RunController | RunClient, outcome: Outcome, code: ExitCode, run_view: RunView | None = None
 ) -> dict[str, Any]:
     progress = {**(progress_dict(run_view) if run_view is not None else {}), **dict(outcome.progress)}
     return {

@@ -33,13 +33,23 @@ from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
 from taehv_console.core.flow.runs import find_live_run
 from taehv_console.core.models import BackendKind, PreflightReport
+from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.lock import RunBusyError
-from taehv_console.core.run.outcome import LaunchError, RunLiveError
+from taehv_console.core.run.outcome import LaunchError, RunLiveError, settled
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
 from taehv_console.exit_codes import ExitCode
-from taehv_console.follow import JsonView, View, follow, make_view, report_ended, report_outcome
+from taehv_console.follow import (
+    JsonView,
+    View,
+    follow,
+    follow_client,
+    follow_run,
+    make_view,
+    report_ended,
+    report_outcome,
+)
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig
 
@@ -142,17 +152,23 @@ def _attach_if_live(
 ) -> ExitCode | None:
     """Attach when the run's processes are alive (RunBusyError when another console has it);
     None when the run should be launched (not live, never started)."""
+    client = supervised_client(run, pool)
+    if client is not None and not client.settled():
+        view.note(f"{run.run_id} is running under its supervisor: following it instead of launching")
+        client.grace_s = options.grace_s or None
+        return follow_client(client, view)
     ctrl = RunController.open(run, pool, purpose="attach (--no-tui)")
     try:
         if ctrl.attempt is None:
             return None  # created, never started: launch it
-        if ctrl.reconcile() != "live":
+        # a failure nobody judged yet, a restart's backoff: following carries the run on
+        if ctrl.reconcile() != "live" and settled(ctrl.state):
             if named:  # the named run has ended: show how, do not start it again behind the user's back
                 view.note(f"{run.run_id} is not running; to continue it: taehv-console resume {run.path}")
                 return report_ended(ctrl, view)
             return None
         view.note(f"{run.run_id} is running: attaching to it instead of launching")
-        return follow(ctrl, view, options.grace_s)
+        return follow_run(ctrl, view, options.grace_s)
     finally:
         ctrl.close()
 
@@ -203,7 +219,7 @@ def _launch_new(
         assert attempt is not None  # launch() recorded its attempt
         for line in ctrl.backend.describe(attempt):
             view.note(line)
-        return follow(ctrl, view, options.grace_s)
+        return follow_run(ctrl, view, options.grace_s)
     finally:
         ctrl.close()
 

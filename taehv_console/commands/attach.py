@@ -1,6 +1,7 @@
 """`taehv-console attach [RUN]`: pick up a run another console launched (or one whose console was
-closed): check its launchers' process trees on every node, then follow it to its end as the
-headless front end does. A run that has already ended is reported, not restarted.
+closed): follow it to its end as the headless front end does, as the client of the run's
+supervisor (or, with none, after checking its launchers' process trees on every node). A run that
+has already ended is reported, not restarted.
 
 Exit status: EXIT_CODES below (its `--help` lists them): how the run ends, as for `--no-tui`.
 """
@@ -14,12 +15,14 @@ from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
+from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
+from taehv_console.core.run.outcome import settled
 from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
-from taehv_console.follow import follow, make_view, report_ended
+from taehv_console.follow import follow_client, follow_run, make_view, report_ended
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done: every rank reached max_steps",
@@ -46,6 +49,14 @@ def run(args: argparse.Namespace) -> ExitCode:
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
+            client = supervised_client(target, pool)
+            if client is not None and not client.settled():
+                client.grace_s = args.grace or None
+                view.note(
+                    f"attached to {target.run_id} (its supervisor controls it): "
+                    + "; ".join(client.describe())
+                )
+                return follow_client(client, view)
             try:
                 ctrl = RunController.open(target, pool, purpose="attach")
             except RunBusyError as err:
@@ -55,11 +66,12 @@ def run(args: argparse.Namespace) -> ExitCode:
                 print(f"taehv-console attach: {err}", file=sys.stderr)
                 return ExitCode.USAGE
             try:
-                if ctrl.reconcile() == "live":
+                # a failure nobody judged yet, a restart's backoff: following carries the run on
+                if ctrl.reconcile() == "live" or not settled(ctrl.state):
                     attempt = ctrl.attempt
                     assert attempt is not None  # a live run has launched an attempt
                     view.note(f"attached to {target.run_id}: " + "; ".join(ctrl.backend.describe(attempt)))
-                    return follow(ctrl, view, args.grace)
+                    return follow_run(ctrl, view, args.grace)
                 view.note(f"{target.run_id} is not running")
                 return report_ended(ctrl, view)
             finally:

@@ -18,6 +18,8 @@ from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import EnvError, parse_env
+from taehv_console.core.run import supervision
+from taehv_console.core.run.client import RunClient, client_mode
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import (
@@ -25,11 +27,12 @@ from taehv_console.core.run.outcome import (
     NothingToResumeError,
     RunLiveError,
     WorldSizeChangedError,
+    settled,
 )
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
-from taehv_console.follow import follow, make_view, report_outcome
+from taehv_console.follow import follow_run, make_view, report_outcome
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done (with --detach: every node started)",
@@ -64,8 +67,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--detach",
         action="store_true",
-        help="return once every node has started (attach later); failures are then noticed "
-        "only when a console is attached",
+        help="return once every node has started (attach later); the run's supervisor keeps it "
+        "(with TAEHV_SUPERVISOR=off, failures are noticed only when a console is attached)",
     )
 
 
@@ -83,6 +86,12 @@ def run(args: argparse.Namespace) -> ExitCode:
     try:
         with SshPool(ssh_settings(args)) as pool:
             try:
+                if supervision.running_supervisor(target) is not None and not settled(target.read_state()):
+                    return fail(
+                        ExitCode.BUSY,
+                        f"{target.run_id} is running under its supervisor: a resume would start it "
+                        f"twice; attach to it instead (taehv-console attach {target.run_id})",
+                    )
                 ctrl = RunController.open(target, pool, purpose="resume")
             except RunBusyError as err:
                 return fail(ExitCode.BUSY, str(err))
@@ -123,9 +132,11 @@ def run(args: argparse.Namespace) -> ExitCode:
                     view.note(f"launch failed: {err}")
                     return report_outcome(ctrl, ctrl.outcome(), view)
                 if args.detach:
+                    if client_mode(ctrl.kind):
+                        RunClient.hand_over(ctrl)  # its supervisor keeps it from here
                     view.note(f"started; follow it with: taehv-console attach {target.path}")
                     return ExitCode.DONE
-                return follow(ctrl, view, args.grace)
+                return follow_run(ctrl, view, args.grace)
             finally:
                 ctrl.close()
     finally:

@@ -1,6 +1,7 @@
 """`taehv-console stop [RUN]`: SIGTERM every node's launcher group, wait for the checkpoint and the
 ranks' `stop` events, SIGKILL what is left, and check nothing of the run remains on any node.
-When another console controls the run, that console is asked to do it (and watched until done).
+When the run's supervisor (or another console) controls the run, it is asked to do it
+(RUN/stop.request) and watched until done.
 
 Exit status: EXIT_CODES below (its `--help` lists them).
 """

@@ -292,7 +292,7 @@ class TaehvConsole(App):
         else:
             self.post_message(RunAttached(session, "ended"))
             self._start_monitor(session)
-            self.post_message(RunEnded(session.ctrl.outcome()))
+            self.post_message(RunEnded(session.outcome()))
 
     def resume_run(self) -> None:
         session = self.session
@@ -309,7 +309,7 @@ class TaehvConsole(App):
     def _resume(self, session: RunSession) -> None:
         try:
             point = session.resume()
-        except ControlError as err:
+        except (ControlError, RunBusyError) as err:
             self.post_message(ControlFailed("resume", str(err)))
             return
         lines = (f"resumed from {point.path} (step {point.step})",) + tuple(
@@ -323,7 +323,7 @@ class TaehvConsole(App):
         if session is None or not session.following:
             self.notify("no run is being followed here: nothing to stop", severity="warning")
             return
-        grace = session.ctrl.grace_s
+        grace = session.grace_s
 
         def answered(yes: bool | None) -> None:
             if yes and self.session is session:

@@ -116,41 +116,84 @@ def _state_of(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-def test_ctrl_z_hands_the_run_to_its_supervisor_which_heals_it_until_fg(tmp_path):
-    """Ctrl-Z on `--no-tui` (SIGTSTP): a stopped console that kept the run's lock would keep the
-    supervisor in standby, and a crash would wait for `fg`. The console lets go first, then stops;
-    the supervisor restarts a killed rank meanwhile; `fg` (SIGCONT) takes the run back, and the
-    console follows it to final weights."""
+def test_ctrl_z_stops_only_the_console_the_supervisor_heals_the_run_until_fg(tmp_path):
+    """`--no-tui` is a client of the run's supervisor: the supervisor holds the run's lock from the
+    launch on, the console never does. Ctrl-Z (SIGTSTP) stops the console and nothing else; the
+    supervisor restarts a killed rank meanwhile, and the console, shown the restart in its notes,
+    follows the run to final weights after `fg` (SIGCONT)."""
     env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
     console = cpu_smoke(tmp_path, 12, 4, env=env, job_control=True)
     console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
     run, victim = rank_1(tmp_path)
+    assert read_holder(run / "lock").get("purpose") == "supervise"
     console.signal(signal.SIGTSTP)
     note = console.wait_for(
-        lambda o: "suspended: the run's supervisor" in o.get("message", ""), 60, "the suspend note"
+        lambda o: "suspended: the run's supervisor controls it" in o.get("message", ""),
+        60,
+        "the suspend note",
     )
     assert "`fg` to follow it again" in note["message"]
     deadline = time.time() + 30
-    while (
-        _state_of(console.proc.pid) != "T" or read_holder(run / "lock").get("purpose") != "supervise"
-    ) and (time.time() < deadline):
+    while _state_of(console.proc.pid) != "T" and time.time() < deadline:
         time.sleep(0.2)
     assert _state_of(console.proc.pid) == "T"  # stopped, as Ctrl-Z leaves a job
-    assert read_holder(run / "lock").get("purpose") == "supervise"
     os.kill(victim, signal.SIGKILL)
     deadline = time.time() + 300
     while time.time() < deadline and len(run_state(run)["attempts"]) < 2:
         time.sleep(0.5)
     assert run_state(run)["attempts"][0]["decision"] == "restart", run_state(run)["attempts"]
+    assert read_holder(run / "lock").get("purpose") == "supervise"
     console.signal(signal.SIGCONT)  # fg
-    console.wait_for(lambda o: "continued: taking the run back" in o.get("message", ""), 60, "the fg note")
+    console.wait_for(lambda o: o.get("message") == "continued", 60, "the fg note")
     rc = console.wait(400)
     assert rc == ExitCode.DONE, console.tail()
     state = run_state(run)
     assert state["phase"] == "done" and (run / "final" / "taehv.safetensors").is_file()
     assert [a["decision"] for a in state["attempts"]] == ["restart", ""]
-    assert "restarting (restart 1 of 3)" in (run / "supervisor.log").read_text()
+    notes = [o.get("message", "") for o in console.lines if o.get("kind") == "note"]
+    assert any("restarting (restart 1 of 3)" in n for n in notes), notes  # the supervisor's, shown here
     assert console.result()["exit_code"] == ExitCode.DONE
+
+
+def test_ctrl_c_on_a_supervised_run_is_a_stop_the_supervisor_carries_out_and_resume_hands_it_back(tmp_path):
+    """Ctrl-C on `--no-tui` as users run it: the console asks the run's supervisor to stop the run
+    (stop.request), the supervisor checkpoints and stops it, and the console exits 4 (stopped).
+    `resume` takes the run's lock for the launch only, hands the run to a new supervisor and
+    follows it as its client; its Ctrl-C stops it again, with the grace `resume --grace` gave."""
+    env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
+    console = cpu_smoke(tmp_path, 1000, 1000, env=env)
+    console.wait_for(lambda o: is_step(o, 2), 300, "step 2")
+    run, _ = rank_1(tmp_path)
+    first = json.loads((run / "supervisor.json").read_text())["pid"]
+    assert read_holder(run / "lock").get("purpose") == "supervise"
+    console.signal(signal.SIGINT)
+    rc = console.wait(300)
+    assert rc == ExitCode.STOPPED, console.tail()
+    notes = [o.get("message", "") for o in console.lines if o.get("kind") == "note"]
+    assert "stop asked of the run's supervisor" in notes, notes
+    state = run_state(run)
+    stopped_at = state["stop"]["checkpoint_step"]
+    assert state["phase"] == "stopped" and stopped_at is not None and state["stop"]["verified"]
+    assert "stop requested by" in (run / "supervisor.log").read_text()
+    assert not (run / "stop.request").exists()
+    resumed = Console(
+        "resume",
+        run,
+        "--json",
+        "--grace",
+        "60",
+        env=env,
+        cwd=tmp_path,
+    )
+    resumed.wait_for(lambda o: is_step(o, stopped_at + 1), 300, "a step after the resume")
+    second = json.loads((run / "supervisor.json").read_text())["pid"]
+    assert second != first and read_holder(run / "lock").get("purpose") == "supervise"
+    resumed.signal(signal.SIGINT)
+    assert resumed.wait(300) == ExitCode.STOPPED, resumed.tail()
+    state = run_state(run)
+    assert [a["outcome"] for a in state["attempts"]] == ["stopped", "stopped"]
+    assert state["attempts"][1]["from_step"] == stopped_at
+    assert state["stop"]["grace_s"] == 60  # the resuming console's --grace reached the supervisor
 
 
 def test_a_sigstopped_rank_is_named_its_stack_taken_then_the_run_restarted_and_done(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from taehv_console.core.run.lock import read_holder
 from taehv_console.ui import messages
 from tests.ui.conftest import sample_app
 
@@ -87,7 +88,10 @@ async def launch_from_the_wizard(pilot, app, seen: list[object]):
     return launched.run_path, review
 
 
-def test_wizard_launches_stops_resumes_a_real_cpu_run(tmp_path):
+def test_wizard_launches_stops_resumes_a_real_cpu_run(tmp_path, monkeypatch):
+    """As users run it: the launch hands the run to its supervisor, the console is its client (its
+    stop a request the supervisor carries out; its resume takes the lock for the launch only)."""
+    monkeypatch.setenv("TAEHV_SUPERVISOR", "on")
     asyncio.run(_flow(tmp_path))
 
 
@@ -118,6 +122,7 @@ async def _flow(tmp_path) -> None:
         async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
             run_path, review = await launch_from_the_wizard(pilot, app, seen)
             assert review.config.optim.max_steps == 1000
+            assert app.session.client is not None and app.session.ctrl is None
             await wait_for(pilot, lambda: step_of(app) >= 1, 240, "the first steps")
             first = step_of(app)
             await wait_for(pilot, lambda: step_of(app) > first, 120, "steps advancing")
@@ -162,6 +167,10 @@ async def _flow(tmp_path) -> None:
                 pilot, lambda: sum(isinstance(m, messages.RunAttached) for m in seen) >= 2, 60, "resume"
             )
             assert [m.how for m in seen if isinstance(m, messages.RunAttached)] == ["launched", "resumed"]
+            assert app.session.client is not None  # handed to a supervisor again
+            await wait_for(
+                pilot, lambda: read_holder(Path(run_path) / "lock").get("purpose") == "supervise", 30, "it"
+            )
             await wait_for(pilot, lambda: step_of(app) > stopped_at, 240, "steps after the resume")
 
             # leave as the test found it: stop again, then quit the console only
@@ -208,6 +217,8 @@ async def _quit_mid_kill(tmp_path) -> None:
             await wait_for(pilot, lambda: step_of(app) >= 6, 300, "step 6, after the checkpoint at step 4")
             run = Path(run_path)
             assert (run / "supervisor.json").is_file()  # the launch started one
+            # this window is the supervisor's client: the supervisor holds the run's lock
+            assert read_holder(run / "lock").get("purpose") == "supervise"
             victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
             os.kill(victim, signal.SIGKILL)
             await pilot.pause(1.0)  # the console is on it: its watch has seen the rank go

@@ -41,7 +41,7 @@ class Supervisor:
         """Supervise until the run has ended (its Outcome), or until the run directory is gone
         (None)."""
         supervision.write_info(self.run)
-        self.say(f"supervising {self.run.run_id} (standby until no console controls it)")
+        self.say(f"supervising {self.run.run_id}")
         while True:
             if not self.run.path.is_dir():
                 self.say("the run directory is gone: nothing to supervise")

@@ -43,6 +43,7 @@ from taehv_console.core.run.notify import Notifier
 from taehv_console.core.run.outcome import (
     Outcome,
     RunSnapshot,
+    outcome_of,
     stop_grace_s,
     stop_step,
     verdict,
@@ -50,7 +51,7 @@ from taehv_console.core.run.outcome import (
 )
 from taehv_console.core.run.progress import AttemptEvents, RunProgress
 from taehv_console.core.run.recovering import RecoveryMixin
-from taehv_console.core.run.recovery import Action, Stall
+from taehv_console.core.run.recovery import Stall
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import (
     Attempt,
@@ -124,14 +125,16 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         purpose: str = "control",
         lock_name: str | None = None,
         state: RunState | None = None,
+        handover: bool = True,
     ) -> RunController:
         """Take the run's lock and read its state. The run's supervisor hands the lock over when
-        asked (core/run/supervision.py); another console holding it is a RunBusyError."""
+        asked (core/run/supervision.py; not with `handover=False`); another console holding it is
+        a RunBusyError."""
         path = run.path / lock_name if lock_name else run.lock_path
         try:
             lock = RunLock(path, purpose).acquire()
         except RunBusyError as busy:
-            if lock_name or purpose == supervision.PURPOSE:
+            if lock_name or purpose == supervision.PURPOSE or not handover:
                 raise
             lock = supervision.request_handover(run, path, purpose, busy)
         try:
@@ -257,7 +260,6 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         self._hardware = hardware
         on_update = on_update or (lambda _s: None)
         should_stop = should_stop or (lambda: False)
-        self._ensure_supervisor()
         if self.state.phase is Phase.RECOVERING and not self._relaunch(on_update, should_stop, 0.0):
             on_update(self.snapshot())  # a console died during a restart's backoff: restart now
             return self.outcome()
@@ -496,17 +498,7 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         return True
 
     def outcome(self) -> Outcome:
-        a = self.attempt
-        return Outcome(
-            phase=self.state.phase,
-            failure=self.state.failure,
-            stop=self.state.stop,
-            progress=self._tail().progress.snapshot(),
-            final_weights=str(self.run.final_weights) if self.run.final_weights.is_file() else None,
-            final=self.state.phase is Phase.FAILED
-            and a is not None
-            and a.decision in (Action.FAIL.value, Action.GIVE_UP.value),
-        )
+        return outcome_of(self.run, self.state, self._tail().progress.snapshot())
 
     # -- attach
     def reconcile(self) -> str:

@@ -10,7 +10,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taehv_console.core.run.state import Failure, Phase, StopRecord
+from taehv_console.core.run.recovery import Action
+from taehv_console.core.run.rundir import RunDir
+from taehv_console.core.run.state import Failure, Phase, RunState, StopRecord
 from trainer.config import TrainConfig
 
 DEFAULT_GRACE_S = 120.0
@@ -106,3 +108,37 @@ class ResumePoint:
     path: str
     world_size: int | None
     skipped: tuple[str, ...] = ()
+
+
+# what a failed attempt's recovery decided when the run goes on: another attempt follows
+_GOES_ON = (Action.RESTART.value, Action.EXCLUDE.value)
+
+
+def judge_pending(state: RunState) -> bool:
+    """The run failed and nobody judged the failure yet: it failed while no console or supervisor
+    followed it, and whoever adopts it decides now."""
+    a = state.attempt
+    return state.phase is Phase.FAILED and a is not None and not a.decision and state.failure is not None
+
+
+def settled(state: RunState) -> bool:
+    """The run has ended for good: ended, its failure judged, and no restart decided."""
+    a = state.attempt
+    if not state.phase.ended or judge_pending(state):
+        return False
+    return a is None or a.decision not in _GOES_ON
+
+
+def outcome_of(run: RunDir, state: RunState, progress: Mapping[str, Any]) -> Outcome:
+    """How the run stands, as state.json and its events (`progress`) say."""
+    a = state.attempt
+    return Outcome(
+        phase=state.phase,
+        failure=state.failure,
+        stop=state.stop,
+        progress=progress,
+        final_weights=str(run.final_weights) if run.final_weights.is_file() else None,
+        final=state.phase is Phase.FAILED
+        and a is not None
+        and a.decision in (Action.FAIL.value, Action.GIVE_UP.value),
+    )

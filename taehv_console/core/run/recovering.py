@@ -15,10 +15,9 @@ from dataclasses import replace
 
 from taehv_console.core.cluster.ssh import is_unreachable
 from taehv_console.core.models import BackendKind
-from taehv_console.core.run import supervision
 from taehv_console.core.run.backends import SrunBackend
 from taehv_console.core.run.excluding import ExcludeError, ExcludeMixin
-from taehv_console.core.run.outcome import ControlError, RunSnapshot, whoami
+from taehv_console.core.run.outcome import ControlError, RunSnapshot, judge_pending, whoami
 from taehv_console.core.run.parts import ControllerParts
 from taehv_console.core.run.recovery import (
     Action,
@@ -64,30 +63,9 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
             return True
         return False
 
-    def _ensure_supervisor(self) -> None:
-        """Whoever follows a run makes sure it stays supervised after them: the run's supervisor
-        waits in standby while this console holds the lock and takes over when it goes."""
-        if self.lock.purpose == supervision.PURPOSE or not supervision.supervised(self.kind):
-            return
-        if self.state.phase.ended and not self.judge_pending():
-            return
-        pid = supervision.spawn_supervisor(self.run, supervision.ssh_env(self.pool.settings))
-        if pid is not None:
-            self._note(
-                f"supervisor pid {pid} keeps the run supervised when this console closes "
-                f"(log: {supervision.log_path(self.run)})"
-            )
-
     def judge_pending(self) -> bool:
-        """The run failed and nobody judged the failure yet: it failed while no console or
-        supervisor followed it, and whoever adopts it decides now."""
-        a = self.attempt
-        return (
-            self.state.phase is Phase.FAILED
-            and a is not None
-            and not a.decision
-            and self.state.failure is not None
-        )
+        """The run failed and nobody judged the failure yet (outcome.judge_pending)."""
+        return judge_pending(self.state)
 
     def _restart_chain(self) -> list[Attempt]:
         """The attempts since a person last started the run (a launch or a resume): the current

@@ -12,9 +12,17 @@ from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.run.backends import BackendError, make_backend
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
-from taehv_console.core.run.outcome import ControlError, RunSnapshot, stop_grace_s, whoami
+from taehv_console.core.run.outcome import ControlError, RunSnapshot, settled, stop_grace_s, whoami
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import RunState
+
+
+def write_stop_request(run: RunDir, grace_s: float | None = None, hurry: bool = False) -> None:
+    """Ask whoever controls the run to stop it (RUN/stop.request); `hurry` (a second Ctrl-C) cuts
+    a stop in progress short of its grace."""
+    tmp = run.stop_request_path.with_name(f".{run.stop_request_path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"time": time.time(), "by": whoami(), "grace_s": grace_s, "hurry": hurry}))
+    os.replace(tmp, run.stop_request_path)
 
 
 def request_stop(
@@ -25,24 +33,22 @@ def request_stop(
     on_update: Callable[[RunSnapshot], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> RunState:
-    """Stop a run from any console. If no console controls it, take the lock and stop it here;
-    if one does, ask it (stop.request) and wait until the state says the run ended; should that
-    console die meanwhile, take over."""
+    """Stop a run from any console. If nobody controls it, take the lock and stop it here; if a
+    console or the run's supervisor does, ask it (stop.request) and wait until the state says the
+    run ended; should it die meanwhile, take over."""
     say = say or (lambda _m: None)
     deadline = None
     while True:
         try:
-            ctrl = RunController.open(run, pool, purpose="stop")
+            ctrl = RunController.open(run, pool, purpose="stop", handover=False)
         except RunBusyError as err:
             if deadline is None:
                 grace = grace_s if grace_s is not None else stop_grace_s(run.load_config())
                 deadline = time.time() + (wait_s if wait_s is not None else grace + 90)
-                tmp = run.stop_request_path.with_name(f".{run.stop_request_path.name}.{os.getpid()}")
-                tmp.write_text(json.dumps({"time": time.time(), "by": whoami(), "grace_s": grace_s}))
-                os.replace(tmp, run.stop_request_path)
+                write_stop_request(run, grace_s)
                 say(f"{err}\nasked it to stop the run; waiting for it")
             state = run.read_state()
-            if state.phase.ended:
+            if settled(state):  # not a failure whose restart is decided: that one ends stopped
                 return state
             if time.time() > deadline:
                 raise ControlError(

@@ -35,9 +35,14 @@ class StopMixin(ControllerParts):
                 if not self.live_nodes():
                     return True
                 next_check = now + 1.0
-            if now >= deadline or self.hurry:
+            if now >= deadline or self._hurried():
                 return False
             time.sleep(0.25)
+
+    def _hurried(self) -> bool:
+        """A second Ctrl-C here (`hurry`), or in a console that asked for this stop (stop.request
+        rewritten with `hurry`): the stop skips the rest of its grace."""
+        return self.hurry or bool((self._stop_request() or {}).get("hurry"))
 
     def _kill_leftovers(self) -> dict[int, tuple[int, ...]]:
         """SIGKILL every tree with anything left; node -> what is still there after that."""

@@ -77,9 +77,11 @@ def running_supervisor(run: RunDir) -> dict[str, Any] | None:
     return info
 
 
-def write_info(run: RunDir) -> None:
+def write_info(run: RunDir, pid: int | None = None) -> None:
+    """supervisor.json: this process (the supervisor), or the `pid` of one just started."""
     tmp = info_path(run).with_name(f".supervisor.json.{os.getpid()}")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+    pid = pid if pid is not None else os.getpid()
+    tmp.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "started": time.time()}))
     os.replace(tmp, info_path(run))
 
 
@@ -121,6 +123,9 @@ def spawn_supervisor(run: RunDir, env: Mapping[str, str] | None = None) -> int |
             close_fds=True,
             env={**os.environ, **(env or {})},
         )
+    # named at once (its command line says what it is from exec on), not after its imports: a
+    # client checking a second later must not take it for gone and start another
+    write_info(run, proc.pid)
     return proc.pid
 
 

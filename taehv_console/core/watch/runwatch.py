@@ -25,6 +25,7 @@ from taehv_console.core.watch.streams import LineStream
 from trainer.events import atomic_write_text
 
 if TYPE_CHECKING:
+    from taehv_console.core.run.client import RunClient
     from taehv_console.core.run.control import RunController
 
 REPORT_GLOB = "forensics/report-*.json"
@@ -135,8 +136,11 @@ class RunWatch:
         forensics: StallForensics | None = None,
         agent_stream: Callable[[str], LineStream] | None = None,
         hosts_of: Callable[[], Sequence[str]] | None = None,
+        respond: bool = True,
     ):
         self.run_dir = Path(run_dir)
+        # False: a console following a supervised run; the supervisor's watch takes the forensics
+        self._respond = respond
         self._pool, self._kind = pool, kind
         self._agents, self._config, self._facts = agents, config, facts
         self._agent_stream, self._forensics = agent_stream, forensics
@@ -151,7 +155,7 @@ class RunWatch:
         self._first_lock = threading.Lock()
         self.monitor, self.responder = self._pipeline(self._hosts)
 
-    def _pipeline(self, hosts: Sequence[str]) -> tuple[Monitor, StallResponder]:
+    def _pipeline(self, hosts: Sequence[str]) -> tuple[Monitor, StallResponder | None]:
         watched = monitor_hosts(self._kind, hosts)
         monitor = Monitor(
             self.run_dir,
@@ -162,8 +166,10 @@ class RunWatch:
             facts=self._facts,
             agent_stream=self._agent_stream,
         )
-        responder = StallResponder(self.run_dir, self._pool, watched or list(hosts)[:1], self._forensics)
-        monitor.subscribe(responder)
+        responder = None
+        if self._respond:
+            responder = StallResponder(self.run_dir, self._pool, watched or list(hosts)[:1], self._forensics)
+            monitor.subscribe(responder)
         monitor.subscribe(self._note_first_gpus)
         for fn in self._subscribers:
             monitor.subscribe(fn)
@@ -173,6 +179,20 @@ class RunWatch:
     def for_controller(cls, ctrl: RunController, **kw: Any) -> RunWatch:
         return cls(
             ctrl.run.path, ctrl.pool, ctrl.kind, ctrl.state.hosts, hosts_of=lambda: ctrl.state.hosts, **kw
+        )
+
+    @classmethod
+    def for_client(cls, client: RunClient, **kw: Any) -> RunWatch:
+        """The watch of a console following a supervised run: the same view, no forensics (the
+        supervisor's watch takes them, and its reports reach this view from the run directory)."""
+        return cls(
+            client.run.path,
+            client.pool,
+            client.kind,
+            client.state.hosts,
+            hosts_of=lambda: client.state.hosts,
+            respond=False,
+            **kw,
         )
 
     def subscribe(self, fn: Callable[[RunView], object]) -> None:
@@ -197,7 +217,8 @@ class RunWatch:
             if self._started:
                 self.monitor.start()
         old[0].stop()
-        old[1].join(timeout=1.0)
+        if old[1] is not None:
+            old[1].join(timeout=1.0)
         return True
 
     def start(self) -> RunWatch:
@@ -243,4 +264,5 @@ class RunWatch:
 
     def stop(self) -> None:
         self.monitor.stop()
-        self.responder.join(timeout=1.0)
+        if self.responder is not None:
+            self.responder.join(timeout=1.0)

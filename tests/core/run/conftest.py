@@ -17,8 +17,10 @@ import pytest
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.presets import load_preset
+from taehv_console.core.run import supervision
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.create import LaunchSpec, create_run
+from taehv_console.core.run.lock import read_holder
 from taehv_console.core.run.rundir import RunDir
 from tests.core.run.fake_launcher import fake_commands
 
@@ -173,3 +175,59 @@ def launch_then_kill_console(run: RunDir, max_steps: int, step_s: float) -> None
 def kill_console(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the console's own session: it never holds the run's launchers
     proc.wait()
+
+
+def start_supervisor(run: RunDir, max_steps: int, step_s: float) -> subprocess.Popen:
+    log = open(supervision.log_path(run), "ab")  # the process's output, open for its life
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(FAKE),
+            "supervise",
+            "--run",
+            str(run.path),
+            "--ranks",
+            "2",
+            "--max-steps",
+            str(max_steps),
+            "--step-s",
+            str(step_s),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parents[3],
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+
+
+@pytest.fixture
+def supervised_run(tmp_path):
+    """A run with restarts on, launched by a console process, and its supervisor in standby.
+    Everything is killed at the end, the supervisor by its own session."""
+    procs: list[subprocess.Popen] = []
+
+    def make(max_steps: int = 40, step_s: float = 0.15) -> tuple[RunDir, subprocess.Popen, subprocess.Popen]:
+        run = make_run(
+            tmp_path / "runs",
+            nodes=1,
+            per_node=2,
+            max_steps=max_steps,
+            env={"FAKE_CKPT_EVERY": "3"},
+            overrides=("recovery.max_restarts=2", "recovery.backoff_s=0.5"),
+        )
+        console = start_console(run, max_steps=max_steps, step_s=step_s, ranks=2)
+        assert console.stdout.readline().strip() == "launched"
+        sup = start_supervisor(run, max_steps, step_s)
+        procs.extend([console, sup])
+        return run, console, sup
+
+    yield make
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def holder(run: RunDir) -> str:
+    return str(read_holder(run.lock_path).get("purpose", ""))

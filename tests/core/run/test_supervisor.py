@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,68 +17,10 @@ from taehv_console.core.run import supervision
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import read_holder
 from taehv_console.core.run.requests import request_stop
-from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase
-from tests.core.run.conftest import FAKE, kill_console, make_run, rank_pid, start_console, wait_for
+from tests.core.run.conftest import holder, kill_console, make_run, rank_pid, start_supervisor, wait_for
 
 pytestmark = pytest.mark.timeout(180)
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def start_supervisor(run: RunDir, max_steps: int, step_s: float) -> subprocess.Popen:
-    log = open(supervision.log_path(run), "ab")  # the process's output, open for its life
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(FAKE),
-            "supervise",
-            "--run",
-            str(run.path),
-            "--ranks",
-            "2",
-            "--max-steps",
-            str(max_steps),
-            "--step-s",
-            str(step_s),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
-@pytest.fixture
-def supervised_run(tmp_path):
-    """A run with restarts on, launched by a console process, and its supervisor in standby.
-    Everything is killed at the end, the supervisor by its own session."""
-    procs: list[subprocess.Popen] = []
-
-    def make(max_steps: int = 40, step_s: float = 0.15) -> tuple[RunDir, subprocess.Popen, subprocess.Popen]:
-        run = make_run(
-            tmp_path / "runs",
-            nodes=1,
-            per_node=2,
-            max_steps=max_steps,
-            env={"FAKE_CKPT_EVERY": "3"},
-            overrides=("recovery.max_restarts=2", "recovery.backoff_s=0.5"),
-        )
-        console = start_console(run, max_steps=max_steps, step_s=step_s, ranks=2)
-        assert console.stdout.readline().strip() == "launched"
-        sup = start_supervisor(run, max_steps, step_s)
-        procs.extend([console, sup])
-        return run, console, sup
-
-    yield make
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
-def holder(run: RunDir) -> str:
-    return str(read_holder(run.lock_path).get("purpose", ""))
 
 
 def test_the_supervisor_takes_over_from_a_killed_console_and_heals_a_rank_killed_afterwards(supervised_run):
@@ -126,10 +66,10 @@ def test_two_supervisors_of_one_run_do_not_take_it_from_each_other(supervised_ru
     first = read_holder(run.lock_path)["pid"]
     second = start_supervisor(run, 400, 0.15)
     try:
-        # the second one has started (its own "supervising ... (standby" line) and tried the lock
-        # for a few of its 0.5 s rounds
+        # the second one has started (its own "supervising RUN" line) and tried the lock for a few
+        # of its 0.5 s rounds
         wait_for(
-            lambda: supervision.log_path(run).read_text().count("(standby until") >= 2,
+            lambda: supervision.log_path(run).read_text().count(f"supervising {run.run_id}") >= 2,
             20,
             "the second supervisor to start",
         )
