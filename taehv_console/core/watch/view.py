@@ -412,8 +412,13 @@ def headline(view: RunView) -> Headline:
         clips_per_s=number_text(run.clips_per_s, ".3g"),
         eta=duration_text(run.eta_s),
         mfu=mfu_text(run.mfu),
-        slow=run.mfu is not None and run.mfu < LOW_MFU,
+        slow=low_mfu(run.mfu),
     )
+
+
+def low_mfu(mfu: float | None) -> bool:
+    """The run crawls: MFU below trainer.flops.LOW_MFU (the public project's 3-4 %)."""
+    return mfu is not None and mfu < LOW_MFU
 
 
 def mfu_text(mfu: float | None) -> str:

@@ -10,9 +10,8 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from taehv_console.core.run.recovery import recoveries, restart_text
-from taehv_console.core.watch.view import mfu_text
+from taehv_console.core.watch.view import low_mfu, mfu_text
 from taehv_console.ui import formatting as f
-from trainer.flops import LOW_MFU
 
 if TYPE_CHECKING:
     from taehv_console.core.watch.state import RunView
@@ -83,7 +82,7 @@ def _mfu(mfu: float | None) -> list[str | Content]:
     """'  MFU 21.3 %', in the warning colour below LOW_MFU (the public project's 3-4 % crawl)."""
     if mfu is None:
         return []
-    style = f.health_style("warning") if mfu < LOW_MFU else "bold"
+    style = f.health_style("warning") if low_mfu(mfu) else "bold"
     return ["  ", Content.styled("MFU ", "dim"), Content.styled(mfu_text(mfu), style)]
 
 
