@@ -20,7 +20,9 @@ from rich.table import Table
 from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import any_alive
+from taehv_console.core.run import supervision
 from taehv_console.core.run.lock import is_locked, read_holder
+from taehv_console.core.run.outcome import settled
 from taehv_console.core.run.recovery import recoveries, strike_counts
 from taehv_console.core.run.requests import probe_live
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, list_runs, resolve_run
@@ -120,6 +122,7 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     a = state.attempt
     info.update(
         phase=state.phase.value,
+        settled=settled(state),  # ended for good: no restart decided or due
         backend=state.backend.value,
         hosts=list(state.hosts),
         attempts=len(state.attempts),
@@ -130,6 +133,11 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     )
     if is_locked(run.lock_path):
         info["controlled_by"] = read_holder(run.lock_path)
+    if supervision.supervised(state.backend):
+        # who heals the run while no window is open: None when nobody does (a console that opens
+        # the run starts a supervisor again)
+        sup = supervision.running_supervisor(run)
+        info["supervisor"] = {**sup, "log": str(supervision.log_path(run))} if sup is not None else None
     live = a is not None and a.ended is None
     # The run's one view, read once: the same phase, progress, ETA, per-rank health, stalls and
     # forensics the following console shows. A live run's nodes are sampled once (process states).
@@ -215,8 +223,18 @@ def _print_one(i: dict[str, Any]) -> None:
     c.print(
         f"  phase {i.get('phase')}, preset {i.get('preset')}, {i.get('topology')}, backend {i.get('backend', '-')}"
     )
-    if i.get("controlled_by"):
-        h = i["controlled_by"]
+    sup = i.get("supervisor")
+    if sup:
+        c.print(
+            f"  supervisor pid {sup.get('pid')} on {sup.get('host')} (log {sup.get('log')})", markup=False
+        )
+    elif "supervisor" in i and not i.get("settled", True):
+        c.print(
+            "  [yellow]no supervisor runs for it[/]: a failure now waits for someone; "
+            f"`taehv-console attach {i['run_dir']}` or `taehv-console supervise {i['run_dir']}` starts one"
+        )
+    h = i.get("controlled_by")
+    if h and h.get("purpose") != supervision.PURPOSE:
         c.print(f"  controlled by console pid {h.get('pid')} on {h.get('host')} ({h.get('purpose', '')})")
     p = i.get("progress")
     if p:

@@ -11,9 +11,11 @@ import threading
 
 import pytest
 
+from taehv_console.commands.status import _print_one, run_info
 from taehv_console.core.run import supervision
 from taehv_console.core.run.client import RunClient, supervised_client
 from taehv_console.core.run.outcome import RunSnapshot
+from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.state import Phase
 from tests.core.run.conftest import holder, kill_console, make_run, rank_pid, wait_for
 
@@ -114,3 +116,25 @@ def test_a_second_interrupt_rewrites_the_stop_request_with_hurry(tmp_path, pool)
     assert '"grace_s": 30.0' in first and '"hurry": false' in first
     client.request_stop(hurry=True)
     assert '"hurry": true' in run.stop_request_path.read_text()
+
+
+def test_status_names_the_supervisor_and_warns_of_a_run_that_goes_on_without_one(
+    supervised_run, pool, capsys
+):
+    run, console, sup = supervised_run(max_steps=400)
+    kill_console(console)
+    wait_for(lambda: holder(run) == supervision.PURPOSE, 15, "the supervisor to take the lock")
+    info = run_info(run, pool, check=False, brief=True)
+    assert info["supervisor"]["pid"] == sup.pid and info["settled"] is False
+    _print_one(info)
+    out = capsys.readouterr().out
+    assert f"supervisor pid {sup.pid}" in out and "controlled by console" not in out
+    os.killpg(sup.pid, signal.SIGKILL)  # nobody heals the run now
+    sup.wait()
+    info = run_info(run, pool, check=False, brief=True)
+    assert info["supervisor"] is None
+    _print_one(info)
+    assert "no supervisor runs for it" in capsys.readouterr().out
+    state = request_stop(run, pool, grace_s=10, wait_s=60)  # nobody controls it: stopped here
+    assert state.phase is Phase.STOPPED
+    assert run_info(run, pool, check=False, brief=True)["settled"] is True
