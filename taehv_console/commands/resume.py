@@ -23,6 +23,7 @@ from taehv_console.core.run.client import RunClient, client_mode
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import (
+    AllocationTooSmallError,
     LaunchError,
     NothingToResumeError,
     RunLiveError,
@@ -37,7 +38,8 @@ from taehv_console.follow import follow_run, make_view, report_outcome
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done (with --detach: every node started)",
     ExitCode.TRAINING_FAILED: "the run failed (state.json names the node and rank); another try may get past it",
-    ExitCode.USAGE: "wrong command line or --env, no such run, nothing to resume from, or the world size changed",
+    ExitCode.USAGE: "wrong command line or --env, no such run, nothing to resume from, the world size changed, "
+    "or the SLURM allocation has fewer nodes than the run",
     ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
     ExitCode.BUSY: "the run is running (attach instead) or another console controls it",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
@@ -128,6 +130,8 @@ def run(args: argparse.Namespace) -> ExitCode:
                     ctrl.launch(resume=point.spec, weights_only=args.weights_only)
                 except RunLiveError as err:
                     return fail(ExitCode.BUSY, str(err))
+                except AllocationTooSmallError as err:
+                    return fail(ExitCode.USAGE, str(err))
                 except LaunchError as err:
                     view.note(f"launch failed: {err}")
                     return report_outcome(ctrl, ctrl.outcome(), view)

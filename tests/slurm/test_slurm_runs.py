@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, cli_argv, events, free_port, is_step, run_state
+from tests.e2e.consoles import Console, cli_argv, events, free_port, is_step, run_cli, run_state
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 
@@ -366,3 +366,48 @@ def test_a_node_whose_rank_is_killed_inside_an_allocation_is_left_out_and_the_ru
         f"\nSLURM, kill -9 of rank 1, n2 left out -> training again on n1: {second['lost_s']} s, "
         f"{second['redone_steps']} step(s) redone; steps {srun_steps}; whole test {time.time() - t0:.0f} s"
     )
+
+
+def test_a_run_resumed_in_another_allocation_runs_on_that_allocations_node(slurm_cluster, tmp_path):
+    """A one-node run started in an allocation on n1 and stopped there; `resume` in a new
+    allocation that holds n2 alone: the run's recorded host (n1) is not in it, so n2 takes its
+    machine rank, the launch files are written for n2, and training goes on from the stop's
+    checkpoint to final weights. Before, the srun step asked for n1 and SLURM refused it."""
+    env = slurm_cluster.client_env()
+    args = _args(tmp_path, 8, "--set", "topology.nodes=1")
+    first = Console(
+        argv=["salloc", "--nodes=1", "--nodelist=n1", "--job-name=alloc-1", *cli_argv(*args)],
+        env=env,
+        cwd=tmp_path,
+    )
+    run = _run_dir(first, tmp_path)
+    first.wait_for(lambda o: is_step(o, 2), 420, "step 2")
+    stopped = run_cli("stop", run, "--json", env=env, cwd=tmp_path, timeout=300)
+    assert stopped.returncode == ExitCode.DONE, stopped.stdout + stopped.stderr
+    assert first.wait(120) == ExitCode.STOPPED, first.tail()
+    state = run_state(run)
+    stopped_at = state["stop"]["checkpoint_step"]
+    assert list(state["hosts"]) == ["n1"] and stopped_at is not None
+
+    resume = Console(
+        argv=[
+            "salloc",
+            "--nodes=1",
+            "--nodelist=n2",
+            "--job-name=alloc-2",
+            *cli_argv("resume", run, "--json"),
+        ],
+        env=env,
+        cwd=tmp_path,
+    )
+    rc = resume.wait(420)
+    assert rc == ExitCode.DONE, resume.tail() + resume.stderr[-2000:]
+    state = run_state(run)
+    assert list(state["hosts"]) == ["n2"] and state["master_addr"] == "n2"
+    assert "main_process_ip: n2" in (run / "accelerate-node-0.yaml").read_text()
+    notes = [o.get("message", "") for o in resume.lines if o.get("kind") == "note"]
+    assert any(
+        "the run's nodes (n1) are not in this allocation" in n and "it runs on n2" in n for n in notes
+    ), notes
+    assert events(run, 0, "start")[-1]["resumed_from"].endswith(f"step-{stopped_at}")
+    assert (run / "final" / "taehv.safetensors").is_file()

@@ -14,22 +14,30 @@ start every node themselves do this: ssh, and slurm inside an allocation, whose 
 on the remaining nodes alone (core/run/backends.py: SrunBackend). An allocation's nodes are all
 there is: spares are for ssh.
 
+A run resumed inside another SLURM allocation (a new `salloc`) finds its hosts gone: they were
+the old allocation's. The launch takes the first nodes of the allocation it is in, in SLURM's
+order, and writes run.toml and the launch files again for them (`_fit_allocation`).
+
 A part of RunController (core/run/control.py); it uses the controller's state and primitives,
 declared in parts.py.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
+from taehv_console.core.cluster.hosts import InvalidHostError, expand_slurm_hostlist
 from taehv_console.core.cluster.preflight.orchestrate import PreflightOptions, run_preflight
 from taehv_console.core.cluster.ssh import SshError, master_address
 from taehv_console.core.models import BackendKind, NodeSpec, Topology, TopologySource
 from taehv_console.core.plan.render import RenderOptions, accelerate_config_name, write_launch_files
 from taehv_console.core.plan.reshape import for_nodes
+from taehv_console.core.run.outcome import AllocationTooSmallError, LaunchError
 from taehv_console.core.run.parts import ControllerParts
 from taehv_console.core.run.state import Exclusion
 from trainer import checkpoint as ckpt
@@ -58,6 +66,38 @@ class ExcludeMixin(ControllerParts):
             return ()
         used = set(self.state.hosts) | {e.host for e in self.state.exclusions}
         return tuple(h for h in self.state.spares if h not in used)
+
+    def _fit_allocation(self, env: Mapping[str, str] | None = None) -> None:
+        """Before a launch inside a SLURM allocation: when the run's hosts are not all in this one
+        (the run was started in another), this allocation's first nodes take their machine ranks
+        and the launch files are written again for them. AllocationTooSmallError when it has too few
+        nodes (LaunchError when its node list cannot be read)."""
+        env = os.environ if env is None else env
+        var = "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env else "SLURM_NODELIST"
+        if self.kind is not BackendKind.SLURM or var not in env:
+            return
+        try:
+            allocated = expand_slurm_hostlist(env[var])
+        except (ValueError, InvalidHostError) as err:
+            raise LaunchError(f"{var}: {err}") from None
+        nodes = self.cfg.topology.nodes
+        hosts = tuple(self.state.hosts[:nodes])
+        if set(hosts) <= set(allocated):
+            return
+        job = env.get("SLURM_JOB_ID", "?")
+        if len(allocated) < nodes:
+            raise AllocationTooSmallError(
+                f"this allocation (SLURM job {job}: {', '.join(allocated)}) has {len(allocated)} node(s); "
+                f"the run needs {nodes} (it ran on {', '.join(hosts)}): allocate {nodes} node(s) and "
+                "resume there"
+            )
+        new = tuple(allocated[:nodes])
+        self._rewrite(self.cfg, new, self._master(new[0]))
+        self._save(replace(self.state, hosts=new, master_addr=self._master(new[0])))
+        self._note(
+            f"the run's nodes ({', '.join(hosts)}) are not in this allocation (SLURM job {job}): "
+            f"it runs on {', '.join(new)}, its launch files written again for them"
+        )
 
     def _leave_out(self, node: int, why: str) -> Exclusion:
         """Leave `node` out: a spare in its place, else one node fewer. Raises ExcludeError."""

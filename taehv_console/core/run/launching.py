@@ -73,6 +73,7 @@ class LaunchMixin(ControllerParts):
                 )
             self.reconcile()  # the last attempt ended without a console: record how, before the next
             a = self.attempt
+        self._fit_allocation()  # a SLURM run resumed in another allocation: this one's nodes
         number = (a.number if a else 0) + 1
         for i in self.state.controlled:
             self.run.node_status_path(i).unlink(

@@ -38,6 +38,10 @@ class LaunchError(ControlError):
     pass
 
 
+class AllocationTooSmallError(ControlError):
+    """A SLURM run launched inside an allocation with fewer nodes than the run has: nothing starts."""
+
+
 def stop_grace_s(cfg: TrainConfig) -> float:
     """How long a stop waits for the checkpoint before SIGKILL: the config's schedule.stop_grace_s."""
     return float(cfg.schedule.stop_grace_s or DEFAULT_GRACE_S)
