@@ -2,10 +2,12 @@
 2 DeepSpeed ranks on gloo, generated clips), the seconds from the fault to training again, split
 into detection, teardown and relaunch, and the steps trained again since the checkpoint resumed.
 
-    .venv/bin/python benchmarks/recovery.py [--faults kill9,sigstop,error,node-lost,node-lost-spare]
-        [--stall-after 20] [--keep]
+    .venv/bin/python benchmarks/recovery.py [--faults kill9,kill9-unwatched,sigstop,error,node-lost,
+        node-lost-spare] [--stall-after 20] [--keep]
 
-kill9: SIGKILL of rank 1 (the OOM killer, a crash); sigstop: rank 1 stops and never comes back (a
+kill9: SIGKILL of rank 1 (the OOM killer, a crash); kill9-unwatched: the console SIGKILLed first (a
+closed terminal), then rank 1: the run's supervisor alone heals it (the other faults run with
+TAEHV_SUPERVISOR=off, the console controlling the run; the recovery is the same code); sigstop: rank 1 stops and never comes back (a
 hang; ended at recovery.stall_restart_after_s); error: the trainer raises an error that would
 repeat (ended at once, no restart: the figure is the time to FAILED); node-lost: two loopback
 "nodes" over a real sshd (one rank each, as tests/e2e/test_node_loss.py), and node 1's sshd and
@@ -34,10 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from taehv_console.core.run.outcome import settled
 from taehv_console.core.run.recovery import recoveries
 from taehv_console.core.run.state import RunState
 
-FAULTS = ("kill9", "sigstop", "error", "node-lost", "node-lost-spare")
+FAULTS = ("kill9", "kill9-unwatched", "sigstop", "error", "node-lost", "node-lost-spare")
+# how long the supervisor gets to carry an unwatched run to its end
+UNWATCHED_S = 900.0
 NODE0, LOST, SPARE = "127.0.0.2", "127.0.0.6", "127.0.0.4"
 SSH_KEYS = ("client_ed25519", "client_ed25519.pub", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 
@@ -105,8 +110,11 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-def console(runs: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, **(env or {}), "TAEHV_SUPERVISOR": "off", "DS_ACCELERATOR": "cpu"}
+def console(
+    runs: Path, *extra: str, env: dict[str, str] | None = None, supervised: bool = False
+) -> subprocess.Popen:
+    supervisor = "on" if supervised else "off"
+    env = {**os.environ, **(env or {}), "TAEHV_SUPERVISOR": supervisor, "DS_ACCELERATOR": "cpu"}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_NODELIST"):
         env.pop(key, None)
     argv = [sys.executable, "-m", "taehv_console.cli", "--no-tui", "--runs", str(runs), "--json"]
@@ -147,20 +155,34 @@ def _measure(fault: str, stall_after: float, runs: Path, nodes: TwoNodes | None)
     extra = ["--set", f"recovery.stall_restart_after_s={stall_after:g}"]
     if fault == "error":
         extra += ["--env", "TAEHV_FAULTS=raise:1:8"]
-    proc = console(runs, *extra, *(nodes.args() if nodes else []), env=nodes.env() if nodes else None)
+    unwatched = fault == "kill9-unwatched"
+    proc = console(
+        runs,
+        *extra,
+        *(nodes.args() if nodes else []),
+        env=nodes.env() if nodes else None,
+        supervised=unwatched,
+    )
     wait_step(proc, 7)
     run = next(runs.glob("20*"))
     pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    if unwatched:
+        proc.kill()  # the terminal closes
+        proc.wait()
     t_fault = time.time()
     if nodes is not None:
         nodes.lose(run)
-    elif fault == "kill9":
+    elif fault in ("kill9", "kill9-unwatched"):
         os.kill(pid, signal.SIGKILL)
     elif fault == "sigstop":
         os.kill(pid, signal.SIGSTOP)
-    assert proc.stdout is not None
-    proc.stdout.read()
-    rc = proc.wait()
+    rc: int | None = None
+    if unwatched:
+        _wait_settled(run)
+    else:
+        assert proc.stdout is not None
+        proc.stdout.read()
+        rc = proc.wait()
     state = json.loads((run / "state.json").read_text())
     attempts = state["attempts"]
     first = attempts[0]
@@ -184,6 +206,19 @@ def _measure(fault: str, stall_after: float, runs: Path, nodes: TwoNodes | None)
             {k: left_out.get(k) for k in ("host", "replaced_by", "nodes_before", "nodes_after")}
         )
     return out
+
+
+def _wait_settled(run: Path) -> None:
+    """Until the run has ended for good, as its supervisor carries it with no console open."""
+    deadline = time.time() + UNWATCHED_S
+    while time.time() < deadline:
+        try:
+            if settled(RunState.from_dict(json.loads((run / "state.json").read_text()))):
+                return
+        except (OSError, json.JSONDecodeError):
+            pass  # not there yet: read it again
+        time.sleep(1.0)
+    raise SystemExit(f"{run}: the supervisor did not end the run within {UNWATCHED_S:g} s")
 
 
 def main() -> int:

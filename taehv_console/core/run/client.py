@@ -29,7 +29,7 @@ from taehv_console.core.run.progress import AttemptEvents
 from taehv_console.core.run.requests import write_stop_request
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Phase, RunState, StateError
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     from taehv_console.core.run.control import RunController
@@ -52,7 +52,10 @@ def supervised_client(run: RunDir, pool: SshPool) -> RunClient | None:
     taken); None when the console should open the run itself."""
     if not supervision.enabled() or supervision.running_supervisor(run) is None:
         return None
-    client = RunClient(run, pool)
+    try:
+        client = RunClient(run, pool)
+    except (StateError, ConfigError, OSError):
+        return None  # opening the run the usual way says what is wrong with it
     return client if client_mode(client.kind) else None
 
 
