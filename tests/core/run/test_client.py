@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ from taehv_console.core.run.client import RunClient, supervised_client
 from taehv_console.core.run.outcome import RunSnapshot
 from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.state import Phase
-from tests.core.run.conftest import holder, kill_console, make_run, rank_pid, wait_for
+from tests.core.run.conftest import holder, kill_console, rank_pid, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,14 +109,27 @@ def test_a_client_whose_supervisor_is_killed_starts_another_which_adopts_the_run
             os.killpg(info["pid"], signal.SIGKILL)
 
 
-def test_a_second_interrupt_rewrites_the_stop_request_with_hurry(tmp_path, pool):
-    run = make_run(tmp_path / "runs", nodes=1, per_node=1)
-    client = RunClient(run, pool, grace_s=30.0)
+def test_a_clients_hurry_cuts_the_controllers_stop_short_of_its_grace(launch_fake, pool):
+    """Ranks that ignore SIGTERM hold a stop for its whole grace (60 s here). A second Ctrl-C in a
+    client rewrites stop.request with `hurry`, and the controller doing the stop (the supervisor)
+    SIGKILLs what is left at once."""
+    ctrl = launch_fake(nodes=1, per_node=1, env={"FAKE_IGNORE_TERM": "1"}, grace_s=60.0)
+    rank_pid(ctrl.run, 0)  # running
+    client = RunClient(ctrl.run, pool, grace_s=60.0)
     client.request_stop()
-    first = run.stop_request_path.read_text()
-    assert '"grace_s": 30.0' in first and '"hurry": false' in first
+    assert '"hurry": false' in ctrl.run.stop_request_path.read_text()
+    done: dict = {}
+    t0 = time.monotonic()
+    thread = threading.Thread(target=lambda: done.update(record=ctrl.stop(grace_s=60.0)), daemon=True)
+    thread.start()
+    time.sleep(2.0)
+    assert thread.is_alive()  # waiting on the ranks that ignore SIGTERM
     client.request_stop(hurry=True)
-    assert '"hurry": true' in run.stop_request_path.read_text()
+    thread.join(30)
+    took = time.monotonic() - t0
+    assert not thread.is_alive() and took < 30, took
+    record = done["record"]
+    assert record.killed and record.verified, record
 
 
 def test_status_names_the_supervisor_and_warns_of_a_run_that_goes_on_without_one(
