@@ -31,7 +31,7 @@ from taehv_console.core.plan.flight_recorder import prepare_dirs
 from taehv_console.core.plan.render import NODE_MODULE, SBATCH, flight_recorder_launch_env
 from taehv_console.core.run import node
 from taehv_console.core.run.rundir import RunDir
-from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus
+from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus, read_node_status
 
 BACKENDS = tuple(k.value for k in BackendKind)
 
@@ -242,8 +242,9 @@ def _why(err: Exception) -> str:
 
 class SrunBackend(LaunchBackend):
     """Inside a SLURM allocation: one `srun` (detached, on this machine) starts the node wrapper on
-    the run's nodes with machine rank = SLURM_NODEID. Stopping signals srun's group: srun forwards the
-    signal to every task, and SLURM removes a step's processes when the step ends.
+    the run's nodes with machine rank = SLURM_NODEID. A stop signals the step's processes through
+    `scancel --signal=TERM JOB.STEP` (srun itself would SIGKILL them), and SLURM removes a step's
+    processes when the step ends.
 
     Each step runs on the nodes its commands name, and on no others: `--nodes` is their count and
     `--nodelist` their hosts. After the console left a node out (core/run/excluding.py), the commands
@@ -254,7 +255,14 @@ class SrunBackend(LaunchBackend):
     # flags of a node's State in `scontrol show node` that say SLURM cannot reach or use it
     _DOWN = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN"})
 
-    def __init__(self, pool: SshPool, nodes: int = 0, srun: str = "srun", scontrol: str = "scontrol"):
+    def __init__(
+        self,
+        pool: SshPool,
+        nodes: int = 0,
+        srun: str = "srun",
+        scontrol: str = "scontrol",
+        scancel: str = "scancel",
+    ):
         # `nodes` (the run's node count when the backend was made) is not used: an exclusion changes
         # the count under a controller that keeps this backend, and each start's commands say it
         del nodes
@@ -262,6 +270,7 @@ class SrunBackend(LaunchBackend):
         self.pool = pool
         self.srun = srun
         self.scontrol = scontrol
+        self.scancel = scancel
 
     def node_down(self, host: str) -> str:
         """The node's SLURM state when it says SLURM cannot reach or use the node (DOWN, FAIL,
@@ -353,15 +362,45 @@ class SrunBackend(LaunchBackend):
         d = self._driver(attempt)
         return {-1: tuple(_local_node_call(["pids", "--pgid", str(d.pgid)])["pids"])} if d else {}
 
+    def _steps(self, run: RunDir, attempt: Attempt) -> list[str]:
+        """The SLURM step(s) of this attempt, as its node wrappers recorded them (JOBID.STEPID)."""
+        found = (read_node_status(p) for p in sorted(run.logs.glob("node-*.status.json")))
+        return sorted(
+            {st.slurm_step for st in found if st and st.attempt == attempt.number and st.slurm_step}
+        )
+
     def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
+        """SIGTERM to every process of the attempt's step (`scancel --signal=TERM JOB.STEP`), as the
+        ranks need for their checkpoint. Not to srun: srun answers SIGTERM by SIGKILLing the
+        step's tasks ("forcing job termination"), which ends the ranks with no checkpoint. Only a
+        step whose wrappers have not yet said which step they are gets srun's SIGTERM."""
         d = self._driver(attempt)
+        errors: dict[int, str] = {}
+        steps = self._steps(run, attempt)
+        if steps:
+            try:
+                res = self.local.run([self.scancel, "--signal=TERM", *steps], timeout=30)
+                if res.exit_status == 0:
+                    return {}
+                errors[-1] = (
+                    f"scancel --signal=TERM {' '.join(steps)}: {(res.stderr or res.stdout).strip()[-200:]}"
+                )
+            except (SshError, OSError) as err:
+                errors[-1] = f"scancel --signal=TERM {' '.join(steps)}: {_why(err)}"
         if d:
             _local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "TERM"])
-        return {}
+        return errors
 
     def kill(
         self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
     ) -> dict[int, tuple[int, ...] | Exception]:
+        """`scancel JOB.STEP` ends the step's processes on every node; srun's group gets SIGKILL."""
+        steps = self._steps(run, attempt)
+        if steps:
+            try:
+                self.local.run([self.scancel, *steps], timeout=30)
+            except (SshError, OSError):
+                pass  # srun's SIGKILL below still ends the step's launch on this machine
         d = self._driver(attempt)
         return (
             {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])}

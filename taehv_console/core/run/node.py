@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from taehv_console.core.cluster.spawn import read_proc, read_proc_one
@@ -149,6 +149,12 @@ def _ignore(_signum, _frame) -> None:
     return None
 
 
+def _slurm_step(env: Mapping[str, str]) -> str:
+    """JOBID.STEPID of the srun step that started this process, or "" outside one."""
+    job, step = env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", "")
+    return f"{job}.{step}" if job and step else ""
+
+
 def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
     """Run argv as the launcher of one node; record identity and exit status; return its status."""
     subreaper = _become_subreaper()
@@ -173,6 +179,8 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
         "exit_code": None,
         "ended": None,
         "subreaper": subreaper,
+        # under srun: the step this task belongs to, which a stop signals (`scancel --signal=TERM`)
+        "slurm_step": _slurm_step(os.environ),
     }
     _write_json(status_path, status)
     print(

@@ -264,6 +264,7 @@ class NodeStatus:
     exit_code: int | None = None  # negative: killed by that signal
     ended: float | None = None
     argv: tuple[str, ...] = field(default=())
+    slurm_step: str = ""  # JOBID.STEPID when srun started this wrapper as one task of a step
 
     @property
     def exited(self) -> bool:

@@ -53,10 +53,12 @@ def test_wrapper_records_identity_and_the_launchers_exit_code(tmp_path):
         timeout=30,
         start_new_session=True,
         check=False,
+        # as srun starts it: the step a stop signals with scancel is recorded
+        env={**os.environ, "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "2"},
     )
     assert proc.returncode == 7
     st = json.loads(status.read_text())
-    assert (st["node"], st["attempt"], st["exit_code"]) == (3, 2, 7)
+    assert (st["node"], st["attempt"], st["exit_code"], st["slurm_step"]) == (3, 2, 7, "41.2")
     assert st["pid"] == st["pgid"] and st["start_ticks"] > 0 and st["ended"] >= st["started"]
     assert "node 3 attempt 2" in proc.stdout and "hello" in proc.stdout  # the header a failure parse keys on
 
