@@ -362,45 +362,44 @@ class SrunBackend(LaunchBackend):
         d = self._driver(attempt)
         return {-1: tuple(_local_node_call(["pids", "--pgid", str(d.pgid)])["pids"])} if d else {}
 
-    def _steps(self, run: RunDir, attempt: Attempt) -> list[str]:
-        """The SLURM step(s) of this attempt, as its node wrappers recorded them (JOBID.STEPID)."""
+    def _scancel_steps(self, run: RunDir, attempt: Attempt, *options: str) -> str | None:
+        """`scancel OPTIONS JOB.STEP` for the attempt's step(s), as its node wrappers recorded them:
+        None when no wrapper has said its step yet, "" when scancel did it, else why it did not."""
         found = (read_node_status(p) for p in sorted(run.logs.glob("node-*.status.json")))
-        return sorted(
+        steps = sorted(
             {st.slurm_step for st in found if st and st.attempt == attempt.number and st.slurm_step}
+        )
+        if not steps:
+            return None
+        argv = [self.scancel, *options, *steps]
+        try:
+            res = self.local.run(argv, timeout=30)
+        except (SshError, OSError) as err:
+            return f"{' '.join(argv)}: {_why(err)}"
+        return (
+            "" if res.exit_status == 0 else f"{' '.join(argv)}: {(res.stderr or res.stdout).strip()[-200:]}"
         )
 
     def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
         """SIGTERM to every process of the attempt's step (`scancel --signal=TERM JOB.STEP`), as the
         ranks need for their checkpoint. Not to srun: srun answers SIGTERM by SIGKILLing the
         step's tasks ("forcing job termination"), which ends the ranks with no checkpoint. Only a
-        step whose wrappers have not yet said which step they are gets srun's SIGTERM."""
+        step whose wrappers have not yet said which step they are (or a failed scancel) gets srun's
+        SIGTERM."""
+        why = self._scancel_steps(run, attempt, "--signal=TERM")
+        if why == "":
+            return {}
         d = self._driver(attempt)
-        errors: dict[int, str] = {}
-        steps = self._steps(run, attempt)
-        if steps:
-            try:
-                res = self.local.run([self.scancel, "--signal=TERM", *steps], timeout=30)
-                if res.exit_status == 0:
-                    return {}
-                errors[-1] = (
-                    f"scancel --signal=TERM {' '.join(steps)}: {(res.stderr or res.stdout).strip()[-200:]}"
-                )
-            except (SshError, OSError) as err:
-                errors[-1] = f"scancel --signal=TERM {' '.join(steps)}: {_why(err)}"
         if d:
             _local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "TERM"])
-        return errors
+        return {-1: why} if why else {}
 
     def kill(
         self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
     ) -> dict[int, tuple[int, ...] | Exception]:
-        """`scancel JOB.STEP` ends the step's processes on every node; srun's group gets SIGKILL."""
-        steps = self._steps(run, attempt)
-        if steps:
-            try:
-                self.local.run([self.scancel, *steps], timeout=30)
-            except (SshError, OSError):
-                pass  # srun's SIGKILL below still ends the step's launch on this machine
+        """`scancel JOB.STEP` ends the step's processes on every node; srun's group gets SIGKILL
+        (which ends the step's launch on this machine also when scancel could not)."""
+        self._scancel_steps(run, attempt)
         d = self._driver(attempt)
         return (
             {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])}
