@@ -14,4 +14,4 @@ echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
 .venv/bin/mypy
 echo "== pytest"
 # the slowest tests are listed at the end: where the suite's time goes (aim: 25 min in CI)
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@" tests
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=60 "$@" tests

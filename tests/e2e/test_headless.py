@@ -17,7 +17,7 @@ import signal
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, events, free_port, is_step, run_cli, run_state
+from tests.e2e.consoles import SMALL_RUN, Console, events, free_port, is_step, run_cli, run_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -167,7 +167,7 @@ def test_sigterm_to_a_platform_pod_stops_the_whole_run_with_a_checkpoint(tmp_pat
                 "--runs",
                 tmp_path / "runs",
                 "--json",
-                *THREADS,
+                *SMALL_RUN,
                 "--env",
                 "TAEHV_FAULTS=delay:0:*:1",
                 env=env,

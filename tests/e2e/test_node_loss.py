@@ -22,7 +22,7 @@ import pytest
 
 from taehv_console.headless import ExitCode
 from tests.conftest import LoopbackSshd, process_tree
-from tests.e2e.consoles import Console, events, free_port, is_step, run_state
+from tests.e2e.consoles import SMALL_RUN, Console, events, free_port, is_step, run_state
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 
@@ -97,8 +97,7 @@ def console(tmp_path: Path, sshd, known: Path, *extra: str) -> Console:
         "schedule.val_every=1000",
         "--set",
         "recovery.backoff_s=1",
-        "--env",
-        "OMP_NUM_THREADS=1",
+        *SMALL_RUN,
         *extra,
         env=env,
         cwd=tmp_path,

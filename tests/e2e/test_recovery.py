@@ -14,8 +14,8 @@ import pytest
 
 from taehv_console.core.run.lock import read_holder
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, is_step, run_state
-from tests.e2e.test_headless import THREADS, _no_platform_env
+from tests.e2e.consoles import SMALL_RUN, Console, is_step, run_state
+from tests.e2e.test_headless import _no_platform_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,7 +43,7 @@ def cpu_smoke(
         "--set",
         "recovery.backoff_s=1",
         *extra,
-        *THREADS,
+        *SMALL_RUN,
         env=env if env is not None else _no_platform_env(),
         cwd=tmp_path,
         job_control=job_control,

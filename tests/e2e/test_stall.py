@@ -14,8 +14,8 @@ import time
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, events, is_step, run_cli, run_state, tree_on
-from tests.e2e.test_headless import THREADS, _no_platform_env
+from tests.e2e.consoles import SMALL_RUN, Console, events, is_step, run_cli, run_state, tree_on
+from tests.e2e.test_headless import _no_platform_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -58,7 +58,7 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
         "recovery.stall_restart_after_s=3600",
         "--grace",
         "60",
-        *THREADS,
+        *SMALL_RUN,
         env=env,
         cwd=tmp_path,
     )

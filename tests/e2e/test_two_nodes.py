@@ -23,7 +23,17 @@ import pytest
 
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, events, free_port, is_step, pid_alive_on, run_cli, run_state, tree_on
+from tests.e2e.consoles import (
+    SMALL_RUN,
+    Console,
+    events,
+    free_port,
+    is_step,
+    pid_alive_on,
+    run_cli,
+    run_state,
+    tree_on,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,9 +60,7 @@ def _launch_args(work: Path, sshd, max_steps: int, *extra: str) -> list[str]:
         f"optim.max_steps={max_steps}",
         "--set",
         "schedule.val_every=1000",
-        # one thread per rank: two "nodes" share this machine's cores
-        "--env",
-        "OMP_NUM_THREADS=1",
+        *SMALL_RUN,
         *extra,
     ]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import Console, cli_argv, events, free_port, is_step, run_cli, run_state
+from tests.e2e.consoles import SMALL_RUN, Console, cli_argv, events, free_port, is_step, run_cli, run_state
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 
@@ -49,9 +49,7 @@ def _args(work: Path, max_steps: int, *extra: str) -> list[str]:
         "schedule.val_every=1000",
         "--set",
         "schedule.checkpoint_every=1000",
-        # the two "nodes" share this machine's cores
-        "--env",
-        "OMP_NUM_THREADS=1",
+        *SMALL_RUN,
         *extra,
     ]
 

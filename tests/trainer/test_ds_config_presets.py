@@ -11,7 +11,7 @@ import math
 import pytest
 
 from taehv_console.core.plan.presets import load_preset
-from tests.trainer.runs import base_config, events, run_to_end, write_run
+from tests.trainer.runs import BF16_CROP, base_config, events, run_to_end, write_run
 from trainer.config import load_config
 from trainer.ds_config import build_deepspeed_config
 
@@ -26,7 +26,7 @@ def test_zero3_preset_with_compile_and_channels_last_trains(tmp_path, clip_dir, 
         clip_dir,
         model=shipped.model.model_dump(mode="json"),
         deepspeed=shipped.deepspeed.model_dump(mode="json"),
-        data={"height": 32, "width": 32},
+        data=BF16_CROP,
         optim={"grad_accum": 1, "max_steps": 3, "warmup_steps": 0, "lr": 2e-4},
         schedule={"val_every": 100, "checkpoint_every": 100},
     )

@@ -11,7 +11,7 @@ import pytest
 
 from taehv_console.core.plan.communication import link_for
 from taehv_console.core.plan.zero import size_zero_for
-from tests.trainer.runs import base_config, events, run_to_end, write_run
+from tests.trainer.runs import BF16_CROP, base_config, events, run_to_end, write_run
 from trainer import checkpoint as ckpt
 from trainer.config import config_from_dict, load_config
 from trainer.ds_config import build_deepspeed_config
@@ -24,6 +24,8 @@ def _sized_run(
 ):
     # 1 node x 2 CPU processes, accumulation 2
     cfg = base_config(clip_dir, deepspeed={"mixed_precision": precision})
+    if precision == "bf16":
+        cfg["data"].update(BF16_CROP)
     bps, link, _ = link_for(1, "cpu")
     sized = size_zero_for(config_from_dict(cfg), bps, link)
     cfg["deepspeed"] = {
@@ -78,9 +80,11 @@ def test_zero1_gives_zero2s_losses(tmp_path_factory, clip_dir, zero1):
     loss2 = [e["loss"] for e in events(run2, 0, "step")]
     # the same data, init and updates; only where the micro-batch gradients are summed differs
     # (locally then reduced, or reduced then summed): rounding. base_config's LR 2e-3 without
-    # warmup throws step 2's loss up ~100x, which amplifies that rounding in the later steps (seen:
-    # equal to 1e-6 up to step 3, 2.6e-3 apart at step 5)
-    assert loss1[:3] == pytest.approx(loss2[:3], rel=1e-5), (loss1, loss2)
+    # warmup throws step 2's loss up ~25-100x, which amplifies that rounding in the later steps
+    # (seen at 64x64: equal to 1e-6 up to step 3, 2.6e-3 apart at step 5; at 32x32: 5e-8 at step 2,
+    # 1.1e-5 at step 3). A gradient summed wrongly (not averaged, or counted twice) is off by ~2x.
+    assert loss1[:2] == pytest.approx(loss2[:2], rel=1e-6), (loss1, loss2)
+    assert loss1[:3] == pytest.approx(loss2[:3], rel=1e-4), (loss1, loss2)
     assert loss1 == pytest.approx(loss2, rel=1e-2), (loss1, loss2)
     assert loss1[-1] != loss1[0]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.runs import Launch, base_config, events, run_to_end, wait_for, write_run
+from tests.trainer.runs import BF16_CROP, Launch, base_config, events, run_to_end, wait_for, write_run
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.data import VideoClipDataset, find_videos, split_train_val, validation_items
@@ -445,7 +445,8 @@ def test_bf16_zero_leaves_a_nan_to_deepspeed_and_skips_the_step(tmp_path, clip_d
     from safetensors.torch import load_file
 
     run = write_run(
-        tmp_path / "run", base_config(clip_dir, deepspeed={"zero_stage": stage, "mixed_precision": "bf16"})
+        tmp_path / "run",
+        base_config(clip_dir, data=BF16_CROP, deepspeed={"zero_stage": stage, "mixed_precision": "bf16"}),
     )
     run_to_end(run, 2, env={"TAEHV_FAULTS": "nan:1:2"})
     start = events(run, 0, "start")[0]

@@ -16,6 +16,7 @@ import pytest
 
 from taehv_console.core.run.lock import read_holder
 from taehv_console.ui import messages
+from tests.e2e.consoles import SMALL_RUN
 from tests.ui.conftest import sample_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -107,8 +108,7 @@ async def _flow(tmp_path) -> None:
         str(tmp_path / "runs"),
         "--grace",
         "90",
-        "--env",
-        "OMP_NUM_THREADS=1",
+        *SMALL_RUN,
         "--set",
         "optim.max_steps=1000",
         "--set",
@@ -198,8 +198,7 @@ async def _quit_mid_kill(tmp_path) -> None:
     app = sample_app(
         "--runs",
         str(tmp_path / "runs"),
-        "--env",
-        "OMP_NUM_THREADS=1",
+        *SMALL_RUN,
         "--set",
         "optim.max_steps=16",
         "--set",
