@@ -18,7 +18,7 @@ from taehv_console.core.run.client import RunClient, supervised_client
 from taehv_console.core.run.outcome import RunSnapshot
 from taehv_console.core.run.requests import request_stop
 from taehv_console.core.run.state import Phase
-from tests.core.run.conftest import holder, kill_console, rank_pid, wait_for
+from tests.core.run.conftest import alive, holder, kill_console, rank_pid, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -105,7 +105,12 @@ def test_a_client_whose_supervisor_is_killed_starts_another_which_adopts_the_run
         assert any("took control" in n for n in notes), notes
         assert run.read_state().attempts[-1].outcome == "done"
     finally:
-        if os.path.exists(f"/proc/{info['pid']}"):
+        # the run is done: the new supervisor exits by itself once it has written the outcome (it
+        # is no child of this process, so it is polled); only one still there after that is ended
+        deadline = time.monotonic() + 30
+        while alive(info["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(info["pid"]):
             os.killpg(info["pid"], signal.SIGKILL)
 
 
