@@ -18,12 +18,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What a console-driven run in these tests adds to its preset: one thread per rank (the ranks, and
-# the "nodes", share the machine's cores), and 32x32 crops of the clips. A cpu-smoke step at its
-# 8x64x64 costs ~2.7 s on a 2-core CI machine, ~1.4 s at 32x32; these runs prove the console's
-# control of a run (launch, stop, recovery, node loss), not what the model learns, which
+# What a console-driven run in these tests adds to its preset: one thread per rank (THREADS: the
+# ranks, and the "nodes", share the machine's cores), and 32x32 crops of the clips. A cpu-smoke
+# step at its 8x64x64 costs ~2.7 s on a 2-core CI machine, ~1.4 s at 32x32; these runs prove the
+# console's control of a run (launch, stop, recovery, node loss), not what the model learns, which
 # tests/trainer/test_smoke_learns.py checks at the preset's own size.
-SMALL_RUN = ("--env", "OMP_NUM_THREADS=1", "--set", "data.height=32", "--set", "data.width=32")
+THREADS = ("--env", "OMP_NUM_THREADS=1")
+SMALL_RUN = (*THREADS, "--set", "data.height=32", "--set", "data.width=32")
 
 
 def free_port() -> int:

@@ -17,12 +17,9 @@ import signal
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import SMALL_RUN, Console, events, free_port, is_step, run_cli, run_state
+from tests.e2e.consoles import SMALL_RUN, THREADS, Console, events, free_port, is_step, run_cli, run_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-# one thread per process: the test machine's few cores are shared by all ranks
-THREADS = ("--env", "OMP_NUM_THREADS=1")
 
 
 def _no_platform_env() -> dict:
