@@ -121,11 +121,16 @@ def choose_failure(
     def node_of(rank: int) -> int:
         return rank // max(1, gpus_per_node)
 
-    # 1. a rank killed by a signal: nothing else explains it
+    # 1. a rank killed by a signal: nothing else explains it. torchelastic prints its block once
+    #    the workers are gone and only then tears down and exits, seconds later on a busy host: the
+    #    block counts whether or not its launcher has exited yet (a peer's symptom would else win).
     signalled = [
         (n, n.root_cause, -n.root_cause.exit_code)
-        for n in failing
-        if n.root_cause is not None and n.root_cause.exit_code is not None and n.root_cause.exit_code < 0
+        for n in nodes
+        if n.exit_code != 0
+        and n.root_cause is not None
+        and n.root_cause.exit_code is not None
+        and n.root_cause.exit_code < 0
     ]
     if signalled:
         n, rc, signum = min(signalled, key=lambda e: e[0].ended or now)

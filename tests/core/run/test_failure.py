@@ -13,7 +13,9 @@ from taehv_console.core.run.failure import (
     choose_failure,
     is_peer_symptom,
     parse_root_cause,
+    tail_lines,
 )
+from taehv_console.core.run.recovery import CauseKind, classify
 
 FIX = Path(__file__).with_name("fixtures")
 
@@ -41,6 +43,24 @@ def test_the_killed_rank_is_the_cause_even_when_its_peer_failed_first():
     f = choose_failure(nodes, {0: peer_error}, gpus_per_node=1, now=1005.0)
     assert (f.node, f.host, f.rank, f.exit_code) == (1, "127.0.0.3", 1, -9)
     assert "SIGKILL" in f.reason and any("Root Cause" in line for line in f.log_lines)
+
+
+def test_a_signal_in_the_block_is_the_cause_while_its_launcher_is_still_exiting(tmp_path):
+    """Recorded on a loaded 2-core host (one node, two ranks, rank 1 SIGKILLed): rank 0's gloo
+    error at 41.25 s, torchelastic's block at 41.6 s, and the launcher still tearing down when the
+    console's 2 s settle ran out. The block's signal, not the peer's words, is the cause."""
+    log = tmp_path / "node-0.log"
+    log.write_text((FIX / "node-0-rank-1-killed-launcher-running.log").read_text())
+    text = attempt_log_text(log, 0, 1)
+    peer_error = json.loads((FIX / "rank-0-gloo-closed.json").read_text())
+    assert is_peer_symptom(peer_error["message"])
+    running = NodeEvidence(0, "localhost", None, None, parse_root_cause(text), tail_lines(text))
+    f = choose_failure([running], {0: peer_error}, gpus_per_node=2, now=peer_error["time"] + 2.1)
+    assert (f.kind, f.node, f.rank, f.local_rank, f.exit_code) == ("signal", 0, 1, 1, -9), f
+    assert classify(f).kind is CauseKind.SIGNAL and classify(f).node == 0
+    # a launcher that exited 0 said its ranks ended well, whatever an old block says
+    done = NodeEvidence(0, "localhost", 0, 50.0, running.root_cause)
+    assert choose_failure([done], {0: peer_error}, gpus_per_node=2, now=60.0).kind == "symptom"
 
 
 def test_a_ranks_own_error_beats_launcher_exit_order():
