@@ -226,6 +226,12 @@ async def _quit_mid_kill(tmp_path) -> None:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and json.loads((run / "state.json").read_text())["phase"] != "done":
             await asyncio.sleep(1)
+        # the supervisor records the verdict, stops its watch, then logs that the run ended: the
+        # line can trail state.json by seconds on a loaded machine
+        ended = f"{run.name} ended: done"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ended not in (run / "supervisor.log").read_text():
+            await asyncio.sleep(0.5)
         state = json.loads((run / "state.json").read_text())
         log = (run / "supervisor.log").read_text()
         assert state["phase"] == "done", log[-3000:]
@@ -235,6 +241,6 @@ async def _quit_mid_kill(tmp_path) -> None:
         # After the quit the supervisor owns the run and carries it to the end, whichever step of the
         # recovery the console had reached when its window closed (a matter of timing: CI has seen
         # the supervisor restart the failed attempt, and take over one the console had restarted)
-        assert f"{run.name} ended: done" in log, log
+        assert ended in log, log
     finally:
         _stop_leftovers(run_path)
