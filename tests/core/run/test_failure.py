@@ -45,13 +45,11 @@ def test_the_killed_rank_is_the_cause_even_when_its_peer_failed_first():
     assert "SIGKILL" in f.reason and any("Root Cause" in line for line in f.log_lines)
 
 
-def test_a_signal_in_the_block_is_the_cause_while_its_launcher_is_still_exiting(tmp_path):
+def test_a_signal_in_the_block_is_the_cause_while_its_launcher_is_still_exiting():
     """Recorded on a loaded 2-core host (one node, two ranks, rank 1 SIGKILLed): rank 0's gloo
     error at 41.25 s, torchelastic's block at 41.6 s, and the launcher still tearing down when the
     console's 2 s settle ran out. The block's signal, not the peer's words, is the cause."""
-    log = tmp_path / "node-0.log"
-    log.write_text((FIX / "node-0-rank-1-killed-launcher-running.log").read_text())
-    text = attempt_log_text(log, 0, 1)
+    text = attempt_log_text(FIX / "node-0-rank-1-killed-launcher-running.log", 0, 1)
     peer_error = json.loads((FIX / "rank-0-gloo-closed.json").read_text())
     assert is_peer_symptom(peer_error["message"])
     running = NodeEvidence(0, "localhost", None, None, parse_root_cause(text), tail_lines(text))
