@@ -5,9 +5,12 @@ and the collectives every shared decision goes through."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import sys
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -56,6 +59,29 @@ def clear_stale_build_locks(
         except OSError:
             continue  # gone meanwhile, or not ours to remove: the build says so itself
     return removed
+
+
+def prefer_this_environments_ninja(
+    executable: str = sys.executable, environ: MutableMapping[str, str] = os.environ
+) -> bool:
+    """Put the `ninja` installed beside this interpreter first on PATH; returns whether PATH changed.
+
+    torch builds JIT extensions (DeepSpeed's CPU shm_comm op) with whichever `ninja` PATH finds
+    first, and ninja's build log keeps a hash of each command that other ninja versions compute
+    differently. With pip's ninja (1.13) in the environment and Debian's (1.11) in /usr/bin, every
+    launch whose PATH differed from the last one's took the op's unchanged build for a changed one
+    and rebuilt it: a minute of every core before the first step (a launcher started by the node
+    wrapper, whose PATH starts with the environment's bin, after one started from a shell whose
+    PATH does not). Every rank calls this: whichever rank holds torch's build lock runs ninja."""
+    bindir = os.path.dirname(executable)
+    own = os.path.join(bindir, "ninja")
+    if not (os.path.isfile(own) and os.access(own, os.X_OK)):
+        return False
+    path = environ.get("PATH", "")
+    if shutil.which("ninja", path=path) == own:
+        return False
+    environ["PATH"] = bindir + os.pathsep + path if path else bindir
+    return True
 
 
 class StopRequest:
@@ -185,6 +211,7 @@ class Runtime:
         device_kind = cfg.topology.device
         if device_kind == "cuda" and not torch.cuda.is_available():
             raise SetupError(f"{run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+        prefer_this_environments_ninja()
         if os.environ.get("LOCAL_RANK", "0") == "0":
             for lock in clear_stale_build_locks():
                 RankLogger(int(os.environ.get("RANK", "0"))).warning(
