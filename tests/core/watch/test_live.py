@@ -115,7 +115,14 @@ def stop_cont_kill(tmp_path_factory, clips) -> Record:
             pid1 = _pid(run, 1)
             os.kill(pid1, signal.SIGSTOP)
             rec.marks["sigstop"] = time.time()
-            s = _until(mon, lambda s: s.rank(1) and s.rank(1).state is RankState.STALLED, 60, launch)
+            # held until the waiting rank says whom it waits for too: its collective-watch thread
+            # beats about once a second, so that can come after rank 1 is already called stalled
+            s = _until(
+                mon,
+                lambda s: s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1,
+                60,
+                launch,
+            )
             rec.marks["stalled_seen"] = time.time()
             time.sleep(1.0)  # a second more of the stall on record
             os.kill(pid1, signal.SIGCONT)
@@ -194,8 +201,16 @@ def test_sigstopped_rank_and_its_node_are_stalled_within_three_heartbeat_interva
     node = s.node(s.rank(1).node)
     assert node.state is NodeState.STALLED and "rank 1 stalled" in node.detail
     assert s.rank(1).process == "stopped"
-    # the other rank is healthy: it is waiting in the all-reduce for rank 1, not at fault
-    assert s.rank(0).state is RankState.HEALTHY and s.rank(0).blocked_by == 1
+    # The other rank is healthy: it waits in the all-reduce for rank 1, not at fault. It says so
+    # from its collective-watch thread, which beats about once a second: within a second and a poll
+    # more than the stall bound (seen: stalled at 0.75 s, before rank 0's first waiting beat).
+    hit = rec.first(
+        lambda s: s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1, after="sigstop"
+    )
+    assert hit is not None, "rank 0 never said it waits for rank 1"
+    t, s = hit
+    assert t - rec.marks["sigstop"] <= 3 * interval + 1.5, (t - rec.marks["sigstop"], interval)
+    assert s.rank(0).state is RankState.HEALTHY
     # the laggard is named long before the collective timeout (3600 s by default) would fire
     assert s.collective is not None and s.collective.laggard_rank == 1 and s.collective.timeout_in_s > 3000
 
