@@ -17,6 +17,7 @@ from typing import Any
 
 EVENT_VERSION = 1
 BEAT_EVERY_S = 1.0  # training steps' heartbeats: written at most this often
+WAIT_TOLD_AFTER_S = 2.0  # a collective wait this long is told in the heartbeat (a normal one never is)
 
 
 def _finite(value: object) -> object:
@@ -127,7 +128,7 @@ class CollectiveWatch:
     The same thread writes the training steps' heartbeats (EventWriter.heartbeat(now=False)).
     Costs nothing per step: the hot path sets and clears one attribute."""
 
-    def __init__(self, events: EventWriter, after_s: float = 2.0):
+    def __init__(self, events: EventWriter, after_s: float = WAIT_TOLD_AFTER_S):
         self.events = events
         self.after_s = after_s
         self._since: float | None = None
