@@ -117,7 +117,8 @@ def stop_cont_kill(tmp_path_factory, clips) -> Record:
             os.kill(pid1, signal.SIGSTOP)
             rec.marks["sigstop"] = time.time()
             # held until the waiting rank says whom it waits for too: its collective-watch thread
-            # beats about once a second, so that can come after rank 1 is already called stalled
+            # tells a wait once it has lasted WAIT_TOLD_AFTER_S, which can come after rank 1 is
+            # already called stalled
             s = _until(
                 mon,
                 lambda s: s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1,
