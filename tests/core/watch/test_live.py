@@ -66,6 +66,11 @@ class Record:
             return next(((t, s) for t, s in self.states if t >= self.marks[after] and predicate(s)), None)
 
 
+def _stalled_and_waited_for(s: ClusterState) -> bool:
+    """Rank 1 is called stalled and rank 0 says it waits for rank 1."""
+    return bool(s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1)
+
+
 def _until(mon: Monitor, predicate, timeout: float, launch: Launch) -> ClusterState | None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -119,12 +124,7 @@ def stop_cont_kill(tmp_path_factory, clips) -> Record:
             # held until the waiting rank says whom it waits for too: its collective-watch thread
             # tells a wait once it has lasted WAIT_TOLD_AFTER_S, which can come after rank 1 is
             # already called stalled
-            s = _until(
-                mon,
-                lambda s: s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1,
-                60,
-                launch,
-            )
+            s = _until(mon, _stalled_and_waited_for, 60, launch)
             rec.marks["stalled_seen"] = time.time()
             time.sleep(1.0)  # a second more of the stall on record
             os.kill(pid1, signal.SIGCONT)
@@ -206,10 +206,8 @@ def test_sigstopped_rank_and_its_node_are_stalled_within_three_heartbeat_interva
     # The other rank is healthy: it waits in the all-reduce for rank 1, not at fault. It says so
     # from its collective-watch thread once the wait has lasted WAIT_TOLD_AFTER_S, checked once a
     # second: that can come after rank 1 is called stalled (seen: stalled at 0.75 s with 0.6 s
-    # steps), so it gets the step rank 0 takes to reach the wait, that bound, a second and a poll.
-    hit = rec.first(
-        lambda s: s.rank(1).state is RankState.STALLED and s.rank(0).blocked_by == 1, after="sigstop"
-    )
+    # steps), so it gets the stall bound, then WAIT_TOLD_AFTER_S, the watch's second and a poll.
+    hit = rec.first(_stalled_and_waited_for, after="sigstop")
     assert hit is not None, "rank 0 never said it waits for rank 1"
     t, s = hit
     told = 3 * interval + WAIT_TOLD_AFTER_S + 1.5
