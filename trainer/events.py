@@ -12,6 +12,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,7 @@ class CollectiveWatch:
         self.events = events
         self.after_s = after_s
         self._since: float | None = None
+        self._depth = 0
         self._op = ""
         self._told: float | None = None
         self._stop = threading.Event()
@@ -139,11 +142,25 @@ class CollectiveWatch:
         self._thread.start()
 
     def enter(self, op: str) -> None:
-        self._op = op
-        self._since = time.time()
+        """Called by the training thread only; calls nest (a DeepSpeed collective inside one of the
+        trainer's), and the outermost one is what the heartbeat tells."""
+        self._depth += 1
+        if self._depth == 1:
+            self._op = op
+            self._since = time.time()
 
     def leave(self) -> None:
-        self._since = None
+        self._depth -= 1
+        if self._depth == 0:
+            self._since = None
+
+    @contextmanager
+    def waiting(self, op: str) -> Iterator[None]:
+        self.enter(op)
+        try:
+            yield
+        finally:
+            self.leave()
 
     def _loop(self) -> None:
         while not self._stop.wait(min(1.0, self.after_s / 2)):

@@ -134,12 +134,9 @@ class Collectives:
     def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         t0 = time.time()
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        self.watch.enter("all_reduce")
-        try:
+        with self.watch.waiting("all_reduce"):
             dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
             out = t.tolist()  # on CUDA the wait for the other ranks lands here, so it is inside the timing
-        finally:
-            self.watch.leave()
         self.wait_s += time.time() - t0
         return out
 
@@ -158,12 +155,9 @@ class Collectives:
             return False
         work, self._in_flight = self._in_flight, None
         t0 = time.time()
-        self.watch.enter("all_reduce")
-        try:
+        with self.watch.waiting("all_reduce"):
             work.wait()
             agreed = self._flag.item() > 0
-        finally:
-            self.watch.leave()
         self.wait_s += time.time() - t0
         return agreed
 
@@ -172,11 +166,81 @@ class Collectives:
         self._finish_stop_flag()
 
     def barrier(self) -> None:
-        self.watch.enter("barrier")
-        try:
+        with self.watch.waiting("barrier"):
             dist.barrier()
-        finally:
-            self.watch.leave()
+
+
+# deepspeed.comm's backend methods that make every rank meet: ZeRO's gradient reduction and
+# parameter gathers, its overflow and norm checks, and checkpoint barriers go through them.
+DEEPSPEED_COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "inference_all_reduce",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_base",
+    "all_gather_coalesced",
+    "all_to_all_single",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+)
+
+
+class _WatchedWork:
+    """An async collective's handle whose wait is marked in the collective watch; everything else
+    is the handle's own."""
+
+    def __init__(self, work: Any, op: str, watch: CollectiveWatch):
+        self._work, self._op, self._watch = work, op, watch
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        with self._watch.waiting(self._op):
+            return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _watched(method: Any, op: str, watch: CollectiveWatch) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with watch.waiting(op):
+            out = method(*args, **kwargs)
+        if out is not None and not isinstance(out, torch.Tensor) and callable(getattr(out, "wait", None)):
+            return _WatchedWork(out, op, watch)
+        return out
+
+    call.taehv_unwatched = method  # type: ignore[attr-defined]
+    return call
+
+
+def watch_deepspeed_collectives(watch: CollectiveWatch) -> list[str]:
+    """Mark DeepSpeed's own collectives in the collective watch, as the trainer's are. Without this
+    a rank whose peer stopped inside forward or backward blocks in ZeRO's gradient reduction and
+    never says it waits, so the console cannot tell it from the stopped rank. On gloo the call (or
+    its handle's wait) is where the rank blocks; on NCCL it only enqueues, and the wait lands at a
+    later host read. The heartbeat names them `deepspeed.<method>`. A later runtime in the same
+    process (tests build several) takes the marks over. Returns the methods it wrapped."""
+    from deepspeed.comm import comm as ds_comm
+
+    backend = ds_comm.cdb
+    if backend is None:
+        raise SetupError("DeepSpeed's communication backend is not initialised after the process group")
+    wrapped = []
+    for name in DEEPSPEED_COLLECTIVES:
+        method = getattr(backend, name, None)
+        if method is None:
+            continue
+        method = getattr(method, "taehv_unwatched", method)
+        setattr(backend, name, _watched(method, f"deepspeed.{name}", watch))
+        wrapped.append(name)
+    return wrapped
 
 
 @dataclass
@@ -244,6 +308,8 @@ class Runtime:
                 f"{cfg.topology.world_size} processes, but the launcher started {world}"
             )
         events = EventWriter(run_dir, rank)
+        watch = CollectiveWatch(events)
+        watch_deepspeed_collectives(watch)
         rt = cls(
             run_dir=run_dir,
             accelerator=accelerator,
@@ -255,7 +321,7 @@ class Runtime:
             local_rank=accelerator.local_process_index,
             device=accelerator.device,
             events=events,
-            collectives=Collectives(accelerator.device, device_kind == "cuda", CollectiveWatch(events)),
+            collectives=Collectives(accelerator.device, device_kind == "cuda", watch),
             faults=FaultPlan(rank),
             log=RankLogger(rank),
             stop=StopRequest(),

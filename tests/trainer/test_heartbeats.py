@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
+from tests.trainer.runs import BF16_CROP, Launch, base_config, events, write_run
 from trainer.events import CollectiveWatch, EventWriter
 
 
@@ -50,3 +53,106 @@ def test_the_watch_thread_writes_step_beats_within_about_a_second_and_says_when_
     finally:
         watch.leave()
         watch.close()
+
+
+def test_nested_waits_tell_the_outermost_and_end_with_it(tmp_path):
+    w = EventWriter(tmp_path, 0)
+    w.heartbeat(0)
+    watch = CollectiveWatch(w, after_s=0.5)
+    try:
+        with watch.waiting("barrier"):
+            with watch.waiting("deepspeed.barrier"):
+                pass
+            assert watch._since is not None  # the inner call's end did not end the outer wait
+            deadline = time.time() + 5
+            while "waiting_op" not in _beat(w) and time.time() < deadline:
+                time.sleep(0.05)
+            assert _beat(w)["waiting_op"] == "barrier"
+        assert watch._since is None
+    finally:
+        watch.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_rank_held_up_inside_deepspeeds_backward_says_it_waits(tmp_path, clip_dir, stage):
+    """bf16 ZeRO reads nothing back between forward and backward, so when rank 1 stalls before its
+    backward, rank 0 blocks in DeepSpeed's own collectives (the gradient reduction; ZeRO-3's
+    parameter gathers and reduce-scatter, whose async handles are waited on later). Rank 0's
+    heartbeat must say it waits, and in which of DeepSpeed's calls: without that the console cannot
+    tell it from the stalled rank (a SIGSTOP in the middle of backward looks the same)."""
+    from trainer.runtime import DEEPSPEED_COLLECTIVES
+
+    run = write_run(
+        tmp_path / "run",
+        base_config(
+            clip_dir,
+            data=BF16_CROP,
+            optim={"max_steps": 4},
+            deepspeed={"zero_stage": stage, "mixed_precision": "bf16"},
+        ),
+    )
+    launch = Launch(run, 2, env={"TAEHV_FAULTS": "stall:1:2:8"})
+    beat = run / "heartbeat" / "rank-0.json"
+    told: dict = {}
+    try:
+        deadline = time.time() + 400
+        while launch.proc.poll() is None and time.time() < deadline:
+            try:
+                b = json.loads(beat.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                b = {}
+            if b.get("waiting_op") and b.get("step", 0) >= 2:  # the stalled step, not start-up
+                told = b
+                break
+            time.sleep(0.2)
+        assert launch.wait() == 0, launch.tail()
+    finally:
+        launch.kill()
+    assert told, f"rank 0 never said it waits while rank 1 stalled before backward\n{launch.tail()}"
+    op = told["waiting_op"]
+    assert op.startswith("deepspeed.") and op.removeprefix("deepspeed.") in DEEPSPEED_COLLECTIVES, told
+    assert told["step"] == 2 and told["time"] - told["waiting_since"] >= 2.0 - 0.1, told
+    assert events(run, 0, "stop")[-1]["reason"] == "done"
+
+
+def test_deepspeeds_collectives_are_marked_once_by_the_newest_watch(tmp_path, monkeypatch):
+    """Wrapping the backend a second time (a second runtime in one process) replaces the first
+    watch's marks instead of stacking them, and a real gloo call through deepspeed.comm is marked."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed import comm as ds_dist
+    from deepspeed.comm import comm as ds_comm
+
+    from tests.trainer.runs import free_port
+    from trainer.runtime import DEEPSPEED_COLLECTIVES, watch_deepspeed_collectives
+
+    one_process = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    for k, v in {**one_process, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)  # restored after the test: later tests launch with this environment
+    ds_dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    try:
+        first = CollectiveWatch(EventWriter(tmp_path / "a", 0))
+        second = CollectiveWatch(EventWriter(tmp_path / "b", 0))
+        assert set(watch_deepspeed_collectives(first)) <= set(DEEPSPEED_COLLECTIVES)
+        assert "all_reduce" in watch_deepspeed_collectives(second)
+        seen: list[tuple[str, str]] = []
+        for w, name in ((first, "first"), (second, "second")):
+            w.enter = lambda op, name=name: seen.append((name, op))  # type: ignore[method-assign]
+            w.leave = lambda: None  # type: ignore[method-assign]
+        ds_dist.all_reduce(torch.ones(2))
+        ds_dist.barrier()
+        assert seen == [("second", "deepspeed.all_reduce"), ("second", "deepspeed.barrier")]
+        handle = ds_dist.all_reduce(torch.ones(2), async_op=True)
+        seen.clear()
+        handle.wait()  # an async call's wait is where a rank blocks: marked too
+        assert seen == [("second", "deepspeed.all_reduce")]
+        first.close()
+        second.close()
+    finally:
+        for name in DEEPSPEED_COLLECTIVES:  # leave the backend as DeepSpeed made it
+            m = getattr(ds_comm.cdb, name, None)
+            if m is not None and hasattr(m, "taehv_unwatched"):
+                setattr(ds_comm.cdb, name, m.taehv_unwatched)
+        dist.destroy_process_group()
+        ds_comm.cdb = None
