@@ -198,6 +198,7 @@ def assess_ranks(
 
     out: dict[int, RankHealth] = {}
     stale: dict[int, float] = {}  # rank -> seconds without progress, for the stale ones
+    ages: dict[int, float] = {}  # rank -> seconds without progress
     rows = memo.rows if memo is not None else None
     for o in obs:
         proc = o.process
@@ -206,6 +207,7 @@ def assess_ranks(
         )
         alive = proc.alive if (fresh and proc is not None) else None
         age = None if o.progress_time is None else max(0.0, now - o.progress_time)
+        ages[o.rank] = age or 0.0
         sig = _fatal_signal(o, alive) if o.signals else None
         detail = ""
         if o.finished is not None:
@@ -256,10 +258,23 @@ def assess_ranks(
         )
 
     collective = None
+    # A rank that says it is blocked in a collective is not moving on, however fresh its last step:
+    # its peer stopped after it finished a step, or before its own last beat was written.
+    blocked = {
+        o.rank: ages[o.rank]
+        for o in obs
+        if stale
+        and o.waiting_since is not None
+        and o.rank not in stale
+        and out[o.rank].state in (RankState.HEALTHY, RankState.STARTING)
+    }
     if stale and not any(
-        h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale for r, h in out.items()
+        h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale and r not in blocked
+        for r, h in out.items()
     ):
-        collective = _collective(out, stale, {o.rank: o for o in obs}, watchdog or {}, collective_timeout_s)
+        collective = _collective(
+            out, {**stale, **blocked}, {o.rank: o for o in obs}, watchdog or {}, collective_timeout_s
+        )
     else:
         for r, age in stale.items():  # one rank silent while the others move on: its own problem
             out[r] = replace(

@@ -311,6 +311,33 @@ def test_the_rank_not_waiting_in_a_collective_holds_up_those_that_are(status):
     assert coll is not None and coll.laggard_rank is None
 
 
+@pytest.mark.parametrize("status", ["running", "sleeping", None])
+def test_a_peer_waiting_after_a_newer_step_is_blocked_not_moving_on(status):
+    """Rank 1 stopped in the middle of a step; rank 0 finished one step more (or wrote its beat
+    later) and now waits in a collective for it. At the stall bound rank 1 is stale and rank 0 is
+    not yet, but rank 0 is not moving on: it is a collective stall, rank 1 holding rank 0 up, not
+    rank 1's own silence while the others progress."""
+    ranks, coll = assess_ranks(
+        [obs(0, age=3.5, step=101, status=status, waiting_since=NOW - 2.5), obs(1, age=6, status=status)],
+        POL,
+        NOW,
+    )
+    assert states(ranks) == [RankState.HEALTHY, RankState.STALLED]
+    assert ranks[0].blocked_by == 1 and ranks[0].waiting_s == 2.5
+    assert coll is not None and coll.laggard_rank == 1 and coll.waiting_ranks == (0,)
+    assert "while other ranks progress" not in ranks[1].detail
+    # the same picture without rank 0's wait: rank 1's own silence, rank 0 healthy and not blocked
+    ranks, coll = assess_ranks(
+        [obs(0, age=3.5, step=101, status=status), obs(1, age=6, status=status)], POL, NOW
+    )
+    assert coll is None and ranks[0].blocked_by is None
+    assert states(ranks) == [RankState.HEALTHY, RankState.STALLED]
+    assert "while other ranks progress" in ranks[1].detail
+    # and a short wait with nobody stale is nothing at all
+    ranks, coll = assess_ranks([obs(0, age=2.5, waiting_since=NOW - 2.2), obs(1, age=2.5)], POL, NOW)
+    assert coll is None and states(ranks) == [RankState.HEALTHY, RankState.HEALTHY]
+
+
 def test_an_agent_that_samples_every_few_seconds_is_lost_only_after_three_of_its_intervals():
     """Past 128 nodes agents sample less often (every 2 s at 256 nodes): the silence that makes a
     node lost stretches with the interval its own samples state, and no further."""
