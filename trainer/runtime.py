@@ -21,6 +21,7 @@ import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DeepSpeedPlugin
 from deepspeed import DeepSpeedEngine
+from deepspeed.comm import comm as ds_comm
 
 from trainer.config import TrainConfig
 from trainer.ds_config import build_deepspeed_config, resolve_precision
@@ -227,8 +228,6 @@ def watch_deepspeed_collectives(watch: CollectiveWatch) -> list[str]:
     its handle's wait) is where the rank blocks; on NCCL it only enqueues, and the wait lands at a
     later host read. The heartbeat names them `deepspeed.<method>`. A later runtime in the same
     process (tests build several) takes the marks over. Returns the methods it wrapped."""
-    from deepspeed.comm import comm as ds_comm
-
     backend = ds_comm.cdb
     if backend is None:
         raise SetupError("DeepSpeed's communication backend is not initialised after the process group")
