@@ -202,7 +202,17 @@ def test_sigstopped_rank_and_its_node_are_stalled_within_three_heartbeat_interva
     assert t - rec.marks["sigstop"] <= 3 * interval, (t - rec.marks["sigstop"], interval)
     node = s.node(s.rank(1).node)
     assert node.state is NodeState.STALLED and "rank 1 stalled" in node.detail
-    assert s.rank(1).process == "stopped"
+    # The node agent's process view can be up to one sample old when the heartbeat first goes
+    # stale (seen in CI: stalled at 0.76 s, still "running"), or come first: the stalled row says
+    # "stopped" within a sample, its poll and a publish of the stall.
+    cfg = live_config()
+    seen = rec.first(
+        lambda s: bool(s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(1).process == "stopped"),
+        after="sigstop",
+    )
+    assert seen is not None, "rank 1 was never shown stalled with its process stopped"
+    bound = cfg.agent_interval_s + cfg.agents.interval_s + cfg.publish_interval_s + 0.5
+    assert seen[0] - t <= bound, (seen[0] - t, bound)
     # The other rank is healthy: it waits in the all-reduce for rank 1, not at fault. It says so
     # from its collective-watch thread once the wait has lasted WAIT_TOLD_AFTER_S, checked once a
     # second: that can come after rank 1 is called stalled (seen: stalled at 0.75 s with 0.6 s
