@@ -14,6 +14,12 @@ collective out and dumps. What it writes under OUT:
   (TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE);
 - `fr/analysis.txt`: `python -m torch.distributed.flight_recorder.fr_trace` over them;
 - `fr/rank_<r>.log`: each rank's stderr (NCCL_DEBUG=WARN), and `fr/summary.json`.
+
+Each rank also runs the trainer's collective watch with its CUDA mark (`trainer.runtime.CudaMark`)
+and marks each all-reduce as DeepSpeed's wrapped calls do; the host then blocks in a plain `.item()`
+read, as in DeepSpeed's overflow check, which nothing marks. `summary.json`'s `heartbeats` holds
+each rank's last heartbeat: the waiting rank's must say `waiting_op` all_reduce, 2 s or more after
+its `waiting_since`; with two GPUs, rank 1 (which never joins) must not say it waits.
 """
 
 from __future__ import annotations
@@ -27,15 +33,30 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+
 RANK = """
-import os, sys, time, datetime, torch, torch.distributed as dist
+import os, sys, time, datetime, pathlib, torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
 torch.cuda.set_device(int(os.environ["DEVICE"]))
 dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=float(os.environ["TIMEOUT_S"])))
+watch = beats = None
+try:  # the trainer's collective watch, with its CUDA mark
+    from trainer.events import CollectiveWatch, EventWriter
+    from trainer.runtime import CudaMark
+    beats = EventWriter(pathlib.Path(os.environ["BEAT_DIR"]), rank)
+    beats.heartbeat(0)
+    watch = CollectiveWatch(beats, after_s=2.0, device=CudaMark())
+except Exception as e:
+    print(f"rank {rank}: no collective watch: {e!r}", file=sys.stderr, flush=True)
 x = torch.ones(1 << 20, device="cuda")
 for _ in range(3):
     dist.all_reduce(x)
+    if watch:
+        watch.issued("all_reduce")
 torch.cuda.synchronize()
+if beats:
+    beats.heartbeat(3, step_time_s=0.1)
 print(f"rank {rank}: 3 all-reduces done", file=sys.stderr, flush=True)
 if rank == 1:
     time.sleep(float(os.environ["TIMEOUT_S"]) * 4)  # never joins the 4th
@@ -43,7 +64,9 @@ else:
     if dist.get_world_size() == 1:  # the 4th waits behind a kernel spinning past the timeout
         torch.cuda._sleep(int(float(os.environ["TIMEOUT_S"]) * 4 * 2e9))
     dist.all_reduce(x)
-    torch.cuda.synchronize()  # the watchdog aborts the communicator at the timeout
+    if watch:
+        watch.issued("all_reduce")
+    x[0].item()  # the host blocks in a read nothing marks; the watchdog aborts at the timeout
 """
 
 
@@ -80,6 +103,8 @@ def main() -> int:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "DEVICE": str(rank),
+            "BEAT_DIR": str(fr / "beats"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "TIMEOUT_S": str(args.timeout_s),
             "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
@@ -102,6 +127,15 @@ def main() -> int:
     summary["exit_codes"] = codes
     summary["wall_s"] = round(time.monotonic() - start, 1)
     summary["dumps"] = sorted(f.name for f in fr.glob("trace_rank_*"))
+    summary["heartbeats"] = {
+        f.stem: json.loads(f.read_text()) for f in sorted((fr / "beats" / "heartbeat").glob("rank-*.json"))
+    }
+    waiter, joiner = summary["heartbeats"].get("rank-0", {}), summary["heartbeats"].get("rank-1", {})
+    summary["device_wait_told"] = (
+        waiter.get("waiting_op") == "all_reduce"
+        and waiter["time"] - waiter["waiting_since"] >= 2.0
+        and "waiting_op" not in joiner
+    )
     if summary["dumps"]:
         r = subprocess.run(
             [

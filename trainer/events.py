@@ -15,11 +15,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 EVENT_VERSION = 1
 BEAT_EVERY_S = 1.0  # training steps' heartbeats: written at most this often
 WAIT_TOLD_AFTER_S = 2.0  # a collective wait this long is told in the heartbeat (a normal one never is)
+# A device runs at most about a step behind its host (one host read per step); a collective it has
+# not got past for this many step times is waited in. Below the console's stall bound (2 steps).
+DEVICE_BEHIND_STEPS = 1.5
 
 
 def _finite(value: object) -> object:
@@ -94,6 +97,14 @@ class EventWriter:
                 self._pending = False
                 self._write(self._last_beat)
 
+    def newest_beat(self) -> tuple[float, float]:
+        """When the newest step beat was recorded (written or not) and its `step_time_s` (0 without
+        one); (0, 0) before the first."""
+        with self._beat_lock:
+            beat = self._last_beat
+        step_time = beat.get("step_time_s")
+        return float(beat.get("time", 0.0)), float(step_time) if isinstance(step_time, (int, float)) else 0.0
+
     def waiting_heartbeat(self, since: float, op: str) -> None:
         """The last heartbeat again, saying this rank has been blocked in a collective since
         `since`: the console tells the rank that holds the others up by its absence."""
@@ -123,19 +134,39 @@ def read_events(path: Path) -> list[dict]:
     return events
 
 
+class DeviceMark(Protocol):
+    """Where the device stands against the host's calls (CUDA: one event, `trainer.runtime.CudaMark`)."""
+
+    def record(self) -> None:
+        """Mark the current stream here: after this call's work is queued."""
+
+    def done(self) -> bool:
+        """Whether the device has passed the newest mark; never blocks."""
+
+
 class CollectiveWatch:
     """Marks the time a rank spends blocked in a collective. A daemon thread rewrites the heartbeat
     once a wait has lasted `after_s` (a normal all-reduce never does), so the console can name the
     rank that is not waiting (stuck in data loading or compute, or stopped) while its peers are.
     The same thread writes the training steps' heartbeats (EventWriter.heartbeat(now=False)).
-    Costs nothing per step: the hot path sets and clears one attribute."""
+    Costs nothing per step: the hot path sets and clears one attribute.
 
-    def __init__(self, events: EventWriter, after_s: float = WAIT_TOLD_AFTER_S):
+    With a `device` (CUDA), a collective call only queues the collective, and the host blocks later
+    at a read of a device value that is not marked. So each call that returns also marks the
+    stream (`issued`), and the thread tells a wait in that collective when the device has not got
+    past it for `after_s` and 1.5 step times with no step finished since: a device merely running
+    behind its host catches up within a step; a collective whose peer never came does not."""
+
+    def __init__(
+        self, events: EventWriter, after_s: float = WAIT_TOLD_AFTER_S, device: DeviceMark | None = None
+    ):
         self.events = events
         self.after_s = after_s
+        self.device = device
         self._since: float | None = None
         self._depth = 0
         self._op = ""
+        self._issued: tuple[str, float] | None = None  # the newest collective queued on the device
         self._told: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="taehv-collective-watch", daemon=True)
@@ -162,15 +193,44 @@ class CollectiveWatch:
         finally:
             self.leave()
 
+    def issued(self, op: str) -> None:
+        """Called by the training thread after a collective call has returned (after an async
+        handle's wait): with a device, the collective may only be queued, and the mark says when it
+        is done. Without one the call itself was the wait."""
+        if self.device is None:
+            return
+        self.device.record()
+        self._issued = (op, time.time())
+
+    def blocked(self, now: float | None = None) -> tuple[str, float] | None:
+        """The collective this rank has waited in for `after_s` or more, and since when: the host
+        blocked in the call, or (with a device) the device not past the newest collective."""
+        now = time.time() if now is None else now
+        since = self._since
+        if since is not None:
+            return (self._op, since) if now - since >= self.after_s else None
+        issued, device = self._issued, self.device
+        if issued is None or device is None:
+            return None
+        op, at = issued
+        beat_at, step_time = self.events.newest_beat()
+        if beat_at >= at or now - at < max(self.after_s, DEVICE_BEHIND_STEPS * step_time):
+            return None  # a step finished after it, or the device may just be running behind
+        try:
+            done = device.done()
+        except RuntimeError:  # a device in error (CUDA errors are RuntimeErrors): the rank's own error tells
+            return None  # it; the thread must go on writing the step beats
+        return None if done else (op, at)
+
     def _loop(self) -> None:
         while not self._stop.wait(min(1.0, self.after_s / 2)):
-            since = self._since
             try:
-                if since is None or since == self._told or time.time() - since < self.after_s:
+                wait = self.blocked()
+                if wait is None or wait[1] == self._told:
                     self.events.flush_heartbeat()  # the training steps' beats, at most once a second
                     continue
-                self._told = since
-                self.events.waiting_heartbeat(since, self._op)
+                op, self._told = wait
+                self.events.waiting_heartbeat(self._told, op)
             except OSError:
                 pass  # the next heartbeat says the same; a failed write must not kill the thread
 

@@ -203,7 +203,9 @@ class _WatchedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         with self._watch.waiting(self._op):
-            return self._work.wait(*args, **kwargs)
+            out = self._work.wait(*args, **kwargs)
+        self._watch.issued(self._op)  # on NCCL the stream now waits for it: the host may not yet
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -215,19 +217,37 @@ def _watched(method: Any, op: str, watch: CollectiveWatch) -> Any:
             out = method(*args, **kwargs)
         if out is not None and not isinstance(out, torch.Tensor) and callable(getattr(out, "wait", None)):
             return _WatchedWork(out, op, watch)
+        watch.issued(op)
         return out
 
     call.taehv_unwatched = method  # type: ignore[attr-defined]
     return call
 
 
+class CudaMark:
+    """The device's progress past the newest collective, for the collective watch: one CUDA event,
+    re-recorded on the current stream after each of DeepSpeed's calls (microseconds), and queried,
+    never waited on, by the watch thread while the host may be blocked in a read."""
+
+    def __init__(self) -> None:
+        self._event = torch.cuda.Event()
+
+    def record(self) -> None:
+        self._event.record()
+
+    def done(self) -> bool:
+        return bool(self._event.query())
+
+
 def watch_deepspeed_collectives(watch: CollectiveWatch) -> list[str]:
     """Mark DeepSpeed's own collectives in the collective watch, as the trainer's are. Without this
     a rank whose peer stopped inside forward or backward blocks in ZeRO's gradient reduction and
     never says it waits, so the console cannot tell it from the stopped rank. On gloo the call (or
-    its handle's wait) is where the rank blocks; on NCCL it only enqueues, and the wait lands at a
-    later host read. The heartbeat names them `deepspeed.<method>`. A later runtime in the same
-    process (tests build several) takes the marks over. Returns the methods it wrapped."""
+    its handle's wait) is where the rank blocks. On NCCL it only enqueues and the host blocks at a
+    later read; each call marks the stream (`CollectiveWatch.issued`), and a collective the device
+    does not get past is told as the wait. The heartbeat names them `deepspeed.<method>`. A later
+    runtime in the same process (tests build several) takes the marks over. Returns the methods it
+    wrapped."""
     backend = ds_comm.cdb
     if backend is None:
         raise SetupError("DeepSpeed's communication backend is not initialised after the process group")
@@ -307,7 +327,7 @@ class Runtime:
                 f"{cfg.topology.world_size} processes, but the launcher started {world}"
             )
         events = EventWriter(run_dir, rank)
-        watch = CollectiveWatch(events)
+        watch = CollectiveWatch(events, device=CudaMark() if device_kind == "cuda" else None)
         watch_deepspeed_collectives(watch)
         rt = cls(
             run_dir=run_dir,

@@ -74,6 +74,81 @@ def test_nested_waits_tell_the_outermost_and_end_with_it(tmp_path):
         watch.close()
 
 
+class _Mark:
+    """The CUDA boundary (trainer.runtime.CudaMark) as the watch sees it: where the stream was marked,
+    and whether the device has got past the newest mark."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.passed = False
+
+    def record(self) -> None:
+        self.records += 1
+        self.passed = False
+
+    def done(self) -> bool:
+        return self.passed
+
+
+def test_on_a_device_a_collective_it_does_not_get_past_is_told_as_the_wait(tmp_path):
+    """On NCCL a collective call returns at once and the host blocks later, in a read the trainer
+    does not mark (DeepSpeed's overflow and norm checks). The watch tells the newest collective as
+    the wait when the device has not passed it for 2 s and 1.5 step times, with no step finished
+    since; a device merely behind its host is not waiting."""
+    w = EventWriter(tmp_path, 0)
+    mark = _Mark()
+    watch = CollectiveWatch(w, after_s=0.6, device=mark)
+    try:
+        w.heartbeat(7, step_time_s=0.2)
+        time.sleep(0.01)
+        watch.issued("deepspeed.reduce_scatter_tensor")
+        at = watch._issued[1]
+        assert mark.records == 1
+        deadline = time.time() + 5
+        while "waiting_op" not in _beat(w) and time.time() < deadline:
+            time.sleep(0.05)
+        told = _beat(w)
+        assert told["waiting_op"] == "deepspeed.reduce_scatter_tensor" and told["step"] == 7, told
+        assert told["waiting_since"] == at and told["time"] - at >= 0.6, told
+        # the device got past it: nothing to tell
+        mark.passed = True
+        assert watch.blocked(now=at + 60) is None
+        mark.passed = False
+        assert watch.blocked(now=at + 0.5) is None  # not yet 0.6 s
+        w.heartbeat(8, step_time_s=4.0)  # a step finished after the collective: its beat is newer
+        assert watch.blocked(now=at + 60) is None
+        watch.issued("deepspeed.all_reduce")
+        at = watch._issued[1]
+        assert watch.blocked(now=at + 5.9) is None  # within 1.5 step times (4 s) of the call
+        assert watch.blocked(now=at + 6.1) == ("deepspeed.all_reduce", at)
+
+        def broken() -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        mark.done = broken  # type: ignore[method-assign]
+        assert watch.blocked(now=at + 6.1) is None  # nothing told, and the thread goes on
+        w.heartbeat(9, now=False)
+        deadline = time.time() + 3
+        while _beat(w)["step"] != 9 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _beat(w)["step"] == 9 and watch._thread.is_alive()
+    finally:
+        watch.close()
+
+
+def test_without_a_device_a_returned_call_is_not_a_wait(tmp_path):
+    """On gloo (no device) the call itself was the wait: once it returns there is nothing to tell."""
+    w = EventWriter(tmp_path, 0)
+    w.heartbeat(3, step_time_s=0.1)
+    watch = CollectiveWatch(w, after_s=0.5)
+    try:
+        time.sleep(0.01)
+        watch.issued("deepspeed.all_reduce")
+        assert watch.blocked(now=time.time() + 60) is None
+    finally:
+        watch.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_rank_held_up_inside_deepspeeds_backward_says_it_waits(tmp_path, clip_dir, stage):
@@ -150,13 +225,20 @@ def test_deepspeeds_collectives_are_marked_once_by_the_newest_watch(tmp_path, mo
         for w, name in ((first, "first"), (second, "second")):
             w.enter = lambda op, name=name: seen.append((name, op))  # type: ignore[method-assign]
             w.leave = lambda: None  # type: ignore[method-assign]
+            w.issued = lambda op, name=name: seen.append((name, "issued " + op))  # type: ignore[method-assign]
         ds_dist.all_reduce(torch.ones(2))
         ds_dist.barrier()
-        assert seen == [("second", "deepspeed.all_reduce"), ("second", "deepspeed.barrier")]
+        assert seen == [
+            ("second", "deepspeed.all_reduce"),
+            ("second", "issued deepspeed.all_reduce"),  # on NCCL the device marks where it stands
+            ("second", "deepspeed.barrier"),
+            ("second", "issued deepspeed.barrier"),
+        ]
         handle = ds_dist.all_reduce(torch.ones(2), async_op=True)
+        assert seen[-1] == ("second", "deepspeed.all_reduce")  # queued, not yet joined: no mark
         seen.clear()
         handle.wait()  # an async call's wait is where a rank blocks: marked too
-        assert seen == [("second", "deepspeed.all_reduce")]
+        assert seen == [("second", "deepspeed.all_reduce"), ("second", "issued deepspeed.all_reduce")]
         first.close()
         second.close()
     finally:
