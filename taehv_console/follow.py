@@ -104,7 +104,7 @@ def _frames_lines(summary: ForensicsSummary, top: int = 6) -> list[str]:
     head = f"forensics for rank {summary.rank} (pid {summary.pid}, node {summary.node}):"
     lines = [head] + [f"  {f}" for f in summary.frames[:top]]
     if not summary.frames:
-        lines.append("  no stack: " + ("; ".join(summary.notes) or "py-spy gave none"))
+        lines.append("  no stack: " + ("; ".join(summary.notes) or "no tool gave one"))
     else:
         lines += [f"  note: {n}" for n in summary.notes]
     if summary.flight_recorder:

@@ -6,9 +6,11 @@ unknown kinds and fields, so fields are only ever added, never renamed.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -30,6 +32,42 @@ def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# A rank dumps every thread's Python stack into stacks/rank-<r>.txt on this signal (faulthandler):
+# the console's forensics asks for it where py-spy is missing or not permitted (a container without
+# SYS_PTRACE). The header says which process installed the handler: the console signals only a
+# process whose pid and start time match it, since the signal's default action ends a process.
+STACK_SIGNAL = signal.SIGUSR2
+STACK_HEADER = "# taehv stack dumps: pid={pid} start={start} main={main:#x}\n"
+
+
+def stacks_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "stacks" / f"rank-{rank}.txt"
+
+
+def process_start(pid: int | str = "self") -> str:
+    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22), which with the
+    pid names one process for good; '' where /proc cannot say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def install_stack_dump(run_dir: Path, rank: int) -> Path:
+    """Write every thread's stack to `stacks_path` on STACK_SIGNAL, for this process's life.
+    faulthandler's handler needs no ptrace and runs even while the main thread is blocked in C (a
+    collective, a device read); the file is appended to, one header per process (a relaunched rank
+    adds its own), then each dump in faulthandler's format."""
+    path = stacks_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a", buffering=1)  # noqa: SIM115 - faulthandler writes to it for the process's life
+    faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
+    main = threading.main_thread().ident or 0
+    f.write(STACK_HEADER.format(pid=os.getpid(), start=process_start(), main=main))  # after: ready
+    return path
 
 
 def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:

@@ -25,7 +25,7 @@ from deepspeed.comm import comm as ds_comm
 
 from trainer.config import TrainConfig
 from trainer.ds_config import build_deepspeed_config, resolve_precision
-from trainer.events import CollectiveWatch, EventWriter
+from trainer.events import CollectiveWatch, EventWriter, install_stack_dump
 from trainer.faults import FaultPlan
 from trainer.log import RankLogger
 
@@ -294,6 +294,8 @@ class Runtime:
         device_kind = cfg.topology.device
         if device_kind == "cuda" and not torch.cuda.is_available():
             raise SetupError(f"{run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
+        # first: a rank that hangs in the rendezvous or the process group's creation has a stack too
+        install_stack_dump(run_dir, int(os.environ.get("RANK", "0")))
         prefer_this_environments_ninja()
         if os.environ.get("LOCAL_RANK", "0") == "0":
             for lock in clear_stale_build_locks():

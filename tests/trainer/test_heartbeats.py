@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from taehv_console.core.forensics.selfdump import dump_by_signal, parse_faulthandler
 from tests.trainer.runs import BF16_CROP, Launch, base_config, events, write_run
-from trainer.events import CollectiveWatch, EventWriter
+from trainer.events import CollectiveWatch, EventWriter, stacks_path
 
 
 def _beat(writer: EventWriter) -> dict:
@@ -182,6 +183,9 @@ def test_a_rank_held_up_inside_deepspeeds_backward_says_it_waits(tmp_path, clip_
                 told = b
                 break
             time.sleep(0.2)
+        if told:  # meanwhile the stalled rank gives its own stack (what forensics takes without py-spy)
+            stalled_pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+            own = dump_by_signal(stalled_pid, stacks_path(run, 1))
         assert launch.wait() == 0, launch.tail()
     finally:
         launch.kill()
@@ -189,7 +193,11 @@ def test_a_rank_held_up_inside_deepspeeds_backward_says_it_waits(tmp_path, clip_
     op = told["waiting_op"]
     assert op.startswith("deepspeed.") and op.removeprefix("deepspeed.") in DEEPSPEED_COLLECTIVES, told
     assert told["step"] == 2 and told["time"] - told["waiting_since"] >= 2.0 - 0.1, told
-    assert events(run, 0, "stop")[-1]["reason"] == "done"
+    assert events(run, 0, "stop")[-1]["reason"] == "done"  # the dump's signal did not disturb it
+    assert own["kind"] == "ok", own
+    main = parse_faulthandler(own["text"], stalled_pid, own["main"]).main_thread()
+    assert main is not None and main.frames[0].startswith("sleep (") and "trainer/faults.py" in main.frames[0]
+    assert any("trainer/train.py" in f for f in main.frames), main.frames
 
 
 def test_deepspeeds_collectives_are_marked_once_by_the_newest_watch(tmp_path, monkeypatch):

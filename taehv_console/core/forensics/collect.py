@@ -1,5 +1,6 @@
 """StallForensics: once per confirmed stall, gather what can be known about it and return one
-ForensicsReport. py-spy stacks of the stalled rank and a healthy peer (on their nodes), Flight
+ForensicsReport. py-spy stacks of the stalled rank and a healthy peer (on their nodes; where py-spy
+is missing or not permitted, the ranks' own faulthandler dumps, which need no ptrace), Flight
 Recorder dumps and PyTorch's analysis (NCCL runs), NCCL RAS's verdict (NCCL runs, safe versions,
 after communicator init, at most every 15 s per node). Whatever cannot be done becomes a note,
 one per node and cause; nothing here raises to the caller.
@@ -21,14 +22,14 @@ from pathlib import Path
 
 from taehv_console.core.cluster.ssh import NodeRunner, SshError, SshPool, fan_out
 from taehv_console.core.forensics import flight_recorder as fr
-from taehv_console.core.forensics import pyspy, ras
+from taehv_console.core.forensics import pyspy, ras, selfdump
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
 from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackDump
 from taehv_console.core.plan import flight_recorder as fr_launch
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import RunState, StateError
 from trainer.config import TrainConfig
-from trainer.events import atomic_write_text
+from trainer.events import STACK_SIGNAL, atomic_write_text, stacks_path
 
 FORENSICS_DIR = "forensics"
 PYSPY_FIX = {
@@ -107,15 +108,17 @@ class StallForensics:
             return None, f"cannot read {self.run.run_toml}: {err}"
 
     # ------------------------------------------------------------------------------ py-spy
-    def _dump_one(self, ref: RankRef, role: str, host: str) -> tuple[StackDump | None, str]:
-        with self._lock:
-            known = self._pyspy_unusable.get(host)
-        if known:
-            return None, known
+    def _dump_one(self, ref: RankRef, role: str, host: str) -> tuple[StackDump | None, list[str]]:
+        """py-spy on the rank; where py-spy is missing, not permitted or fails, the rank's own
+        faulthandler dump (selfdump). The notes say what stood in the way and which one it was."""
         try:
             runner = self._runner(host)
         except (SshError, OSError, ValueError) as err:
-            return None, f"node {ref.node} ({host}) unreachable for py-spy: {err}"
+            return None, [f"node {ref.node} ({host}) unreachable for py-spy: {err}"]
+        with self._lock:
+            known = self._pyspy_unusable.get(host)
+        if known:
+            return self._selfdump(runner, ref, role, host, known)
         reply = node_command(
             runner,
             ["pyspy", "--pid", str(ref.pid), "--timeout", str(self.pyspy_timeout)],
@@ -123,7 +126,7 @@ class StallForensics:
         )
         kind, error = reply.get("kind", pyspy.FAILED), reply.get("error", "")
         if kind == UNREACHABLE:
-            return None, f"node {ref.node} ({host}) unreachable for py-spy: {error}"
+            return None, [f"node {ref.node} ({host}) unreachable for py-spy: {error}"]
         if kind in PYSPY_FIX:
             what = "not installed" if kind == pyspy.MISSING else "not permitted"
             fix = PYSPY_FIX[kind]
@@ -133,23 +136,56 @@ class StallForensics:
             note = f"py-spy {what} on node {ref.node} ({host}): {fix} [{error}]"
             with self._lock:
                 self._pyspy_unusable[host] = note
-            return None, note
+            return self._selfdump(runner, ref, role, host, note)
         if kind == pyspy.GONE:
-            return None, f"rank {ref.rank}: process {ref.pid} is gone from node {ref.node} ({host})"
+            return None, [f"rank {ref.rank}: process {ref.pid} is gone from node {ref.node} ({host})"]
         if kind != pyspy.OK:
-            return None, f"py-spy failed on rank {ref.rank} (node {ref.node}, {host}): {error}"
-        now = time.time()
+            note = f"py-spy failed on rank {ref.rank} (node {ref.node}, {host}): {error}"
+            return self._selfdump(runner, ref, role, host, note)
         text = reply.get("text", "")
         try:
             parsed = pyspy.parse_dump(text)
         except ValueError as err:
-            return None, f"py-spy output for rank {ref.rank} unreadable: {err}"
+            note = f"py-spy output for rank {ref.rank} unreadable: {err}"
+            return self._selfdump(runner, ref, role, host, note)
+        source = "py-spy dump" + (" (--nonblocking)" if reply.get("nonblocking") else "")
+        return self._keep(ref, role, host, "pyspy", source, text, parsed, reply.get("state", "")), []
+
+    def _selfdump(
+        self, runner: NodeRunner, ref: RankRef, role: str, host: str, why: str
+    ) -> tuple[StackDump | None, list[str]]:
+        """The rank's own stack dump (trainer.events.install_stack_dump), after py-spy could not."""
+        args = ["selfdump", "--pid", str(ref.pid), "--file", str(stacks_path(self.run.path, ref.rank))]
+        reply = node_command(runner, args, timeout=selfdump.DUMP_TIMEOUT_S + 30)
+        if reply.get("kind") != selfdump.OK:
+            return None, [why, f"rank {ref.rank}'s own stack dump: {reply.get('error') or reply.get('kind')}"]
+        text = reply.get("text", "")
+        try:
+            parsed = selfdump.parse_faulthandler(text, ref.pid, int(reply.get("main", 0)))
+        except ValueError as err:
+            return None, [why, f"rank {ref.rank}'s own stack dump unreadable: {err}"]
+        source = f"the rank's own dump (faulthandler on {STACK_SIGNAL.name})"
+        dump = self._keep(ref, role, host, "stack", source, text, parsed, reply.get("state", ""))
+        return dump, [why, f"rank {ref.rank}'s stack is {source}, not py-spy's"]
+
+    def _keep(
+        self,
+        ref: RankRef,
+        role: str,
+        host: str,
+        prefix: str,
+        source: str,
+        text: str,
+        parsed: pyspy.PyspyDump,
+        state: str,
+    ) -> StackDump:
+        """Write the whole dump into the run's forensics folder and return its StackDump."""
+        now = time.time()
         main = parsed.main_thread()
-        path = self.dir / f"pyspy-rank{ref.rank}-{role}-{_stamp(now)}.txt"
+        path = self.dir / f"{prefix}-rank{ref.rank}-{role}-{_stamp(now)}.txt"
         header = (
-            f"# py-spy dump of rank {ref.rank} ({role}), pid {ref.pid} on node {ref.node} ({host}), "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}, process state "
-            f"{reply.get('state') or '?'}{', --nonblocking' if reply.get('nonblocking') else ''}\n"
+            f"# {source} of rank {ref.rank} ({role}), pid {ref.pid} on node {ref.node} ({host}), "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}, process state {state or '?'}\n"
         )
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, header + text)
@@ -161,12 +197,13 @@ class StallForensics:
             host=host,
             pid=ref.pid,
             time=now,
-            process_state=reply.get("state", ""),
+            process_state=state,
             threads=len(parsed.threads),
-        ), ""
+        )
 
     def stacks(self, stalled: RankRef, peer: RankRef | None) -> tuple[tuple[StackDump, ...], tuple[str, ...]]:
-        """py-spy on the stalled rank and the peer, at once, each on its node."""
+        """The stacks of the stalled rank and the peer, at once, each on its node: py-spy's, else
+        the rank's own dump."""
         jobs = {"stalled": stalled} | ({"peer": peer} if peer is not None else {})
         hosts = {role: self._host(ref) for role, ref in jobs.items()}
         results = fan_out(list(jobs), lambda role: self._dump_one(jobs[role], role, hosts[role]), 2)
@@ -175,11 +212,10 @@ class StallForensics:
             if isinstance(res, Exception):
                 notes.append(f"py-spy on rank {jobs[role].rank}: {type(res).__name__}: {res}")
                 continue
-            dump, note = res
+            dump, said = res
             if dump is not None:
                 dumps.append(dump)
-            if note:
-                notes.append(note)
+            notes += said
         return tuple(dumps), tuple(dict.fromkeys(notes))
 
     # ------------------------------------------------------------------------ Flight Recorder

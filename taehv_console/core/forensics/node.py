@@ -1,5 +1,5 @@
 """Runs on a rank's node: the forensics a console cannot do from afar. `python -m
-taehv_console.core.forensics.node pyspy|fr-dump|ras ...`, each printing one JSON object; the
+taehv_console.core.forensics.node pyspy|selfdump|fr-dump|ras ...`, each printing one JSON object; the
 console calls `node_command` in-process for this machine and over SSH for the others.
 
 Every reply is a dict with "kind" (ok, or why not) and "error" (text for a person), so the console
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from taehv_console.core.cluster.ssh import NodeRunner
-from taehv_console.core.forensics import flight_recorder, pyspy, ras
+from taehv_console.core.forensics import flight_recorder, pyspy, ras, selfdump
 
 NODE_MODULE = "taehv_console.core.forensics.node"
 UNREACHABLE = "unreachable"
@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pyspy", help="dump one process's Python stack with py-spy")
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--timeout", type=float, default=pyspy.DUMP_TIMEOUT_S)
+    p = sub.add_parser("selfdump", help="ask a rank for its own stack dump (faulthandler) and read it")
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--file", required=True, help="the rank's stacks/rank-<r>.txt")
+    p.add_argument("--timeout", type=float, default=selfdump.DUMP_TIMEOUT_S)
     p = sub.add_parser(
         "fr-dump", help="trigger Flight Recorder dumps through ranks' pipes and copy them away"
     )
@@ -47,6 +51,8 @@ def run_action(args: argparse.Namespace) -> dict:
     """The node-side work as a function (in-process for this machine, safe from many threads)."""
     if args.action == "pyspy":
         return pyspy.dump_process(args.pid, python=sys.executable, timeout=args.timeout)
+    if args.action == "selfdump":
+        return selfdump.dump_by_signal(args.pid, args.file, timeout=args.timeout)
     if args.action == "fr-dump":
         return flight_recorder.dump_through_pipes(
             args.pipe_stem, args.trace_stem, args.rank, args.dest, timeout=args.timeout

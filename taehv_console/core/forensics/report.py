@@ -18,8 +18,9 @@ class RankRef:
 
 @dataclass(frozen=True)
 class StackDump:
-    """One py-spy dump of one rank. `frames` are the main thread's, innermost first (py-spy's own
-    order): frames[0] is where the rank is right now. The whole dump, every thread, is in `path`."""
+    """One stack dump of one rank: py-spy's, or the rank's own (faulthandler) where py-spy cannot.
+    `frames` are the main thread's, innermost first (py-spy's own order): frames[0] is where the
+    rank is right now. The whole dump, every thread, is in `path`."""
 
     rank: int
     role: str  # "stalled" | "peer"

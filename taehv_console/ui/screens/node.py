@@ -65,8 +65,9 @@ def node_header(node: NodeSnapshot, state: RunView) -> Content:
 
 
 def stack_content(state: RunView, node_name: str) -> Content:
-    """The stalled ranks of this node, each with its stack from the stall's forensics (py-spy,
-    innermost frame first) and what the tools said, as `status --json` carries them."""
+    """The stalled ranks of this node, each with its stack from the stall's forensics (py-spy, or
+    the rank's own dump; innermost frame first) and what the tools said, as `status --json`
+    carries them."""
     stalled = [r for r in state.stalled if r.node == node_name]
     if not stalled:
         return Content.styled(
