@@ -19,15 +19,23 @@ from tests.core.forensics.record_fixtures import STUCK
 from trainer.config import config_to_toml
 
 FIXTURES = Path(__file__).with_name("fixtures")
+REPO = Path(__file__).parents[3]
 
 
 @pytest.fixture
 def stuck_process():
-    """stuck_process(*prefix) -> Popen of a Python process stuck in wait_for_batch; killed at the end."""
+    """stuck_process(*prefix, script=STUCK, args=()) -> Popen of a Python process stuck in
+    wait_for_batch (run from the repository, which it may import); killed at the end."""
     started: list[subprocess.Popen] = []
 
-    def start(*prefix: str) -> subprocess.Popen:
-        p = subprocess.Popen([*prefix, sys.executable, "-c", STUCK], stdout=subprocess.PIPE, text=True)
+    def start(*prefix: str, script: str = STUCK, args: tuple[str, ...] = ()) -> subprocess.Popen:
+        p = subprocess.Popen(
+            [*prefix, sys.executable, "-c", script, *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         started.append(p)
         assert p.stdout.readline().strip() == "ready"
         return p

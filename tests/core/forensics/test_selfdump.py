@@ -21,52 +21,26 @@ import pytest
 
 from taehv_console.core.cluster.ssh import SshPool, SshSettings
 from taehv_console.core.forensics import RankRef, StallForensics, pyspy, selfdump
+from tests.core.forensics.conftest import REPO as ROOT
 from tests.core.forensics.conftest import make_run, sigstop
+from tests.core.forensics.record_fixtures import STUCK
 from trainer.events import STACK_HEADER, process_start, stacks_path
 
-ROOT = Path(__file__).parents[3]
 # the stand-in rank: installs the handler as Runtime.start does, then waits in a known function
-SELF_DUMPING = """
-import sys, threading, time
-from pathlib import Path
-from trainer.events import install_stack_dump
-install_stack_dump(Path(sys.argv[1]), int(sys.argv[2]))
-def loader_worker():
-    while True:
-        time.sleep(0.1)
-threading.Thread(target=loader_worker, name="loader-0", daemon=True).start()
-def wait_for_batch():
-    print("ready", flush=True)
-    time.sleep(1000)
-def train_step():
-    wait_for_batch()
-train_step()
-"""
+SELF_DUMPING = (
+    "import sys\nfrom pathlib import Path\nfrom trainer.events import install_stack_dump\n"
+    "install_stack_dump(Path(sys.argv[1]), int(sys.argv[2]))" + STUCK
+)
 
 
 @pytest.fixture
-def self_dumping():
+def self_dumping(stuck_process):
     """self_dumping(run, rank, *prefix) -> Popen of a process that dumps its stacks on SIGUSR2."""
-    started: list[subprocess.Popen] = []
 
     def start(run: Path, rank: int, *prefix: str) -> subprocess.Popen:
-        p = subprocess.Popen(
-            [*prefix, sys.executable, "-c", SELF_DUMPING, str(run), str(rank)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        return p
+        return stuck_process(*prefix, script=SELF_DUMPING, args=(str(run), str(rank)))
 
-    yield start
-    for p in started:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGCONT)
-            p.kill()
-        p.wait(timeout=10)
+    return start
 
 
 def test_a_rank_dumps_its_stacks_on_the_signal_and_goes_on(self_dumping, tmp_path):
