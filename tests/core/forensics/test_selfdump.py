@@ -166,3 +166,58 @@ def test_a_remote_node_without_sys_ptrace_still_gives_the_ranks_stacks(sshd, sel
         assert roles["stalled"].host == host
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# rank 0 waits in a gloo all-reduce until rank 1, which sleeps first, joins; both print the sum
+GLOO_PAIR = """
+import sys, time, torch, torch.distributed as dist
+from pathlib import Path
+from trainer.events import install_stack_dump
+rank, port, run = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+install_stack_dump(run, rank)
+dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+t = torch.ones(4)
+dist.all_reduce(t)
+print("ready", flush=True)
+if rank == 1:
+    time.sleep(float(sys.argv[4]))
+dist.all_reduce(t)
+print(t.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_waiting_in_a_gloo_collective_dumps_and_the_collective_still_completes(tmp_path):
+    """The peer forensics asks is blocked inside a collective: the signal lands there (in one of
+    its threads, gloo's among them) and must neither break the collective nor the process."""
+    from tests.trainer.runs import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_PAIR, str(rank), port, str(tmp_path), "6"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        waiter = procs[0]
+        time.sleep(0.5)  # in the second all-reduce, waiting for rank 1
+        for _ in range(3):
+            reply = selfdump.dump_by_signal(waiter.pid, stacks_path(tmp_path, 0))
+            assert reply["kind"] == selfdump.OK, reply
+        main = selfdump.parse_faulthandler(reply["text"], waiter.pid, reply["main"]).main_thread()
+        assert main is not None and "all_reduce" in main.frames[0], main and main.frames
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0]
+    assert all(out.strip().splitlines()[-1] == "[4.0, 4.0, 4.0, 4.0]" for out in outs), outs
