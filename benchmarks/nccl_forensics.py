@@ -19,7 +19,9 @@ Each rank also runs the trainer's collective watch with its CUDA mark (`trainer.
 and marks each all-reduce as DeepSpeed's wrapped calls do; the host then blocks in a plain `.item()`
 read, as in DeepSpeed's overflow check, which nothing marks. `summary.json`'s `heartbeats` holds
 each rank's last heartbeat: the waiting rank's must say `waiting_op` all_reduce, 2 s or more after
-its `waiting_since`; with two GPUs, rank 1 (which never joins) must not say it waits.
+its `waiting_since`; with two GPUs, rank 1 (which never joins) must not say it waits. While rank 0
+waits, it is asked for its own stack dump (faulthandler on SIGUSR2, what forensics takes where
+py-spy is refused): `self_dump` says whether it came and where the main thread stood.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ torch.cuda.set_device(int(os.environ["DEVICE"]))
 dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=float(os.environ["TIMEOUT_S"])))
 watch = beats = None
 try:  # the trainer's collective watch, with its CUDA mark
-    from trainer.events import CollectiveWatch, EventWriter
+    from trainer.events import CollectiveWatch, EventWriter, install_stack_dump
     from trainer.runtime import CudaMark
+    install_stack_dump(pathlib.Path(os.environ["BEAT_DIR"]), rank)
     beats = EventWriter(pathlib.Path(os.environ["BEAT_DIR"]), rank)
     beats.heartbeat(0)
     watch = CollectiveWatch(beats, after_s=2.0, device=CudaMark())
@@ -74,6 +77,24 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _self_dump(proc: subprocess.Popen, fr: Path, deadline: float) -> dict:
+    """Rank 0's own stack dump, 3 s into its wait in the 4th all-reduce."""
+    from taehv_console.core.forensics import selfdump
+    from trainer.events import stacks_path
+
+    log = fr / "rank_0.log"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if "3 all-reduces done" in log.read_text(errors="replace"):
+            time.sleep(3)
+            reply = selfdump.dump_by_signal(proc.pid, stacks_path(fr / "beats", 0))
+            if reply["kind"] != selfdump.OK:
+                return {"kind": reply["kind"], "error": reply["error"]}
+            main = selfdump.parse_faulthandler(reply["text"], proc.pid, reply["main"]).main_thread()
+            return {"kind": reply["kind"], "frames": list(main.frames[:4]) if main else []}
+        time.sleep(0.2)
+    return {"kind": "not asked", "error": "rank 0 never finished its first 3 all-reduces"}
 
 
 def main() -> int:
@@ -116,6 +137,7 @@ def main() -> int:
         log = open(fr / f"rank_{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, "-c", RANK], env=env, stderr=log, stdout=log), log))
     start = time.monotonic()
+    summary["self_dump"] = _self_dump(procs[0][0], fr, start + args.timeout_s * 2)
     codes = []
     for proc, log in procs:
         try:
