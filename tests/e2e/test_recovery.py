@@ -215,6 +215,7 @@ def test_a_sigstopped_rank_is_named_its_stack_taken_then_the_run_restarted_and_d
     first, second = state["attempts"]
     assert (first["cause"], first["decision"], first["blamed_node"]) == ("stall", "restart", 0), first
     assert "stalled for" in first["why"]
+    assert "trainer/" in first["why"].split("stalled for")[1], first  # where, from its stack
     assert first["ended"] - t_stop < 120  # not the collective timeout
     assert second["outcome"] == "done" and second["restarted_by"] == "recovery"
     assert (run / "final" / "taehv.safetensors").is_file()

@@ -48,8 +48,9 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
                 continue
             per = max(1, self.cfg.topology.gpus_per_node)
             node = st.rank // per
+            at = f" in {st.where}" if st.where else ""
             failure = Failure(
-                reason=f"rank {st.rank} stalled for {st.stalled_s:.0f} s (the bound is {bound:.0f} s); "
+                reason=f"rank {st.rank} stalled for {st.stalled_s:.0f} s (the bound is {bound:.0f} s){at}; "
                 "its stack is in the forensics report",
                 node=node,
                 host=self._host(node) or st.node,

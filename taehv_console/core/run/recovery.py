@@ -271,13 +271,30 @@ def decide(
 
 @dataclass(frozen=True)
 class Stall:
-    """A rank the watch names as stalled: how long, and whether its forensics are in."""
+    """A rank the watch names as stalled: how long, whether its forensics are in, and where its
+    stack says it stands (`where_stalled`; "" before the forensics)."""
 
     rank: int
     node: str
     stalled_s: float
     step_time_s: float | None = None
     forensics: bool = False
+    where: str = ""
+
+
+# a frame of the trainer's own code, as py-spy ("trainer/train.py:154") or faulthandler (the full
+# path) writes its file
+_OWN_FRAME = re.compile(r"\((?:.*/)?trainer/\w+\.py:\d+\)$")
+
+
+def where_stalled(frames: Sequence[str]) -> str:
+    """Where a stalled rank stands, from its main thread's stack (innermost first, "function
+    (file:line)"): the innermost frame, and the innermost of the trainer's own frames when that is
+    another one (a library's wait alone does not say which step of the loop is stuck)."""
+    if not frames:
+        return ""
+    own = next((f for f in frames if _OWN_FRAME.search(f)), None)
+    return frames[0] if own is None or own == frames[0] else f"{frames[0]}, called from {own}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.forensics import ForensicsReport, RankRef, StallForensics
 from taehv_console.core.models import BackendKind
-from taehv_console.core.run.recovery import Stall
+from taehv_console.core.run.recovery import Stall, where_stalled
 from taehv_console.core.watch.hardware import first_gpu_counts, hardware_evidence
 from taehv_console.core.watch.monitor import Monitor, MonitorConfig
 from taehv_console.core.watch.state import RankHealth, RankState, RunView
@@ -233,16 +233,20 @@ class RunWatch:
     def stalls(self) -> list[Stall]:
         """The ranks the newest view names as stalled, as the run controller's recovery reads them."""
         view = self.view()
-        return [
-            Stall(
-                rank=r.rank,
-                node=r.node,
-                stalled_s=r.heartbeat_age_s or 0.0,
-                step_time_s=r.step_time_s,
-                forensics=view.forensics_for(r.rank) is not None,
+        stalls = []
+        for r in view.stalled:
+            found = view.forensics_for(r.rank)
+            stalls.append(
+                Stall(
+                    rank=r.rank,
+                    node=r.node,
+                    stalled_s=r.heartbeat_age_s or 0.0,
+                    step_time_s=r.step_time_s,
+                    forensics=found is not None,
+                    where=where_stalled(found.frames) if found is not None else "",
+                )
             )
-            for r in view.stalled
-        ]
+        return stalls
 
     def hardware(self) -> dict[str, str]:
         """node -> why its hardware is bad, from the newest view's agent samples (a GPU lost,

@@ -217,3 +217,34 @@ def test_an_exit_after_a_lost_peers_symptom_is_a_communication_failure_not_a_bug
     # the same exit with the rank's own error is the trainer's: not retried
     own = {"message": "ValueError: injected failure", "time": 99.0}
     assert classify(choose_failure([exited_node0()], {0: own}, 1, 101.0)).kind is CauseKind.EXCEPTION
+
+
+@pytest.mark.parametrize(
+    "frames, where",
+    [
+        # py-spy of a rank stuck in a queue's wait: the library frame, then the trainer's step
+        (
+            (
+                "wait (threading.py:331)",
+                "get (queue.py:180)",
+                "next_batch (trainer/data.py:412)",
+                "train_step (trainer/train.py:150)",
+            ),
+            "wait (threading.py:331), called from next_batch (trainer/data.py:412)",
+        ),
+        # faulthandler writes full paths; the innermost frame is already the trainer's own
+        (
+            ("sleep (/work/main/trainer/faults.py:71)", "train_step (/work/main/trainer/train.py:154)"),
+            "sleep (/work/main/trainer/faults.py:71)",
+        ),
+        # nothing of the trainer's in the stack (a rank stuck before it started): the innermost
+        (("accept (socket.py:294)", "<module> (<string>:3)"), "accept (socket.py:294)"),
+        ((), ""),
+        # a package named like the trainer is not the trainer
+        (("wait (x.py:1)", "f (my_trainer/a.py:2)"), "wait (x.py:1)"),
+    ],
+)
+def test_where_a_stalled_rank_stands_is_its_innermost_frame_and_its_own_codes(frames, where):
+    from taehv_console.core.run.recovery import where_stalled
+
+    assert where_stalled(frames) == where

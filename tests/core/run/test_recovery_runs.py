@@ -205,10 +205,13 @@ def test_a_stall_past_the_bound_ends_the_attempt_and_an_earlier_attempts_heartbe
     wait_for(lambda: time.time() - started > 2, 10, "two seconds into the attempt")
     young = [Stall(rank=1, node="n", stalled_s=0.3, forensics=True)]
     assert not ctrl._check_stalls(lambda: young, time.time())  # under the bound
-    stalled = [Stall(rank=1, node="n", stalled_s=1.0, forensics=True)]
+    where = "wait (threading.py:331), called from next_batch (trainer/data.py:412)"
+    stalled = [Stall(rank=1, node="n", stalled_s=1.0, forensics=True, where=where)]
     assert ctrl._check_stalls(lambda: stalled, time.time())
     state = ctrl.run.read_state()
     assert state.phase is Phase.FAILED and state.failure.kind == "stall" and state.failure.rank == 1
+    # where it hangs is in the failure, so in the attempt's why and the "stalled" notification
+    assert f"stalled for 1 s (the bound is 0 s) in {where}; its stack" in state.failure.reason
     assert not ctrl.live_nodes()
 
 
