@@ -19,7 +19,7 @@ from pathlib import Path
 
 from taehv_console.core.cluster.spawn import read_proc_one
 from taehv_console.core.forensics.pyspy import PyspyDump, PyspyThread
-from trainer.events import STACK_SIGNAL, process_start
+from trainer.events import STACK_SIGNAL
 
 # Outcome kinds, also the JSON the node helper prints.
 OK, UNSUPPORTED, STOPPED, GONE, FAILED = "ok", "unsupported", "stopped", "gone", "failed"
@@ -97,7 +97,7 @@ def dump_by_signal(
         )
         return reply
     newest = headers[-1] if headers else None
-    if newest is None or int(newest["pid"]) != pid or newest["start"] != process_start(pid):
+    if newest is None or int(newest["pid"]) != pid or newest["start"] != str(entry[4]):
         reply.update(
             kind=UNSUPPORTED,
             error=f"{path} was not written by process {pid} (an older rank, or one that predates the handler)",
