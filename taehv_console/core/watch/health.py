@@ -9,6 +9,9 @@ Ranks: starting / healthy / straggler / stalled / failed / stopped.
   not blocked in a collective while the others are, a lower step, or the lowest last-completed
   count in the watchdog's lines) is the stalled one; the others
   are healthy and `blocked_by` it. That names the laggard long before the collective timeout.
+  Ranks held by one collective go stale a beat apart: a rank stale alone is stalled in its own
+  right only once another moved on clearly after it (or its process is stopped), and "nobody
+  stands out" waits EVIDENCE_GRACE_S for the evidence that would name the laggard.
 - straggler: score = fastest rank's own work per step / this rank's (the resilience tooling's
   convention: 1.0 fastest, 0.5 twice as slow), own work = step time - time waiting in all-reduces.
 Nodes: ok / degraded / stalled / failed / lost (agent silent past its timeout).
@@ -31,6 +34,14 @@ from taehv_console.core.watch.state import (
     RankState,
     copy_replacing,
 )
+from trainer.events import BEAT_EVERY_S, WAIT_TOLD_AFTER_S
+
+# Every rank stale with nothing to tell them apart is judged only after this long: a waiting rank
+# says so once its wait has lasted WAIT_TOLD_AFTER_S (then its watch thread's second and a poll),
+# and an agent shows a stopped process within a sample. Only a stall bound shorter than this (a
+# floor of a second or two, in tests) ever waits for it; the shipped floor is 10 s.
+EVIDENCE_GRACE_S = WAIT_TOLD_AFTER_S + 2.0
+_STOPPED = ("stopped", "tracing-stop")
 
 # Log signals that end a rank when they name it (a peer connection lost is its victim's line: no).
 FATAL_SIGNALS = frozenset(
@@ -268,20 +279,30 @@ def assess_ranks(
         and o.rank not in stale
         and out[o.rank].state in (RankState.HEALTHY, RankState.STARTING)
     }
-    if stale and not any(
-        h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale and r not in blocked
+    others = [
+        r
         for r, h in out.items()
-    ):
+        if h.state in (RankState.HEALTHY, RankState.STARTING) and r not in stale and r not in blocked
+    ]
+    if stale and not others:
         collective = _collective(
             out, {**stale, **blocked}, {o.rank: o for o in obs}, watchdog or {}, collective_timeout_s
         )
-    else:
-        for r, age in stale.items():  # one rank silent while the others move on: its own problem
-            out[r] = replace(
-                out[r],
-                state=RankState.STALLED,
-                detail=f"no heartbeat progress for {age:.0f} s while other ranks progress",
-            )
+    elif stale:
+        # One rank silent while the others move on is its own problem. But ranks held by one
+        # collective go stale a beat apart (beats are written at most once a second), and the first
+        # of them is not at fault for that: another rank moves on only once it progressed clearly
+        # after the stale ones stopped. Until then a stale rank is judged on its own evidence alone.
+        gap = max((stall_after or 0.0) / 2, BEAT_EVERY_S)
+        moving = any(ages[r] + gap <= min(stale.values()) for r in others)
+        for r, age in stale.items():
+            if out[r].process in _STOPPED:
+                detail = f"process {out[r].pid} of rank {r} is stopped (signal); no heartbeat progress for {age:.0f} s"
+            elif moving:
+                detail = f"no heartbeat progress for {age:.0f} s while other ranks progress"
+            else:  # in doubt for a poll or two: the others stop too (a collective stall) or move on
+                continue
+            out[r] = replace(out[r], state=RankState.STALLED, detail=detail)
 
     for r in stats.slow:  # slow enough: a straggler unless something worse holds it
         h = out[r]
@@ -301,10 +322,10 @@ def _collective(
     by_rank: Mapping[int, RankObservation],
     watchdog: Mapping[int, int],
     timeout_s: float | None,
-) -> CollectiveStall:
+) -> CollectiveStall | None:
     """Every live rank is stuck: find who the others wait for, mark it stalled, the rest blocked."""
     failed = [r for r, h in out.items() if h.state is RankState.FAILED]
-    stopped = [r for r in stale if out[r].process in ("stopped", "tracing-stop")]
+    stopped = [r for r in stale if out[r].process in _STOPPED]
     steps = {r: rank_step for r in stale if (rank_step := out[r].step) is not None}
     # The trainer says in its heartbeat when it has been blocked in a collective for a while: the
     # ranks that are not (stuck in data loading or compute, or not running at all) hold the others.
@@ -339,6 +360,8 @@ def _collective(
                 f"watchdog: rank {culprits[0]} completed NCCL work {low}, others {max(counts.values())}"
             )
     stalled_for = min(stale.values())
+    if not culprits and stalled_for < EVIDENCE_GRACE_S:
+        return None  # the evidence that names the laggard may still be on its way
     if not culprits:
         for r, age in stale.items():
             out[r] = replace(

@@ -7,7 +7,13 @@ from dataclasses import replace
 import pytest
 
 from taehv_console.core.logscan import LogSignal
-from taehv_console.core.watch.health import HealthPolicy, RankObservation, assess_node, assess_ranks
+from taehv_console.core.watch.health import (
+    EVIDENCE_GRACE_S,
+    HealthPolicy,
+    RankObservation,
+    assess_node,
+    assess_ranks,
+)
 from taehv_console.core.watch.nodeline import parse_sample
 from taehv_console.core.watch.nodesample import ProcessSample
 from taehv_console.core.watch.state import NodeState, RankState
@@ -126,6 +132,58 @@ def test_nobody_stands_out_means_everyone_stalled_and_the_laggard_unknown():
         and coll.laggard_rank is None
         and coll.waiting_ranks == (0, 1)
     )
+
+
+# A short stall bound (a floor of 1 s with 0.7 s steps: 1.4 s), as a test or a user with fast
+# steps may set it: the evidence that tells the ranks apart can come after the first goes stale.
+FAST = HealthPolicy(stall_floor_s=1.0)
+STEPS_07 = (0.7,) * 8
+
+
+def test_every_rank_stale_with_no_evidence_yet_is_not_judged_within_the_grace():
+    """Rank 1 was stopped a moment ago: both heartbeats are just past the bound, the agent has not
+    yet shown rank 1 stopped and rank 0 has not yet said it waits. Nobody is called stalled yet."""
+    fresh = [obs(0, age=1.6, times=STEPS_07), obs(1, age=1.5, times=STEPS_07)]
+    ranks, coll = assess_ranks(fresh, FAST, NOW)
+    assert coll is None and states(ranks) == [RankState.HEALTHY] * 2
+    # the evidence arrives: the laggard is named at once
+    ranks, coll = assess_ranks([fresh[0], obs(1, age=1.5, times=STEPS_07, status="stopped")], FAST, NOW)
+    assert (
+        coll is not None
+        and coll.laggard_rank == 1
+        and states(ranks) == [RankState.HEALTHY, RankState.STALLED]
+    )
+    ranks, coll = assess_ranks(
+        [obs(0, age=1.6, times=STEPS_07, waiting_since=NOW - 1.2), fresh[1]], FAST, NOW
+    )
+    assert coll is not None and coll.laggard_rank == 1 and ranks[0].blocked_by == 1
+    # none by the end of the grace: every rank stalled, the laggard unknown
+    late = EVIDENCE_GRACE_S + 0.1
+    ranks, coll = assess_ranks(
+        [obs(0, age=late, times=STEPS_07), obs(1, age=late, times=STEPS_07)], FAST, NOW
+    )
+    assert coll is not None and coll.laggard_rank is None and states(ranks) == [RankState.STALLED] * 2
+    ranks, coll = assess_ranks(
+        [obs(0, age=late - 0.2, times=STEPS_07), obs(1, age=late - 0.2, times=STEPS_07)], FAST, NOW
+    )
+    assert coll is None
+
+
+def test_a_rank_stale_a_beat_before_its_peer_is_not_alone_in_its_silence():
+    """Rank 0's last beat is a few ms older than rank 1's, and rank 1 is the one stopped: rank 0 is
+    stale first, but rank 1 did not move on after it; neither is judged until the evidence says."""
+    ranks, coll = assess_ranks([obs(0, age=1.5, times=STEPS_07), obs(1, age=1.3, times=STEPS_07)], FAST, NOW)
+    assert coll is None and states(ranks) == [RankState.HEALTHY] * 2
+    # a peer that progressed clearly later (more than a beat and half the bound) is moving on
+    ranks, coll = assess_ranks([obs(0, age=1.5, times=STEPS_07), obs(1, age=0.4, times=STEPS_07)], FAST, NOW)
+    assert coll is None and states(ranks) == [RankState.STALLED, RankState.HEALTHY]
+    assert "while other ranks progress" in ranks[0].detail
+    # a stale rank whose own process is stopped needs nobody else's progress to be called stalled
+    ranks, coll = assess_ranks(
+        [obs(0, age=1.3, times=STEPS_07), obs(1, age=1.5, times=STEPS_07, status="stopped")], FAST, NOW
+    )
+    assert coll is None and states(ranks) == [RankState.HEALTHY, RankState.STALLED]
+    assert "process 1001 of rank 1 is stopped" in ranks[1].detail
 
 
 def test_a_stale_agent_view_is_not_trusted_for_the_laggard():
