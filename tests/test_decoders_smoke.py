@@ -28,6 +28,14 @@ def test_decoders_benchmark_reads_real_clips_and_says_what_it_measured(tmp_path)
     assert re.search(r"== clips \(96x64\)\n  pyav +\d+\.\d{3} CPU-s, \d+\.\d{3} wall-s per clip", r.stdout), (
         r.stdout
     )
+    # PyAV's own NVDEC is probed on the first clip: measured where there is one, else the reason
+    nvdec = re.search(r"PyAV NVDEC: (yes|not here \((.+)\))\n", r.stdout)
+    assert nvdec, r.stdout
+    if nvdec[1] == "yes":
+        assert re.search(r"  pyav-nvdec +\d+\.\d{3} CPU-s", r.stdout), r.stdout
+        assert re.search(r"mean \|pyav-nvdec - pyav\| 0\.\d{3} of 255", r.stdout), r.stdout
+    else:
+        assert "pyav-nvdec" not in r.stdout and nvdec[2], r.stdout
     if importlib.util.find_spec("torchcodec") is None:
         assert "torchcodec does not import here (ModuleNotFoundError" in r.stdout
     if "torchcodec does not import here" not in r.stdout:  # it decodes the same pixels as PyAV

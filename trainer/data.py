@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import av
 import numpy as np
@@ -21,6 +22,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from trainer.augment import NO_JITTER, jitter_factors
 from trainer.config import DataSection
+
+if TYPE_CHECKING:
+    from av.codec.hwaccel import HWAccel  # PyAV 14 and later
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 
@@ -155,8 +159,9 @@ class _SeekUnreliable(Exception):
     """Timestamps after a seek do not map cleanly to frame numbers: decode from the start instead."""
 
 
-def _open_video(path: Path):
-    container = av.open(str(path))
+def _open_video(path: Path, hwaccel: HWAccel | None = None):
+    # hwaccel: a PyAV HWAccel (benchmarks/decoders.py's NVDEC row); PyAV before 14 has no such option
+    container = av.open(str(path)) if hwaccel is None else av.open(str(path), hwaccel=hwaccel)
     if not container.streams.video:
         container.close()
         raise _Unusable("no video stream")
@@ -231,7 +236,9 @@ def _collect(numbered: Iterator[tuple[int, av.VideoFrame]], wanted: list[int]) -
     return found
 
 
-def _read_frames(path: Path, container, stream, indices: list[int], allow_seek: bool) -> list[np.ndarray]:
+def _read_frames(
+    path: Path, container, stream, indices: list[int], allow_seek: bool, hwaccel: HWAccel | None = None
+) -> list[np.ndarray]:
     """Exactly the frames numbered `indices` (in decode order from 0) as RGB arrays, using the open,
     not yet decoded container; raises _ShortRead when the video has fewer frames."""
     if allow_seek and min(indices) >= SEEK_MIN_FRAMES:
@@ -241,7 +248,7 @@ def _read_frames(path: Path, container, stream, indices: list[int], allow_seek: 
         except _SeekUnreliable:
             pass
         # The container was decoded partway: start again from a fresh one.
-        container, stream = _open_video(path)
+        container, stream = _open_video(path, hwaccel)
         with container:
             found = _collect(_sequential_frames(container, stream), indices)
             return [found[i] for i in indices]
@@ -249,11 +256,15 @@ def _read_frames(path: Path, container, stream, indices: list[int], allow_seek: 
     return [found[i] for i in indices]
 
 
-def read_frames(path: Path, indices: list[int], allow_seek: bool = True) -> np.ndarray:
-    """Frames `indices` of a video as uint8 [len, H, W, 3]; frame numbers count decoded frames from 0."""
-    container, stream = _open_video(Path(path))
+def read_frames(
+    path: Path, indices: list[int], allow_seek: bool = True, hwaccel: HWAccel | None = None
+) -> np.ndarray:
+    """Frames `indices` of a video as uint8 [len, H, W, 3]; frame numbers count decoded frames from 0.
+    `hwaccel`: a PyAV `HWAccel` to decode with (NVDEC: `HWAccel("cuda")`); frames come back to host
+    memory either way. Opening raises PyAV's error where the device is not there."""
+    container, stream = _open_video(Path(path), hwaccel)
     with container:
-        return np.stack(_read_frames(Path(path), container, stream, list(indices), allow_seek))
+        return np.stack(_read_frames(Path(path), container, stream, list(indices), allow_seek, hwaccel))
 
 
 def _count_frames(path: Path) -> int:

@@ -189,11 +189,19 @@ def _write_clips(
 
 
 def make_synthetic(
-    out_dir: Path, clips: int, frames: int, height: int, width: int, fps: int = 24, seed: int = 0
+    out_dir: Path,
+    clips: int,
+    frames: int,
+    height: int,
+    width: int,
+    fps: int = 24,
+    seed: int = 0,
+    gop: int | None = None,
 ) -> list[Path]:
     """Write `clips` videos of `frames` frames at height x width into out_dir; each clip differs (its
-    content comes from seed and the clip's index). Returns the written paths, in order."""
-    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "clip", _clip_frames, ())
+    content comes from seed and the clip's index). Returns the written paths, in order. `gop`: as in
+    make_photo_clips."""
+    return _write_clips(out_dir, clips, frames, height, width, fps, seed, "clip", _clip_frames, (), gop)
 
 
 # scikit-image's bundled colour photographs (no download): real textures, edges and colour

@@ -627,3 +627,19 @@ def test_crops_per_clip_must_divide_the_batch_and_rules_out_a_latent_cache():
         TrainConfig(data={"crops_per_clip": 4}, optim={"batch_per_gpu": 6})
     with pytest.raises(ValueError, match="does not work with loss.teacher_cache"):
         TrainConfig(data={"crops_per_clip": 2}, optim={"batch_per_gpu": 2}, loss={"teacher_cache": "/cache"})
+
+
+def test_read_frames_decodes_with_a_given_hwaccel(tmp_path):
+    """benchmarks/decoders.py's NVDEC row decodes through the trainer's own read. The option reaches
+    FFmpeg: without a GPU (CI) FFmpeg refuses the CUDA device it was asked for, where a read
+    without it succeeds; with one, the frames are the CPU decode's."""
+    hwaccel = pytest.importorskip("av.codec.hwaccel")
+    path = make_synthetic(tmp_path, 1, 20, 48, 64)[0]
+    soft = data.read_frames(path, [3, 4, 5])
+    assert soft.shape == (3, 48, 64, 3)
+    if not Path("/dev/nvidiactl").exists():
+        with pytest.raises((av.FFmpegError, OSError)):
+            data.read_frames(path, [3, 4, 5], hwaccel=hwaccel.HWAccel("cuda"))
+        return
+    hard = data.read_frames(path, [3, 4, 5], hwaccel=hwaccel.HWAccel("cuda"))
+    assert hard.shape == soft.shape and np.abs(hard.astype(np.int16) - soft).mean() < 1.0
