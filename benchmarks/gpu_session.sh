@@ -55,13 +55,16 @@ autotune() { # compiled with max-autotune (Triton conv templates against cuDNN, 
 convs() { # every convolution of a step timed alone, and padded to 8 channels where it is not
     timeout "$(share "$1")" $PY benchmarks/conv_shapes.py --out "$OUT"
 }
+decoders() { # NVDEC through PyAV's own FFmpeg against its CPU decode, on 1080p H.264 (the wheel, no torchcodec)
+    timeout "$(share "$1")" $PY benchmarks/decoders.py --sets 1920x1080-60f --make 1 --clips 12
+}
 forensics() { # NVML as the node agent reads it, and NCCL's Flight Recorder on a hang
     timeout 15 $PY -m taehv_console.core.watch.agent --interval 0.5 --count 3 > "$OUT/nvml.jsonl" < /dev/null
     timeout "$(share "$1")" $PY benchmarks/nccl_forensics.py "$OUT/work" --timeout-s 10
     tar -C "$OUT/work" -czf "$OUT/fr.tar.gz" fr 2> /dev/null
     rm -rf "$OUT/work"
 }
-for step in ${STEPS:-eager:18 trainer:24 compiled:18 inputs:18 convs:10 forensics:8}; do
+for step in ${STEPS:-eager:18 trainer:24 compiled:18 inputs:15 convs:9 decoders:8 forensics:8}; do
     "${step%%:*}" "${step##*:}"
 done
 n=0
