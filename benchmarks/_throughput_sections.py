@@ -202,13 +202,74 @@ def trainer_child(args: Any, out: Out) -> None:
             else "no CUDA",
             cuda_sync_sites={k: round(n / sync_steps, 3) for k, n in cuda_syncs.most_common(12)},
         )
+        # one real train_step profiled: where its time goes beyond the bare loop's (DeepSpeed's
+        # kernels and host work, the loader hand-off, the jitter), and how long the device idles
+        from torch.profiler import profile
+
+        with profile(activities=_activities(args.device)) as prof:
+            trainer.train_step()
+            sync(args.device)
+        summary = profile_summary(prof, args.device, args.out / f"profile_trainer_zero{stage}.json")
+        out.emit("trainer", zero=stage, what="profiled step", batch=batch, mode=mode, **summary)
         trainer.rt.leave(trainer.learner.engine)
 
 
 # ---------------------------------------------------------------- profile
-def section_profile(args: Any, out: Out) -> None:
+def _activities(device: str) -> list:
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+
+
+def profile_summary(prof: Any, device: str, trace: Path) -> dict[str, Any]:
+    """One profiled step: its kernels by kind, the share of the step with no kernel running, the top
+    kernels, and the host's top operators by their own CPU time (what the host does while the device
+    may wait); the Chrome trace is written to `trace`."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+
+    prof.export_chrome_trace(str(trace))
+    events = list(prof.events())
+    if device == "cuda":
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        what = "CUDA kernels and copies"
+    else:
+        kernels = [e for e in events if e.device_type == DeviceType.CPU and not e.cpu_children]
+        what = "CPU leaf operators, standing in for kernels (a convolution shows as its parts)"
+    if not kernels:
+        return {"error": "the profiler recorded no kernels (CUPTI unavailable?)", "trace": str(trace)}
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    start = min(e.time_range.start for e in events)
+    end = max(e.time_range.end for e in kernels)
+    span = max(1e-9, end - start)
+    by_kind: collections.Counter[str] = collections.Counter()
+    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        d = e.time_range.end - e.time_range.start
+        by_kind[kernel_kind(e.name)] += d
+        by_name[e.name][0] += d
+        by_name[e.name][1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+    host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:10]
+    return {
+        "step_ms": round(span / 1e3, 3),
+        "kernels": len(kernels),
+        "kernels_are": what,
+        "shares": {k: round(v / span, 4) for k, v in by_kind.most_common()},
+        "idle_share": round(1 - busy_time(spans) / span, 4),
+        "top_kernels": [
+            {"name": n[:140], "kind": kernel_kind(n), "ms": round(t / 1e3, 3), "calls": c}
+            for n, (t, c) in top
+        ],
+        "host_top": [
+            {"name": a.key[:100], "self_cpu_ms": round(a.self_cpu_time_total / 1e3, 3), "calls": a.count}
+            for a in host
+        ],
+        "trace": str(trace),
+    }
+
+
+def section_profile(args: Any, out: Out) -> None:
+    from torch.profiler import profile
 
     layout, mode, batch = args.profile_layout, args.profile_mode, args.profile_batch
     if args.device != "cuda" and mode == "compile":
@@ -219,52 +280,17 @@ def section_profile(args: Any, out: Out) -> None:
     for _ in range(max(2, args.warmup)):
         bare_step(model, opt, video, args)
     sync(args.device)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=_activities(args.device)) as prof:
         bare_step(model, opt, video, args)
         sync(args.device)
     trace = args.out / f"profile_{layout}_{mode}_b{batch}.json"
-    prof.export_chrome_trace(str(trace))
-    events = list(prof.events())
-    if args.device == "cuda":
-        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-        what = "CUDA kernels and copies"
+    summary = profile_summary(prof, args.device, trace)
+    if "error" in summary:
+        out.emit("profile", **summary)
     else:
-        kernels = [e for e in events if e.device_type == DeviceType.CPU and not e.cpu_children]
-        what = "CPU leaf operators, standing in for kernels (a convolution shows as its parts)"
-    if not kernels:
-        out.emit("profile", error="the profiler recorded no kernels (CUPTI unavailable?)", trace=str(trace))
-        return
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    start = min(e.time_range.start for e in events)
-    end = max(e.time_range.end for e in kernels)
-    busy = busy_time(spans)
-    span = max(1e-9, end - start)
-    by_kind: collections.Counter[str] = collections.Counter()
-    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    for e in kernels:
-        d = e.time_range.end - e.time_range.start
-        by_kind[kernel_kind(e.name)] += d
-        by_name[e.name][0] += d
-        by_name[e.name][1] += 1
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
-    out.emit(
-        "profile",
-        layout=layout,
-        mode=mode,
-        batch=batch,
-        clip="x".join(map(str, args.size)),
-        step_ms=round(span / 1e3, 3),
-        kernels=len(kernels),
-        kernels_are=what,
-        shares={k: round(v / span, 4) for k, v in by_kind.most_common()},
-        idle_share=round(1 - busy / span, 4),
-        top_kernels=[
-            {"name": n[:140], "kind": kernel_kind(n), "ms": round(t / 1e3, 3), "calls": c}
-            for n, (t, c) in top
-        ],
-        trace=str(trace),
-    )
+        out.emit(
+            "profile", layout=layout, mode=mode, batch=batch, clip="x".join(map(str, args.size)), **summary
+        )
     del model, opt, video, prof
     free(args.device)
 

@@ -168,7 +168,7 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     skipped = [row["skipped"] for row in grid if "skipped" in row]
     assert any("no CUDA" in s for s in skipped) and len(skipped) == 3  # compile, and max for 2 layouts
 
-    step, syncs = by("trainer")
+    step, syncs, profiled = by("trainer")
     assert step["zero"] == 2 and step["clips_per_s"] > 0 and step["ratio_to_bare"] > 0
     assert step["bare_clips_per_s"] > 0 and "no CUDA" in step["prefetch"]
     assert step["trainer_peak_tflops"] is None  # on CPU the trainer reports no MFU
@@ -176,9 +176,14 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     # fp32 on CPU: the trainer reads each micro-batch's loss (the GPU's bf16 loop does not)
     assert syncs["trainer_per_step"] > 0 and any("train.py" in site for site in syncs["hooked_sites"])
 
+    # one real train_step profiled, as the bare loop's step below: its kernels and the host's work
+    assert profiled["what"] == "profiled step" and profiled["zero"] == 2
+    assert Path(profiled["trace"]).is_file() and profiled["kernels"] > 0 and profiled["top_kernels"]
+    assert any(h["self_cpu_ms"] > 0 for h in profiled["host_top"])
+
     (profile,) = by("profile")
     assert Path(profile["trace"]).is_file() and profile["kernels"] > 0
-    assert 0 <= profile["idle_share"] <= 1 and profile["top_kernels"]
+    assert 0 <= profile["idle_share"] <= 1 and profile["top_kernels"] and profile["host_top"]
 
     inputs = {row["what"]: row for row in by("input")}
     assert inputs["H2D uint8 batch"]["skipped"] == "no CUDA"
