@@ -58,8 +58,13 @@ convs() { # every convolution of a step timed alone, and padded to 8 channels wh
 decoders() { # NVDEC through PyAV's own FFmpeg against its CPU decode, on 1080p H.264 (the wheel, no torchcodec)
     timeout "$(share "$1")" $PY benchmarks/decoders.py --sets 1920x1080-60f --make 1 --clips 12
 }
-forensics() { # NVML as the node agent reads it, and NCCL's Flight Recorder on a hang
+forensics() { # NVML as the node agent reads it (and the live NVML test), NCCL's Flight Recorder on a hang
     timeout 15 $PY -m taehv_console.core.watch.agent --interval 0.5 --count 3 > "$OUT/nvml.jsonl" < /dev/null
+    if $PY -c "import pytest" 2> /dev/null; then
+        timeout 60 $PY -m pytest -q -rA -p no:cacheprovider tests/core/watch/test_agent.py -k live_nvml
+    else
+        echo "pytest does not import: the live NVML test was not run (its wheels: docs/performance.md)"
+    fi
     timeout "$(share "$1")" $PY benchmarks/nccl_forensics.py "$OUT/work" --timeout-s 10
     tar -C "$OUT/work" -czf "$OUT/fr.tar.gz" fr 2> /dev/null
     rm -rf "$OUT/work"

@@ -22,6 +22,12 @@ each rank's last heartbeat: the waiting rank's must say `waiting_op` all_reduce,
 its `waiting_since`; with two GPUs, rank 1 (which never joins) must not say it waits. While rank 0
 waits, it is asked for its own stack dump (faulthandler on SIGUSR2, what forensics takes where
 py-spy is refused): `self_dump` says whether it came and where the main thread stood.
+
+Then NCCL's RAS service is asked about the job the way the console's forensics would
+(`taehv_console.core.forensics.ras`): `ras` in `summary.json` holds the NCCL the rank has loaded,
+whether the console's version policy lets it ask (and why), and where it does, RAS's reply
+(`fr/ras.txt`) and its one-line verdict. With `--ras-anyway` it asks a version the policy refuses
+too; the known bug of those versions can crash the rank before its Flight Recorder dump.
 """
 
 from __future__ import annotations
@@ -97,10 +103,39 @@ def _self_dump(proc: subprocess.Popen, fr: Path, deadline: float) -> dict:
     return {"kind": "not asked", "error": "rank 0 never finished its first 3 all-reduces"}
 
 
+def _ras(proc: subprocess.Popen, fr: Path, anyway: bool) -> dict:
+    """NCCL RAS asked about the job while rank 0 waits, as the console's forensics asks it."""
+    from taehv_console.core.forensics import ras
+
+    if proc.poll() is not None:
+        return {"kind": "not asked", "error": "rank 0 had already exited"}
+    lib = ras.loaded_nccl(proc.pid)
+    version = ras.nccl_version_of(lib) if lib else None
+    allowed, why = ras.may_query(version)
+    out: dict[str, object] = {
+        "nccl_lib": lib,
+        "version": ".".join(map(str, version)) if version else None,
+        "console_asks": allowed,
+        "policy": why,
+    }
+    if not lib:
+        return {**out, "kind": "unavailable", "error": "rank 0 has no NCCL library mapped"}
+    if not allowed and not anyway:
+        return {**out, "kind": "not asked", "error": "the console's version policy refuses it (--ras-anyway)"}
+    t0 = time.monotonic()
+    reply = ras.query()
+    (fr / "ras.txt").write_text(reply["text"])
+    out.update(kind=reply["kind"], error=reply["error"], seconds=round(time.monotonic() - t0, 2))
+    if reply["kind"] == "ok":
+        out["verdict"] = ras.parse_status(reply["text"]).line()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--timeout-s", type=float, default=20.0)
+    p.add_argument("--ras-anyway", action="store_true", help="ask RAS where the version policy would not")
     args = p.parse_args()
     import torch
 
@@ -138,6 +173,7 @@ def main() -> int:
         procs.append((subprocess.Popen([sys.executable, "-c", RANK], env=env, stderr=log, stdout=log), log))
     start = time.monotonic()
     summary["self_dump"] = _self_dump(procs[0][0], fr, start + args.timeout_s * 2)
+    summary["ras"] = _ras(procs[0][0], fr, args.ras_anyway)
     codes = []
     for proc, log in procs:
         try:
