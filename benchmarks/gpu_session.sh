@@ -39,8 +39,9 @@ eager() { # peak rates and the bare loop, eager, both layouts (max batch searche
 trainer() { # the real trainer as the GPU presets run it: ZeRO-2, channels_last, compiled
     tp --only trainer --zero 2 --trainer-compile --trainer-batch 8 --time-limit-s "$(share "$1")"
 }
-compiled() { # the bare loop compiled in the presets' layout, and one compiled step profiled
-    tp --only grid,profile --layouts channels_last --modes compile --batches 8 \
+compiled() { # the bare loop compiled in the presets' layout, reconstruction and distillation on cached
+    # teacher latents (one compile serves both), and one compiled step profiled
+    tp --only grid,profile --layouts channels_last --modes compile --batches 8 --step recon,distill \
         --profile-mode compile --profile-batch 8 --time-limit-s "$(share "$1")"
 }
 inputs() { # where an eager step's time goes, the input path, the 64x64 crop recipe
@@ -69,7 +70,7 @@ forensics() { # NVML as the node agent reads it (and the live NVML test), NCCL's
     tar -C "$OUT/work" -czf "$OUT/fr.tar.gz" fr 2> /dev/null
     rm -rf "$OUT/work"
 }
-for step in ${STEPS:-eager:18 trainer:24 compiled:18 inputs:15 convs:9 decoders:8 forensics:8}; do
+for step in ${STEPS:-eager:18 trainer:22 compiled:22 inputs:14 convs:8 decoders:8 forensics:8}; do
     "${step%%:*}" "${step##*:}"
 done
 n=0

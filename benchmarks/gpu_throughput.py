@@ -200,19 +200,24 @@ def section_grid(args: Any, out: Out) -> None:
                     batch = int(maxes[layout] or 0)
                 else:
                     batch = int(batch_spec)
-                cell = cell_or_error(
-                    measure_bare, layout, mode, batch, args.size, args, args.step == "distill"
-                )
-                # The search's two steps can fit where the timed loop does not (on an H100, 14 clips
-                # fitted two steps and the timed loop ran out of memory): step down, a few times.
-                tries = 3 if batch_spec == "max" else 0
-                while cell.get("oom") and tries and batch > 1:
-                    out.emit("grid", layout=layout, mode=mode, batch=batch, **cell, max_batch=True)
-                    batch, tries = batch - 1, tries - 1
-                    cell = cell_or_error(
-                        measure_bare, layout, mode, batch, args.size, args, args.step == "distill"
-                    )
-                out.emit("grid", layout=layout, mode=mode, batch=batch, **cell, max_batch=batch_spec == "max")
+                # recon, then distill on cached latents where asked: in one process the compiled
+                # stages' graphs serve both (the teacher's latents have the student's shape)
+                for kind in args.step:
+                    _grid_cell(out, args, layout, mode, batch, batch_spec == "max", kind == "distill")
+
+
+def _grid_cell(
+    out: Out, args: argparse.Namespace, layout: str, mode: str, batch: int, at_max: bool, distill: bool
+):
+    cell = cell_or_error(measure_bare, layout, mode, batch, args.size, args, distill)
+    # The search's two steps can fit where the timed loop does not (on an H100, 14 clips fitted two
+    # steps and the timed loop ran out of memory): step down, a few times.
+    tries = 3 if at_max else 0
+    while cell.get("oom") and tries and batch > 1:
+        out.emit("grid", layout=layout, mode=mode, batch=batch, **cell, max_batch=True)
+        batch, tries = batch - 1, tries - 1
+        cell = cell_or_error(measure_bare, layout, mode, batch, args.size, args, distill)
+    out.emit("grid", layout=layout, mode=mode, batch=batch, **cell, max_batch=at_max)
 
 
 # ---------------------------------------------------------------- the session
@@ -254,9 +259,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch-cap", type=int, default=64, help="the max-batch search stops here")
     p.add_argument(
         "--step",
-        choices=("recon", "distill"),
         default="recon",
-        help="grid: the reconstruction step, or distillation on cached latents (encode, decode, decode of the latents)",
+        help="grid: recon (the reconstruction step), distill (distillation on cached latents: encode, "
+        "decode, decode of the latents), or both: recon,distill",
     )
     p.add_argument(
         "--zero", default="2,3,1", help="trainer: ZeRO stages, one process each (ZeRO-1 accumulates 2)"
@@ -285,8 +290,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         unknown |= set(getattr(args, name)) - allowed
     args.batches = args.batches.split(",")
     unknown |= {b for b in args.batches if b != "max" and not b.isdigit()}
+    args.step = args.step.split(",")
+    unknown |= set(args.step) - {"recon", "distill"}
     if unknown:
-        p.error(f"unknown section, layout, mode or batch: {', '.join(sorted(unknown))}")
+        p.error(f"unknown section, layout, mode, batch or step: {', '.join(sorted(unknown))}")
     try:
         args.size = FULL if args.size == "12x480x720" else tuple(int(v) for v in args.size.split("x"))
         assert (

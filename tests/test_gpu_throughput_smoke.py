@@ -134,6 +134,9 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
             only,
             "--zero",
             "2",
+            # the grid's cells for the reconstruction step and distillation on cached latents
+            "--step",
+            "recon,distill",
             # the trainer's run.toml carries it (compile itself is CUDA-only here): it must validate
             "--compile-mode",
             "max-autotune-no-cudagraphs",
@@ -157,9 +160,12 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
 
     grid = by("grid")
     cells = [row for row in grid if "clips_per_s" in row]
-    assert {(c["layout"], c["batch"]) for c in cells} == {
-        (lay, b) for lay in ("nchw", "channels_last") for b in (1, 2)
-    }
+    assert sorted((c["layout"], c["batch"], c["step"]) for c in cells) == sorted(
+        (lay, b, step) for lay in ("nchw", "channels_last") for b in (1, 2) for step in ("recon", "distill")
+    )
+    # distillation also decodes the teacher's latents: 1.69x the reconstruction step's FLOPs
+    flops = {(c["layout"], c["batch"], c["step"]): c["tflop_per_clip_step"] for c in cells}
+    assert flops["nchw", 1, "distill"] == pytest.approx(1.69 * flops["nchw", 1, "recon"], rel=0.02)
     for c in cells:
         assert c["mode"] == "eager" and c["clips_per_s"] > 0
         assert c["step_ms_p90"] >= c["step_ms_median"] > 0
