@@ -18,7 +18,8 @@ too: its CPU-s and wall-s per clip, the output left on the GPU.
 NVDEC through PyAV itself (`pyav-nvdec`): the trainer's read with `hwaccel=HWAccel("cuda")`, which
 PyAV's own FFmpeg supports (its wheels bundle the cuda hwaccel and nv-codec headers), so it runs
 on a GPU machine with nothing but the wheel: no system FFmpeg, no torch. Frames come back to host
-memory as the trainer's read returns them; its pixels are compared with the CPU decode's. Where
+memory as the trainer's read returns them; its pixels are compared with the CPU decode's. Each
+read opens the file anew, as the loader does, on the device's primary CUDA context. Where
 there is no NVDEC, the reason is said. Generated sets are photo clips where scikit-image and SciPy
 import, else the analytic clips (`trainer.synthetic.make_synthetic`), which need only NumPy.
 `--sets` picks generated sets by name (the GPU session reads only the 1080p one).
@@ -78,7 +79,8 @@ def _nvdec(path: Path, frames: int):
         return None, f"this PyAV has no hwaccel ({err})"
     if "cuda" not in hwdevices_available():
         return None, f"this PyAV's FFmpeg has no cuda hwaccel (it has: {', '.join(hwdevices_available())})"
-    hwaccel = HWAccel("cuda")
+    # the device's primary CUDA context (torch's too): each open would otherwise create a context
+    hwaccel = HWAccel("cuda", options={"primary_ctx": "1"})
     try:
         read_frames(path, list(range(frames)), hwaccel=hwaccel)
     except (av.FFmpegError, OSError) as err:  # no CUDA driver or device, no NVDEC for this codec
