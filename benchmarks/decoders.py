@@ -198,12 +198,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sets = args.sets.split(",") if args.sets else None
         folders = args.dirs or _write_sets(args.keep or Path(tmp), args.make, sets)
-        nvdec, nvdec_probed = None, False
+        nvdec = None
         for folder in folders:
             # one untimed clip each first: library loading and first-open costs stay out of the figures
             lengths = _long_enough(folder, args.frames, args.step)
-            if not nvdec_probed:
-                nvdec_probed = True
+            if folder is folders[0]:  # NVDEC probed once, on the first set's first video
                 nvdec, why = _nvdec(next(iter(lengths)), args.frames)
                 print(
                     "PyAV NVDEC: " + ("yes, the pyav-nvdec row" if nvdec is not None else f"not here ({why})")

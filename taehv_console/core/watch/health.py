@@ -293,11 +293,11 @@ def assess_ranks(
         # collective go stale a beat apart (beats are written at most once a second), and the first
         # of them is not at fault for that: another rank moves on only once it progressed clearly
         # after the stale ones stopped. Until then a stale rank is judged on its own evidence alone.
-        gap = max((stall_after or 0.0) / 2, BEAT_EVERY_S)
-        moving = any(ages[r] + gap <= min(stale.values()) for r in others)
+        moved_on_before = min(stale.values()) - max((stall_after or 0.0) / 2, BEAT_EVERY_S)
+        moving = any(ages[r] <= moved_on_before for r in others)
         for r, age in stale.items():
             if out[r].process in _STOPPED:
-                detail = f"process {out[r].pid} of rank {r} is stopped (signal); no heartbeat progress for {age:.0f} s"
+                detail = f"{_stopped_evidence(out[r])}; no heartbeat progress for {age:.0f} s"
             elif moving:
                 detail = f"no heartbeat progress for {age:.0f} s while other ranks progress"
             else:  # in doubt for a poll or two: the others stop too (a collective stall) or move on
@@ -314,6 +314,10 @@ def assess_ranks(
                 f"fastest rank (score {h.score:.2f})",
             )
     return tuple(out[r] for r in sorted(out)), collective
+
+
+def _stopped_evidence(h: RankHealth) -> str:
+    return f"process {h.pid} of rank {h.rank} is stopped (signal)"
 
 
 def _collective(
@@ -338,7 +342,7 @@ def _collective(
     elif stopped:
         culprits, evidence = (
             stopped,
-            f"process {out[stopped[0]].pid} of rank {stopped[0]} is stopped (signal)",
+            _stopped_evidence(out[stopped[0]]),
         )
     elif waiting and not_waiting:
         culprits = not_waiting
