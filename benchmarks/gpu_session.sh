@@ -53,6 +53,12 @@ autotune() { # compiled with max-autotune (Triton conv templates against cuDNN, 
     timeout "$s" $PY benchmarks/gpu_throughput.py --out "$OUT" --only grid --layouts channels_last \
         --modes compile --batches 8 --compile-mode max-autotune-no-cudagraphs --time-limit-s "$s"
 }
+compilecache() { # a compiled run's first step on an empty Inductor cache: cold, from the run's
+    # compile cache, and on a warm machine (three trainer processes, about 3 minutes; a follow-up:
+    # STEPS="compilecache:100")
+    local s; s=$(share "$1")
+    timeout "$s" $PY benchmarks/compile_cache.py --device cuda --out "$OUT" --timeout-s "$((s / 2))"
+}
 convs() { # every convolution of a step timed alone, and padded to 8 channels where it is not
     timeout "$(share "$1")" $PY benchmarks/conv_shapes.py --out "$OUT"
 }

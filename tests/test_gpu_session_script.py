@@ -23,9 +23,9 @@ def test_every_default_part_is_defined_and_the_shares_fill_the_budget():
     assert {"eager", "trainer", "decoders", "forensics"} <= set(parts)
 
 
-def _throughput_calls(text: str) -> dict[str, list[list[str]]]:
-    """Each part's calls of gpu_throughput.py (through `tp` or by path), as argument lists, with
-    the shell's expansions replaced by plain values."""
+def _throughput_calls(text: str, script: str = "gpu_throughput.py") -> dict[str, list[list[str]]]:
+    """Each part's calls of a benchmark (gpu_throughput.py: through `tp` too, or by path), as argument
+    lists, with the shell's expansions replaced by plain values."""
     import shlex
 
     text = text.replace("\\\n", " ")
@@ -35,24 +35,28 @@ def _throughput_calls(text: str) -> dict[str, list[list[str]]]:
         for line in body.splitlines():
             line = re.sub(r'"\$\([^)]*\)\)"|"\$\(share "\$1"\)"|"\$s"', "60", line.split(" #")[0])
             words = shlex.split(line.replace('"$OUT"', "/tmp/out").replace("$PY", "python3"))
-            if words[:1] == ["tp"]:
+            if words[:1] == ["tp"] and script == "gpu_throughput.py":
                 calls.setdefault(name, []).append(words[1:])
-            elif "benchmarks/gpu_throughput.py" in words:
-                calls.setdefault(name, []).append(words[words.index("benchmarks/gpu_throughput.py") + 1 :])
+            elif f"benchmarks/{script}" in words:
+                calls.setdefault(name, []).append(words[words.index(f"benchmarks/{script}") + 1 :])
     return calls
+
+
+def _load(name: str):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"{name}_for_session", SCRIPT.parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_call_of_the_throughput_benchmark_parses():
     """A flag the benchmark does not know would end that part at once on the GPU."""
-    import importlib.util
-    import sys
-
-    path = SCRIPT.parent / "gpu_throughput.py"
-    spec = importlib.util.spec_from_file_location("gpu_throughput_for_session", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = _load("gpu_throughput")
     calls = _throughput_calls(SCRIPT.read_text())
     assert {"eager", "trainer", "compiled", "inputs", "autotune"} <= set(calls), calls
     for part, argv_list in calls.items():
@@ -61,3 +65,11 @@ def test_every_call_of_the_throughput_benchmark_parses():
             assert args.sections, (part, argv)
     compiled = bench.parse(calls["compiled"][0])
     assert compiled.step == ["recon", "distill"] and compiled.modes == ["compile"]
+
+
+def test_the_compile_cache_part_parses():
+    calls = _throughput_calls(SCRIPT.read_text(), "compile_cache.py")
+    assert list(calls) == ["compilecache"], calls
+    (argv,) = calls["compilecache"]
+    args = _load("compile_cache").parse(argv)  # SystemExit 2 on an unknown flag
+    assert args.device == "cuda" and args.out is not None and args.timeout_s == 60, args

@@ -16,6 +16,7 @@ from deepspeed.checkpoint.constants import (
 from safetensors.torch import load_file
 
 from trainer import checkpoint as ckpt
+from trainer.compile_cache import CompileCache, open_cache
 from trainer.config import TrainConfig
 from trainer.discriminator import Adversary
 from trainer.ds_config import deepspeed_skips_nonfinite_step, effective_deepspeed_config
@@ -41,6 +42,8 @@ class Learner:
     # checks only fp16; the discriminator, which DeepSpeed does not step) the trainer checks each
     # micro-batch's loss and skips it on every rank.
     nonfinite_guard: str
+    # the run's compile cache (trainer.compile_cache), loaded before the first compile; None uncompiled
+    compile_cache: CompileCache | None = None
 
     @property
     def module(self) -> TAEHV:
@@ -84,8 +87,13 @@ def build_learner(
     if universal:
         # DeepSpeed reads this when load_checkpoint runs; accelerate keeps its own copy of the config
         rt.accelerator.state.deepspeed_plugin.deepspeed_config["checkpoint"] = {"load_universal": True}
+    compile_cache = None
     if cfg.model.compile:
-        # each encoder/decoder stage: decode on teacher latents runs compiled too
+        # each encoder/decoder stage: decode on teacher latents runs compiled too; from the run's
+        # cache where a rank (of this attempt or an earlier one, on any node) compiled them before
+        compile_cache = open_cache(rt.run_dir, rt.device, writer=rt.is_main)
+        if compile_cache.error:
+            rt.log.warning(f"compile cache: {compile_cache.error}")
         model.compile_stages(mode=cfg.model.compile_mode)
     teacher = None
     if teacher_cpu is not None:
@@ -121,4 +129,5 @@ def build_learner(
             if adversary is None and deepspeed_skips_nonfinite_step(zero_stage, rt.precision)
             else "micro-batch"
         ),
+        compile_cache=compile_cache,
     )

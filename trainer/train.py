@@ -85,8 +85,14 @@ class Trainer:
         stop_reason = "done"
         if cfg.schedule.val_at_start and state.step == 0:
             self.validate()
+        first_step = True
         while state.step < cfg.optim.max_steps:
-            if self.train_step():
+            t0 = time.perf_counter()
+            stop_agreed = self.train_step()
+            if first_step:
+                first_step = False
+                self.compiled(time.perf_counter() - t0)
+            if stop_agreed:
                 stop_reason = "signal"
                 break
             if state.step % cfg.schedule.val_every == 0:
@@ -112,6 +118,8 @@ class Trainer:
         EMA on, the EMA weights are what a user takes away, so they choose best/; the untrained model
         (a validation at step 0) is a baseline, never the best weights."""
         result = self.validator(self.state)
+        if self.learner.compile_cache is not None:
+            self.learner.compile_cache.save_new()  # the first validation compiles its no-grad graphs
         if not result:
             return result
         chosen_by = "ema_psnr" if "ema_psnr" in result else "psnr"
@@ -119,6 +127,23 @@ class Trainer:
             self.state.best_psnr = result[chosen_by]
             self.ckpts.export("best", {**result, "chosen_by": chosen_by}, self.learner)
         return result
+
+    def compiled(self, first_step_s: float) -> None:
+        """After this attempt's first step, in a compiled run: rank 0 saves what it compiled into the
+        run's compile cache, and every rank tells how long the step took and what came from the cache
+        (the `compile` event)."""
+        cache = self.learner.compile_cache
+        if cache is None:
+            return
+        cache.save_new()
+        summary = cache.summary()
+        self.rt.events.emit(
+            "compile", step=self.state.step, first_step_s=round(first_step_s, 3), cache=summary
+        )
+        self.rt.log.info(
+            f"first step {first_step_s:.1f} s, compiling: {summary['hits']} graphs from the compile cache "
+            f"({summary['loaded']} artifacts loaded from the run's), {summary['misses']} compiled"
+        )
 
     def train_step(self) -> bool:
         """One optimizer step (grad_accum micro-batches). Returns True when all ranks agreed to stop."""

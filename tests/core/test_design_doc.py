@@ -46,6 +46,7 @@ RECEIVERS: dict[str, dict[str, str | None]] = {
         "e": EVENT,
         "prev": EVENT,  # the previous step event
         "call:max": EVENT,  # the newest complete checkpoint event
+        "cache": EVENT,  # a compile event's cache
     },
     "taehv_console/core/watch/health.py": {"s": LOG_SIGNAL},
     "taehv_console/core/watch/state.py": {

@@ -4,14 +4,17 @@ deepspeed.initialize (DeepSpeed views each parameter as flat bytes; NHWC weights
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import tomllib
 
 from tests.trainer.runs import base_config, events, run_to_end, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _losses(tmp_path_factory, clip_dir, name: str, zero: int, **model) -> list[float]:
+def _run(tmp_path_factory, clip_dir, name: str, zero: int, env: dict | None = None, **model):
     cfg = base_config(
         clip_dir,
         model=model,
@@ -22,10 +25,14 @@ def _losses(tmp_path_factory, clip_dir, name: str, zero: int, **model) -> list[f
         schedule={"val_every": 100, "checkpoint_every": 100},
     )
     run = write_run(tmp_path_factory.mktemp(name) / "run", cfg)
-    run_to_end(run, 2)
+    run_to_end(run, 2, env=env)
     steps = events(run, 0, "step")
     assert [e["step"] for e in steps] == [1, 2, 3]
-    return [e["loss"] for e in steps]
+    return run, [e["loss"] for e in steps]
+
+
+def _losses(tmp_path_factory, clip_dir, name: str, zero: int, **model) -> list[float]:
+    return _run(tmp_path_factory, clip_dir, name, zero, **model)[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +48,35 @@ def test_channels_last_trains_like_the_plain_model(tmp_path_factory, clip_dir, p
     assert got[-1] != plain[zero][0]  # the weights did move, so later steps compare updated models
 
 
-def test_compile_trains_like_the_plain_model_under_zero2(tmp_path_factory, clip_dir, plain):
-    got = _losses(tmp_path_factory, clip_dir, "compiled", 2, compile=True, channels_last=True)
+def test_compile_trains_like_the_plain_model_under_zero2_and_a_fresh_machine_compiles_from_the_run(
+    tmp_path_factory, clip_dir, plain
+):
+    # Inductor's own cache in a directory of this test's: the resume below, on an empty one, stands
+    # for a restarted pod or a spare node, whose /tmp never saw this model
+    inductor = tmp_path_factory.mktemp("inductor")
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(inductor / "first")}
+    run, got = _run(tmp_path_factory, clip_dir, "compiled", 2, env=env, compile=True, channels_last=True)
     assert got == pytest.approx(plain[2], rel=2e-3), (got, plain[2])
+    first = {r: events(run, r, "compile") for r in (0, 1)}
+    assert [len(first[r]) for r in (0, 1)] == [1, 1], first
+    # no cache yet: every stage compiled, and rank 0 wrote a part of it after the first step
+    cache = first[0][0]["cache"]
+    assert cache["loaded"] == 0 and cache["hits"] == 0 and cache["misses"] > 0 and cache["saved"] > 0, cache
+    assert cache["error"] is None and first[1][0]["cache"]["saved"] == 0, first
+    folder = Path(cache["folder"])
+    parts = sorted(p.name for p in folder.iterdir())
+    # one part after the first step, one after the validation (its no-grad graphs)
+    assert folder.parent == run / "compile-cache" and parts == ["part-1.bin", "part-2.bin"], parts
+
+    cfg = tomllib.loads((run / "run.toml").read_text())
+    cfg["optim"]["max_steps"] = 4
+    write_run(run, cfg)
+    run_to_end(run, 2, ("--resume", "latest"), env={"TORCHINDUCTOR_CACHE_DIR": str(inductor / "fresh")})
+    for r in (0, 1):
+        again = events(run, r, "compile")[-1]
+        assert again["step"] == 4, again
+        c = again["cache"]
+        # every graph from the run's cache, nothing compiled, and so no part written again
+        assert c["loaded"] >= cache["saved"] and c["hits"] > 0 and c["misses"] == 0, c
+        assert c["saved"] == 0 and c["error"] is None, c
+    assert sorted(p.name for p in folder.iterdir()) == parts

@@ -144,6 +144,20 @@ class EventFold:
                 if self.best_val_psnr is None or psnr > self.best_val_psnr:
                     self.best_val_psnr = float(psnr)
                 self._notice(t, "info", f"validation at step {ev.get('step')}: PSNR {psnr:.2f} dB", r)
+        elif kind == "compile" and r == 0:
+            cache = ev.get("cache")
+            if not isinstance(cache, dict):
+                cache = {}
+            secs = ev.get("first_step_s")
+            took = f"{secs:.0f} s" if isinstance(secs, (int, float)) else "?"
+            error = cache.get("error")
+            self._notice(
+                t,
+                "warning" if error else "info",
+                f"first step {took} with compilation: {cache.get('hits', 0)} graphs from the run's "
+                f"compile cache, {cache.get('misses', 0)} compiled" + (f" ({error})" if error else ""),
+                r,
+            )
         elif kind == "data":
             self.data_skipped += 1
             self._notice(t, "warning", f"rank {r} skipped {ev.get('path')}: {ev.get('reason')}", r)

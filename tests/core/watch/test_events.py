@@ -132,6 +132,20 @@ def test_save_in_flight_until_it_completes_or_fails():
     assert f.notices[-1].severity == "error" and "disk full" in f.notices[-1].text
 
 
+def test_rank_0s_compile_event_is_one_notice_and_a_cache_that_did_not_load_is_a_warning():
+    f = EventFold()
+    cache = {"folder": "/r/compile-cache/x", "loaded": 0, "hits": 0, "misses": 13, "saved": 14, "error": None}
+    f.feed(0, [_line(kind="compile", step=1, first_step_s=48.2, cache=cache)])
+    f.feed(1, [_line(rank=1, kind="compile", step=1, first_step_s=47.9, cache={**cache, "saved": 0})])
+    assert [n.text for n in f.notices] == [
+        "first step 48 s with compilation: 0 graphs from the run's compile cache, 13 compiled"
+    ]
+    assert f.notices[-1].severity == "info"
+    bad = {**cache, "error": "/r/compile-cache/x/part-1.bin: not a torch 2.13.0 compile cache (ignored)"}
+    f.feed(0, [_line(time=2.0, kind="compile", step=4, first_step_s=50.0, cache=bad)])
+    assert f.notices[-1].severity == "warning" and "part-1.bin: not a torch" in f.notices[-1].text
+
+
 def test_bad_and_partial_lines_are_counted_not_fatal():
     f = EventFold()
     f.feed(0, [b"", b"{not json", b"[1,2]", _step(1)])
