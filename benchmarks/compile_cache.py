@@ -15,7 +15,7 @@ On CPU the parts hold Inductor's graphs but not the C++ they compile into, which
 builds again; on a GPU they also hold the Triton kernels, so `run-cache` should come close to
 `warm-machine` there.
 
-    .venv/bin/python benchmarks/compile_cache.py                       # CPU, 8x32x32 clips: ~4 min
+    .venv/bin/python benchmarks/compile_cache.py                       # CPU, 8x32x32 clips: ~2 min
     python3 benchmarks/compile_cache.py --device cuda --out "$OUT"     # 12x480x720, batch 2
 """
 
