@@ -32,18 +32,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # _trainer_run, imported where used: the parent process never builds a trainer
 ATTEMPTS = ("cold", "run-cache", "warm-machine")
 
 
 def child(run: Path) -> None:
-    sys.path.insert(0, str(HERE))
     from _trainer_run import build_trainer
 
     build_trainer(run).train()
 
 
 def attempt(work: Path, name: str, args: argparse.Namespace, cache_from: Path | None, inductor: Path) -> dict:
-    sys.path.insert(0, str(HERE))
     from _trainer_run import write_run
 
     frames, h, w = args.size

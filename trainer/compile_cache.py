@@ -14,12 +14,13 @@ is reported and passed over: the cache can only save time, never fail a run.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.events import atomic_write_text
 
 CACHE_DIR = "compile-cache"
 
@@ -95,8 +96,8 @@ class CompileCache:
         self.error = "; ".join(problems) or None
 
     def save_new(self) -> bool:
-        """Write a new part when this process compiled a graph the cache lacked (rank 0 only), via a
-        temp file and os.replace: a reader sees a whole part or none."""
+        """Write a new part when this process compiled a graph the cache lacked (rank 0 only),
+        atomically: a reader sees a whole part or none."""
         misses = _inductor_counters()["misses"]
         if not self.writer or misses <= self._saved_at_misses:
             return False
@@ -109,17 +110,11 @@ class CompileCache:
         if saved is None:
             return False
         data, info = saved
-        tmp = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             n = max((i for i, _ in _parts(self.folder)), default=0) + 1
-            path = self.folder / f"part-{n}.bin"
-            tmp = self.folder / f".{path.name}.{os.getpid()}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            atomic_write_text(self.folder / f"part-{n}.bin", data)
         except OSError as e:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
             self.error = f"{self.folder}: not written: {e.strerror or e}"
             return False
         self.saved = sum(len(v) for v in info.artifacts.values())

@@ -70,15 +70,20 @@ def install_stack_dump(run_dir: Path, rank: int) -> Path:
     return path
 
 
-def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:
-    """Write via a temp file in the same directory and os.replace, so readers never see half a file."""
+def atomic_write_text(path: Path, text: str | bytes, fsync: bool = False) -> None:
+    """Write via a temp file in the same directory and os.replace, so readers never see half a file
+    (bytes as they are). A write that fails (a full disk) removes its temp file and raises."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_json(path: Path, fields: dict[str, Any]) -> None:

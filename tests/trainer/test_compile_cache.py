@@ -34,3 +34,20 @@ def test_a_part_that_does_not_load_is_named_and_passed_over(tmp_path):
         "part-1.bin",
         "part-2.bin",
     ]
+
+
+def test_parts_are_written_whole_or_not_at_all(tmp_path):
+    """The trainer's atomic write (trainer.events.atomic_write_text), which the cache's parts go
+    through: bytes as they are, and a write that fails leaves no temp file behind."""
+    from trainer.events import atomic_write_text
+
+    atomic_write_text(tmp_path / "part-1.bin", b"\x00\xffbytes")
+    assert (tmp_path / "part-1.bin").read_bytes() == b"\x00\xffbytes"
+    (tmp_path / "part-2.bin").mkdir()  # os.replace cannot put a file over a folder
+    try:
+        atomic_write_text(tmp_path / "part-2.bin", b"data")
+    except OSError:
+        pass
+    else:
+        raise AssertionError("a write over a folder did not fail")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-1.bin", "part-2.bin"]
