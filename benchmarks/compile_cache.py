@@ -77,7 +77,10 @@ def attempt(work: Path, name: str, args: argparse.Namespace, cache_from: Path | 
         c = compiled[-1]["cache"]
         row.update(
             first_step_s=compiled[-1]["first_step_s"],
-            **{k: c[k] for k in ("loaded", "hits", "misses", "saved", "error")},
+            **{
+                k: c.get(k)
+                for k in ("loaded", "hits", "misses", "aot_hits", "aot_bypasses", "saved", "error")
+            },
         )
     return row
 

@@ -7,7 +7,7 @@ allocation starts with an empty /tmp and compiles every stage again: the first s
 run took 42-61 s from cold on an H100 node, against 12 s warm (docs/performance.md), and every
 recovery on a fresh machine paid it again. Rank 0 saves torch's cache artifacts
 (`torch.compiler.save_cache_artifacts`: Inductor's compiled graphs, with their Triton kernels on a
-GPU, and AOTAutograd's where it can cache one) after the first step and after each validation that
+GPU, and AOTAutograd's traced forward and backward graphs) after the first step and after each validation that
 compiled something new; every rank loads them before its first compile. A file that does not load
 is reported and passed over: the cache can only save time, never fail a run.
 """
@@ -42,6 +42,10 @@ def _inductor_counters() -> dict[str, int]:
     return {
         "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
         "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+        # AOTAutograd's own cache, above Inductor's: a hit skips tracing the graph's forward and
+        # backward; a bypass is a graph it would not keep (traced again in every process)
+        "aot_hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "aot_bypasses": int(counters["aot_autograd"]["autograd_cache_bypass"]),
     }
 
 

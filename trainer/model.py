@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._functorch import config as functorch_config
 from torch.utils.checkpoint import checkpoint
 
 from trainer.frame_ops import (
@@ -139,6 +140,21 @@ def run_order(layers: list[nn.Module]) -> list[nn.Module]:
 def _per_frame(layers: list[nn.Module]) -> bool:
     """True when every layer acts on each frame alone (no memory of past frames, no frames merged)."""
     return not any(isinstance(layer, (MemBlock, TPool, TGrow)) for layer in layers)
+
+
+def cache_custom_autograd_graphs() -> None:
+    """Let AOTAutograd's cache keep graphs that hold a custom autograd.Function (CatPast, the pooled
+    upsample gradient: 7 of the 9 stages).
+
+    torch leaves it off by default (`autograd_cache_allow_custom_autograd_functions`), so those
+    stages were traced forward and backward again in every process, cache or no cache: a warm first
+    step took about 10 s on CPU instead of 5 (benchmarks/compile_cache.py). It is safe for these
+    functions: Dynamo traces a Function's forward and backward into subgraphs of the stage's graph,
+    and the cache key hashes them, so a changed backward compiles anew
+    (tests/trainer/test_compile_cache.py checks it). A torch without the setting keeps its default.
+    """
+    if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
+        functorch_config.autograd_cache_allow_custom_autograd_functions = True
 
 
 class _Stage(nn.Module):
@@ -324,6 +340,7 @@ class TAEHV(nn.Module):
         # silently run eager; 8 per stage leaves room for a few sizes.
         limit = 8 * len(stages)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+        cache_custom_autograd_graphs()
         for stage in stages:
             stage.compile(**kwargs)
         return self

@@ -1,6 +1,7 @@
-"""The run's compile cache (trainer.compile_cache) at its edges, in this process: where its parts
-live, and parts that cannot load. Saving and loading real compiled stages across machines is a
-real run's test (tests/trainer/test_speed_options.py)."""
+"""The run's compile cache (trainer.compile_cache) at its edges: where its parts live, parts that
+cannot load, and what AOTAutograd's cache may keep (fresh processes sharing one Inductor cache).
+Saving and loading real compiled stages across machines is a real run's test
+(tests/trainer/test_speed_options.py)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,73 @@ def test_parts_are_written_whole_or_not_at_all(tmp_path):
     else:
         raise AssertionError("a write over a folder did not fail")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part-1.bin", "part-2.bin"]
+
+
+CUSTOM_FUNCTION_CHILD = """
+import json, sys
+import torch
+from torch._dynamo.utils import counters
+from trainer.model import cache_custom_autograd_graphs
+
+K = float(sys.argv[1])
+if sys.argv[2] == "allow":
+    cache_custom_autograd_graphs()
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * K
+
+
+x = torch.ones(64, requires_grad=True)
+torch.compile(lambda x: (Scale.apply(x) + 1).relu().sum(), dynamic=False)(x).backward()
+aot = counters["aot_autograd"]
+print(json.dumps({"grad": x.grad[0].item(), "hit": aot["autograd_cache_hit"],
+                  "miss": aot["autograd_cache_miss"], "bypass": aot["autograd_cache_bypass"]}))
+"""
+
+
+def test_graphs_with_a_custom_autograd_function_are_cached_and_a_changed_backward_is_not_served_stale(
+    tmp_path,
+):
+    """The model's stages hold custom autograd.Functions, which AOTAutograd's cache passes over by
+    default; compile_stages lets it keep them (trainer.model.cache_custom_autograd_graphs). Each
+    process below compiles the same forward against one Inductor cache: a second process finds the
+    graph, and one whose backward differs gets its own backward, not the cached one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+
+    def run(k: float, allow: bool) -> dict:
+        argv = [sys.executable, "-c", CUSTOM_FUNCTION_CHILD, str(k), "allow" if allow else "default"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run(2, allow=False) == {"grad": 2.0, "hit": 0, "miss": 0, "bypass": 1}  # torch's default
+    assert run(2, allow=True) == {"grad": 2.0, "hit": 0, "miss": 1, "bypass": 0}
+    assert run(2, allow=True) == {"grad": 2.0, "hit": 1, "miss": 0, "bypass": 0}
+    assert run(3, allow=True) == {"grad": 3.0, "hit": 0, "miss": 1, "bypass": 0}
+
+
+def test_compile_stages_lets_the_cache_keep_custom_autograd_graphs():
+    from torch._functorch import config
+
+    from trainer.model import TAEHV
+
+    before = config.autograd_cache_allow_custom_autograd_functions
+    try:
+        config.autograd_cache_allow_custom_autograd_functions = False
+        TAEHV().compile_stages()  # wraps the stages; nothing compiles until they run
+        assert config.autograd_cache_allow_custom_autograd_functions is True
+    finally:
+        config.autograd_cache_allow_custom_autograd_functions = before

@@ -63,6 +63,7 @@ def test_compile_trains_like_the_plain_model_under_zero2_and_a_fresh_machine_com
     cache = first[0][0]["cache"]
     assert cache["loaded"] == 0 and cache["hits"] == 0 and cache["misses"] > 0 and cache["saved"] > 0, cache
     assert cache["error"] is None and first[1][0]["cache"]["saved"] == 0, first
+    assert cache["aot_hits"] == 0 and cache["aot_bypasses"] == 0, cache  # every stage traced and kept
     folder = Path(cache["folder"])
     parts = sorted(p.name for p in folder.iterdir())
     # one part after the first step, one after the validation (its no-grad graphs)
@@ -78,5 +79,7 @@ def test_compile_trains_like_the_plain_model_under_zero2_and_a_fresh_machine_com
         c = again["cache"]
         # every graph from the run's cache, nothing compiled, and so no part written again
         assert c["loaded"] >= cache["saved"] and c["hits"] > 0 and c["misses"] == 0, c
+        # and no stage traced again: AOTAutograd's cache keeps the stages' custom autograd functions
+        assert c["aot_hits"] > 0 and c["aot_bypasses"] == 0, c
         assert c["saved"] == 0 and c["error"] is None, c
     assert sorted(p.name for p in folder.iterdir()) == parts

@@ -154,8 +154,8 @@ class EventFold:
             self._notice(
                 t,
                 "warning" if error else "info",
-                f"first step {took} with compilation: {cache.get('hits', 0)} graphs from the run's "
-                f"compile cache, {cache.get('misses', 0)} compiled" + (f" ({error})" if error else ""),
+                f"first step {took} with compilation: {cache.get('hits', 0)} graphs from cache, "
+                f"{cache.get('misses', 0)} compiled" + (f" ({error})" if error else ""),
                 r,
             )
         elif kind == "data":

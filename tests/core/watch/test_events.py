@@ -138,7 +138,7 @@ def test_rank_0s_compile_event_is_one_notice_and_a_cache_that_did_not_load_is_a_
     f.feed(0, [_line(kind="compile", step=1, first_step_s=48.2, cache=cache)])
     f.feed(1, [_line(rank=1, kind="compile", step=1, first_step_s=47.9, cache={**cache, "saved": 0})])
     assert [n.text for n in f.notices] == [
-        "first step 48 s with compilation: 0 graphs from the run's compile cache, 13 compiled"
+        "first step 48 s with compilation: 0 graphs from cache, 13 compiled"
     ]
     assert f.notices[-1].severity == "info"
     bad = {**cache, "error": "/r/compile-cache/x/part-1.bin: not a torch 2.13.0 compile cache (ignored)"}
