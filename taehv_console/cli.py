@@ -75,7 +75,7 @@ class ConsoleParser(argparse.ArgumentParser):
 
     commands: dict[str, argparse.ArgumentParser]
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+    def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)
         problem = settle(parsed)
         if problem:  # said by the command's parser (its usage line), exits 2
