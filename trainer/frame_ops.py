@@ -128,6 +128,8 @@ class _NearestUp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: int) -> torch.Tensor:
         ctx.scale = scale
+        if torch.compiler.is_compiling():
+            return repeat_pixels(x, scale)  # one generated kernel either way, and no autocast in it
 
         def up(t: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.interpolate(t, scale_factor=scale, mode="nearest")
@@ -144,6 +146,16 @@ class _NearestUp(torch.autograd.Function):
         return _in_pieces(pool, grad, grad[0].numel()), None
 
 
+def repeat_pixels(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """Nearest upsampling by an integer scale as a broadcast view and one copy, in x's layout: the
+    same values as interpolate(mode="nearest"), from operators autocast leaves in x's dtype."""
+    n, c, h, w = x.shape
+    if is_channels_last(x):
+        nhwc = x.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(n, h, scale, w, scale, c)
+        return nhwc.reshape(n, h * scale, w * scale, c).permute(0, 3, 1, 2)
+    return x[:, :, :, None, :, None].expand(n, c, h, scale, w, scale).reshape(n, c, h * scale, w * scale)
+
+
 def upsample_nearest(x: torch.Tensor, scale: int) -> torch.Tensor:
     """Nearest-neighbour upsampling by an integer `scale`, in x's dtype and layout.
 
@@ -157,7 +169,10 @@ def upsample_nearest(x: torch.Tensor, scale: int) -> torch.Tensor:
     if scale == 1:
         return x
     device = x.device.type
-    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+    # Compiled, _NearestUp repeats pixels with operators autocast does not touch, so the stage's
+    # graph holds no autocast region: AOTAutograd's cache passes over a graph that enters one
+    # (torch 2.13), and every process would trace the decoder's upsampling stages again.
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device) and not torch.compiler.is_compiling():
         with torch.autocast(device, enabled=False):
             return _NearestUp.apply(x, scale)
     return _NearestUp.apply(x, scale)  # no autocast here (or a device it has none for, as meta)

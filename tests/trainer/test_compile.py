@@ -30,6 +30,35 @@ def test_every_stage_is_one_graph_with_no_break(channels_last):
     assert h.shape == (n * 4, 3, 16, 16)
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_every_stage_graph_is_one_aotautograds_cache_keeps(channels_last, autocast):
+    """A graph AOTAutograd's cache passes over is traced again in every process, however warm the
+    caches (benchmarks/compile_cache.py). Two things made it pass over stages: the custom autograd
+    functions (torch's default; compile_stages allows them) and, under autocast, the autocast-free
+    region around the upsampling (compiled, the pixels are repeated without one)."""
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_cacheable
+
+    torch._dynamo.reset()
+    graphs: list[str] = []
+
+    def backend(gm, _example_inputs):
+        try:
+            check_cacheable(gm)
+            graphs.append("kept")
+        except BypassAOTAutogradCache as e:
+            graphs.append(str(e).split("\n")[0])
+        return gm.forward
+
+    model = TAEHV().train()
+    if channels_last:
+        model.use_channels_last()
+    model.compile_stages(backend=backend)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        model(torch.rand(1, 4, 3, 16, 16), clamp=False)
+    assert graphs == ["kept"] * 9, graphs
+
+
 def _loss(model: TAEHV, x: torch.Tensor) -> torch.Tensor:
     _z, y = model(x, clamp=False)
     return torch.nn.functional.mse_loss(y, reconstruction_target(x, y.shape[1]))

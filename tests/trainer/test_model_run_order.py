@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from trainer import frame_ops
-from trainer.frame_ops import CatPast, drop_leading_frames, shift_one_frame, upsample_nearest
+from trainer.frame_ops import CatPast, drop_leading_frames, repeat_pixels, shift_one_frame, upsample_nearest
 from trainer.model import TAEHV, TGrow, TPool, reconstruction_target, run_order
 
 
@@ -155,3 +155,16 @@ def test_upsample_nearest_keeps_dtype_and_layout_and_splits_past_the_kernel_limi
     grad = nn.functional.avg_pool2d(torch.arange(y.numel()).reshape(y.shape).float(), 2) * 4
     torch.testing.assert_close(x.grad.float(), grad, rtol=1e-2, atol=1.0)
     assert upsample_nearest(x, 1) is x
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_repeated_pixels_are_nearest_upsampling_in_the_same_dtype_and_layout(channels_last):
+    # the compiled upsample (no autocast region in the stage's graph): same values, layout and dtype
+    x = torch.randn(3, 4, 5, 7).to(torch.bfloat16)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = repeat_pixels(x, 2)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 4, 10, 14)
+    assert torch.equal(y.float(), nn.functional.interpolate(x.float(), scale_factor=2, mode="nearest"))
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
