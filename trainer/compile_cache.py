@@ -7,9 +7,9 @@ allocation starts with an empty /tmp and compiles every stage again: the first s
 run took 42-61 s from cold on an H100 node, against 12 s warm (docs/performance.md), and every
 recovery on a fresh machine paid it again. Rank 0 saves torch's cache artifacts
 (`torch.compiler.save_cache_artifacts`: Inductor's compiled graphs, with their Triton kernels on a
-GPU, and AOTAutograd's traced forward and backward graphs) after the first step and after each validation that
-compiled something new; every rank loads them before its first compile. A file that does not load
-is reported and passed over: the cache can only save time, never fail a run.
+GPU, and AOTAutograd's traced forward and backward graphs) after the first step and after each
+validation that compiled something new; every rank loads them before its first compile. A file that
+does not load is reported and passed over: the cache can only save time, never fail a run.
 """
 
 from __future__ import annotations
