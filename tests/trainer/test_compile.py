@@ -41,8 +41,12 @@ def test_every_stage_graph_is_one_aotautograds_cache_keeps(channels_last, autoca
 
     torch._dynamo.reset()
     graphs: list[str] = []
+    called: set[str] = set()  # what the stages' graphs (and their functions' subgraphs) call
 
     def backend(gm, _example_inputs):
+        called.update(
+            str(getattr(n.target, "__name__", n.target)) for m in gm.modules() for n in m.graph.nodes
+        )
         try:
             check_cacheable(gm)
             graphs.append("kept")
@@ -57,6 +61,8 @@ def test_every_stage_graph_is_one_aotautograds_cache_keeps(channels_last, autoca
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model(torch.rand(1, 4, 3, 16, 16), clamp=False)
     assert graphs == ["kept"] * 9, graphs
+    # compiled, the upsample repeats pixels (in bf16 under autocast): no float32 interpolate
+    assert "expand" in called and not [c for c in called if "interpolate" in c or "upsample" in c], called
 
 
 def _loss(model: TAEHV, x: torch.Tensor) -> torch.Tensor:
