@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 
 from taehv_console.commands.options import SPEC, add_top_level_options, flow_options, settle
 from taehv_console.core.flow.options import EnvError, FlowOptions
@@ -75,7 +76,9 @@ class ConsoleParser(argparse.ArgumentParser):
 
     commands: dict[str, argparse.ArgumentParser]
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(  # type: ignore[override]  # argparse's overloads: the first is the one used
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         problem = settle(parsed)
         if problem:  # said by the command's parser (its usage line), exits 2

@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,7 +171,7 @@ def _nearly_full(path: Path, below: int = 16 << 20) -> bool:
 
 
 @contextlib.contextmanager
-def disk_full_named(where: Path):
+def disk_full_named(where: Path) -> Iterator[None]:
     """A write into `where` that fails on a full filesystem raises ENOSPC naming `where`: torch.save's
     stream writer says only "file write failed", and the console reports "disk full on node X at
     PATH" from these words."""

@@ -25,6 +25,8 @@ from trainer.config import DataSection
 
 if TYPE_CHECKING:
     from av.codec.hwaccel import HWAccel  # PyAV 14 and later
+    from av.container import InputContainer
+    from av.video.stream import VideoStream
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 
@@ -159,7 +161,7 @@ class _SeekUnreliable(Exception):
     """Timestamps after a seek do not map cleanly to frame numbers: decode from the start instead."""
 
 
-def _open_video(path: Path, hwaccel: HWAccel | None = None):
+def _open_video(path: Path, hwaccel: HWAccel | None = None) -> tuple[InputContainer, VideoStream]:
     # hwaccel: a PyAV HWAccel (benchmarks/decoders.py's NVDEC row); PyAV before 14 has no such option
     container = av.open(str(path)) if hwaccel is None else av.open(str(path), hwaccel=hwaccel)
     if not container.streams.video:
@@ -171,7 +173,7 @@ def _open_video(path: Path, hwaccel: HWAccel | None = None):
     return container, stream
 
 
-def _header_frame_count(container, stream) -> int:
+def _header_frame_count(container: InputContainer, stream: VideoStream) -> int:
     """Frames according to the container (0 when it does not say); may be off, so reads verify it."""
     if stream.frames:
         return int(stream.frames)
@@ -187,12 +189,14 @@ def _header_frame_count(container, stream) -> int:
     return max(0, round(seconds * rate))
 
 
-def _sequential_frames(container, stream) -> Iterator[tuple[int, av.VideoFrame]]:
+def _sequential_frames(container: InputContainer, stream: VideoStream) -> Iterator[tuple[int, av.VideoFrame]]:
     # The frame number is the decode order count: the definition every other path must agree with.
     yield from enumerate(container.decode(stream))
 
 
-def _frames_after_seek(container, stream, first: int) -> Iterator[tuple[int, av.VideoFrame]]:
+def _frames_after_seek(
+    container: InputContainer, stream: VideoStream, first: int
+) -> Iterator[tuple[int, av.VideoFrame]]:
     rate = stream.average_rate
     if not rate or stream.guessed_rate != rate:
         raise _SeekUnreliable("no constant frame rate")
@@ -237,7 +241,12 @@ def _collect(numbered: Iterator[tuple[int, av.VideoFrame]], wanted: list[int]) -
 
 
 def _read_frames(
-    path: Path, container, stream, indices: list[int], allow_seek: bool, hwaccel: HWAccel | None = None
+    path: Path,
+    container: InputContainer,
+    stream: VideoStream,
+    indices: list[int],
+    allow_seek: bool,
+    hwaccel: HWAccel | None = None,
 ) -> list[np.ndarray]:
     """Exactly the frames numbered `indices` (in decode order from 0) as RGB arrays, using the open,
     not yet decoded container; raises _ShortRead when the video has fewer frames."""

@@ -13,13 +13,17 @@ gradients are averaged by one all-reduce, so ZeRO-2 and ZeRO-3 treat it the same
 from __future__ import annotations
 
 import hashlib
-from typing import cast
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+if TYPE_CHECKING:
+    from trainer.config import AdversarialSection
 
 GROUP = 3  # frames per discriminator sample
 WEIGHTS = "trainer/discriminator.safetensors"
@@ -89,7 +93,9 @@ def _relativistic(real: list[torch.Tensor], fake: list[torch.Tensor], for_genera
 class Adversary:
     """The discriminator, its AdamW, its replay buffer and the two losses, for one rank."""
 
-    def __init__(self, cfg, latent_channels: int, device, seed: int):
+    def __init__(
+        self, cfg: AdversarialSection, latent_channels: int, device: torch.device | str, seed: int
+    ) -> None:
         gen = torch.Generator().manual_seed(seed + 7919)  # its own init, not a draw from the trainer's RNG
         self.net = PatchDiscriminator(latent_channels, cfg.width)
         with torch.no_grad():
@@ -97,9 +103,7 @@ class Adversary:
                 if p.ndim > 1:
                     p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / p[0].numel()) ** 0.5)
         self.net.to(device).train()
-        self.opt = torch.optim.AdamW(
-            self.net.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0
-        )
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
         self.replay_size = cfg.replay
         self.replay: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.gen = torch.Generator().manual_seed(seed + 104729)
@@ -164,7 +168,7 @@ class Adversary:
                 dist.broadcast(t.data, 0)
 
     # ------------------------------------------------------------------ checkpoint
-    def save(self, directory) -> None:
+    def save(self, directory: Path) -> None:
         """Rank 0: weights as safetensors, optimizer state as a torch archive (no pickled code)."""
 
         save_file(
@@ -173,7 +177,7 @@ class Adversary:
         )
         torch.save(self.opt.state_dict(), directory / OPTIMIZER)
 
-    def load(self, directory) -> None:
+    def load(self, directory: Path) -> None:
 
         device = next(self.net.parameters()).device
         self.net.load_state_dict({k: v.to(device) for k, v in load_file(str(directory / WEIGHTS)).items()})

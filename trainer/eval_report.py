@@ -8,6 +8,7 @@ import math
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from trainer.samples import AMPLIFY, strip, write_png
 SHEET_FRAMES = 8  # frames per clip on it, evenly spaced
 
 
-def _clean(value):
+def _clean(value: Any) -> Any:
     """JSON has no NaN or infinity: None instead."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

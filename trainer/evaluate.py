@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -358,7 +359,7 @@ def _score_clip(
 
 
 def _score_teacher_latents(
-    teacher, x: torch.Tensor, models: list[tuple[WeightsSource, str, TAEHV]], result: EvalResult
+    teacher: Any, x: torch.Tensor, models: list[tuple[WeightsSource, str, TAEHV]], result: EvalResult
 ) -> None:
     """TAEHV as the teacher's decoder: its decode of the teacher's latents against the teacher's own
     decode and against the input frames they stand for (the first T - 3)."""

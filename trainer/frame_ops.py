@@ -5,6 +5,7 @@ frames in and out of channels, and a MemBlock's input beside its previous frame.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ class CatPast(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, n: int) -> torch.Tensor:
         nt, c, h, w = x.shape
         t = nt // n
         fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
@@ -62,7 +63,7 @@ class CatPast(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         n, fmt = ctx.n, ctx.fmt
         nt, c2, h, w = grad.shape
         c, t = c2 // 2, nt // n
@@ -126,7 +127,7 @@ class _NearestUp(torch.autograd.Function):
     write. avg_pool2d x scale² is that sum exactly (dividing by a power of two is exact)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, scale: int) -> torch.Tensor:
         ctx.scale = scale
         if torch.compiler.is_compiling():
             return repeat_pixels(x, scale)  # one generated kernel either way, and no autocast in it
@@ -137,7 +138,7 @@ class _NearestUp(torch.autograd.Function):
         return _in_pieces(up, x, x[0].numel() * scale * scale)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         s = ctx.scale
 
         def pool(g: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, DataSection, TrainConfig, load_config
 from trainer.data import (
     DataSourceError,
     ResumableSampler,
@@ -148,7 +150,7 @@ def data_differences(manifest: dict, current: list[dict]) -> list[str]:
     return out
 
 
-def open_cache(cache_dir: str | Path, cfg) -> dict:
+def open_cache(cache_dir: str | Path, cfg: TrainConfig) -> dict:
     """The manifest of a cache that matches this config's data and settings, checked before any process
     group starts; CacheError says what differs. Reads file metadata only, never a latent."""
 
@@ -226,7 +228,9 @@ def _frame_count(path: Path) -> int:
     return _count_frames(path)
 
 
-def encode_clip(teacher, path: Path, spec: CacheSpec, device) -> tuple[torch.Tensor, list[int]]:
+def encode_clip(
+    teacher: Any, path: Path, spec: CacheSpec, device: torch.device | str
+) -> tuple[torch.Tensor, list[int]]:
     """Latents [windows, T/4, C, H/8, W/8] of one clip and the windows' first frames."""
 
     starts = window_starts(_frame_count(path), spec)
@@ -262,7 +266,7 @@ def _write_entry(
 
 
 def build_cache(
-    cfg,
+    cfg: TrainConfig,
     cache_dir: str | Path,
     *,
     rank: int = 0,
@@ -271,7 +275,7 @@ def build_cache(
     height: int | None = None,
     width: int | None = None,
     max_windows: int = 4,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """This rank's share (clips i with i % world == rank) of the cache, skipping clips whose latents
     are already there for the same clip and settings; then, if every clip is done, the manifest.
@@ -335,7 +339,9 @@ def build_cache(
     return {"encoded": encoded, "kept": kept, "manifest": done}
 
 
-def _finish(cache_dir: Path, spec: CacheSpec, identities: list[dict], digest: str, log) -> bool:
+def _finish(
+    cache_dir: Path, spec: CacheSpec, identities: list[dict], digest: str, log: Callable[[str], object]
+) -> bool:
     """Write the manifest when every clip's latents are there (any rank may; the content is the same)."""
 
     clips = []
@@ -373,7 +379,9 @@ class CachedLatentDataset(Dataset):
     data.height x data.width, uint8 video [T, 3, h, w] and its float latents [T/4, C, h/8, w/8].
     Items are (index, sample_seed) as for trainer.data's datasets, so resume continues the order."""
 
-    def __init__(self, cache_dir: str | Path, manifest: dict, paths: list[Path], data_cfg):
+    def __init__(
+        self, cache_dir: str | Path, manifest: dict, paths: list[Path], data_cfg: DataSection
+    ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.spec = manifest["spec"]
         self.cfg = data_cfg

@@ -7,10 +7,15 @@ of them: neither is what the optimizer steps. These helpers read the optimizer's
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 # Where DeepSpeed's optimizers keep this rank's flat fp32 master partitions: ZeRO-1/2, ZeRO-3,
 # and the bf16 optimizer used without ZeRO.
@@ -21,7 +26,7 @@ _MASTER_ATTRS = (
 )
 
 
-def master_partitions(engine) -> list[torch.Tensor]:
+def master_partitions(engine: DeepSpeedEngine) -> list[torch.Tensor]:
     """This rank's fp32 master weights as the optimizer holds them (flat partitions), or the
     parameters themselves where they are the master copy (fp32 without a ZeRO optimizer)."""
     for attr in _MASTER_ATTRS:
@@ -31,7 +36,7 @@ def master_partitions(engine) -> list[torch.Tensor]:
     return [p.data for p in engine.module.parameters()]
 
 
-def full_fp32_weights(engine) -> dict[str, torch.Tensor]:
+def full_fp32_weights(engine: DeepSpeedEngine) -> dict[str, torch.Tensor]:
     """Every parameter whole, in fp32, read from the master weights, on every rank (CPU tensors).
 
     Collective: every rank must call it (ZeRO-2 all-reduces, ZeRO-3 all-gathers each parameter).
@@ -56,7 +61,7 @@ class MasterEMA:
     is per rank; `swapped_in` puts it in the master's place to read it out whole.
     """
 
-    def __init__(self, engine, decay: float):
+    def __init__(self, engine: DeepSpeedEngine, decay: float) -> None:
         self.engine = engine
         self.decay = decay
         self.shadow = [t.detach().float().clone() for t in master_partitions(engine)]
@@ -69,7 +74,7 @@ class MasterEMA:
     def state(self) -> list[torch.Tensor]:
         return self.shadow
 
-    def load(self, saved, where: str) -> None:
+    def load(self, saved: Any, where: str) -> None:
         """Restore from state(); `where` names the file in the error when it does not fit."""
         shapes = [tuple(t.shape) for t in self.shadow]
         got = [tuple(t.shape) for t in saved] if isinstance(saved, (list, tuple)) else None
@@ -80,7 +85,7 @@ class MasterEMA:
         self.shadow = [t.to(s.device, torch.float32) for t, s in zip(saved, self.shadow)]
 
     @contextmanager
-    def swapped_in(self):
+    def swapped_in(self) -> Iterator[None]:
         """The master weights hold the EMA inside the block, and their own values again after it."""
         masters = master_partitions(self.engine)
         saved = [m.detach().clone() for m in masters]

@@ -17,7 +17,9 @@ def psnr_from_mse(mse: float) -> float:
     return 100.0 if mse <= 1e-10 else 10.0 * math.log10(1.0 / mse)
 
 
-def _gaussian_window(size: int, sigma: float, channels: int, device, dtype) -> torch.Tensor:
+def _gaussian_window(
+    size: int, sigma: float, channels: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
     coords = torch.arange(size, device=device, dtype=dtype) - (size - 1) / 2
     g = torch.exp(-(coords**2) / (2 * sigma**2))
     g = g / g.sum()
@@ -57,7 +59,7 @@ class DeviceMetrics:
     add the same keys and call `reduce` at the same steps.
     """
 
-    def __init__(self, device):
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         self._reset()
 
@@ -74,7 +76,7 @@ class DeviceMetrics:
             self.sums[key] = value if key not in self.sums else self.sums[key] + value
         self.micro_batches += 1
 
-    def add_step(self, grad_norm, seconds: float) -> None:
+    def add_step(self, grad_norm: torch.Tensor | float | None, seconds: float) -> None:
         """One optimizer step: its global gradient norm (tensor, float or None) and host seconds."""
         self.steps += 1
         self.seconds += seconds

@@ -8,12 +8,16 @@ N×T×C×H×W in [0, 1]; every layer runs on all frames at once (time folded int
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._functorch import config as functorch_config
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from trainer.config import ModelSection
 
 from trainer.frame_ops import (
     CatPast,
@@ -26,7 +30,7 @@ from trainer.frame_ops import (
 )
 
 
-def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
+def conv(n_in: int, n_out: int, **kwargs: Any) -> nn.Conv2d:
     return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
 
 
@@ -324,7 +328,7 @@ class TAEHV(nn.Module):
         self.channels_last = True
         return self
 
-    def compile_stages(self, **kwargs) -> TAEHV:
+    def compile_stages(self, **kwargs: Any) -> TAEHV:
         """torch.compile each encoder and decoder stage (kwargs go to torch.compile; dynamic=False
         unless given), so forward, encode and decode (on teacher latents too) all run compiled.
 
@@ -411,14 +415,14 @@ def reconstruction_target(video: torch.Tensor, n_decoded: int) -> torch.Tensor:
     return video[:, :n_decoded]
 
 
-def build_model(model_cfg) -> TAEHV:
+def build_model(model_cfg: ModelSection) -> TAEHV:
     """A TAEHV from the `[model]` section of the run config (trainer.config.ModelSection)."""
     model = TAEHV(
         latent_channels=model_cfg.latent_channels,
         patch_size=model_cfg.patch_size,
-        encoder_time_downscale=tuple(model_cfg.encoder_time_downscale),
-        decoder_time_upscale=tuple(model_cfg.decoder_time_upscale),
-        decoder_space_upscale=tuple(model_cfg.decoder_space_upscale),
+        encoder_time_downscale=model_cfg.encoder_time_downscale,
+        decoder_time_upscale=model_cfg.decoder_time_upscale,
+        decoder_space_upscale=model_cfg.decoder_space_upscale,
         activation_checkpointing=model_cfg.activation_checkpointing,
     )
     if model_cfg.init_weights:

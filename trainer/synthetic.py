@@ -11,7 +11,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +38,9 @@ _CANDIDATES = (
 )
 
 
-def _encode(target, codec: VideoCodec, frames: Iterable[np.ndarray], fps: int, gop: int | None) -> None:
+def _encode(
+    target: str | io.BytesIO, codec: VideoCodec, frames: Iterable[np.ndarray], fps: int, gop: int | None
+) -> None:
     with av.open(target, "w", format=codec.container) as container:
         stream = None
         for frame in frames:
@@ -170,7 +172,17 @@ def _bounce(position: float, length: int) -> float:
 
 
 def _write_clips(
-    out_dir, clips, frames, height, width, fps, seed, prefix, frames_of, stream, gop=None
+    out_dir: str | Path,
+    clips: int,
+    frames: int,
+    height: int,
+    width: int,
+    fps: int,
+    seed: int,
+    prefix: str,
+    frames_of: Callable[[np.random.Generator, int, int, int], Iterable[np.ndarray]],
+    stream: tuple[int, ...],
+    gop: int | None = None,
 ) -> list[Path]:
     if clips < 1 or frames < 1 or fps < 1:
         raise ValueError(f"clips, frames and fps must be at least 1 (got {clips}, {frames}, {fps})")

@@ -8,6 +8,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ def _model_dir(path: str | Path, subfolder: str = "") -> Path:
 
 def load_teacher(
     path: str | Path, subfolder: str = "", latent_channels: int = 16, where: str = "loss.teacher"
-):
+) -> Any:
     """The teacher on the CPU in eval mode, frozen. Raises TeacherError for a missing directory, one
     diffusers cannot load (corrupt or not a HunyuanVideo VAE), or the wrong latent channel count."""
     root = Path(path).expanduser()
@@ -65,7 +66,7 @@ def load_teacher(
     return teacher.requires_grad_(False).eval()
 
 
-def encode(teacher, video, t_upscale: int = 4):
+def encode(teacher: Any, video: torch.Tensor, t_upscale: int = 4) -> torch.Tensor:
     """Raw teacher latents (N x k x C x H/8 x W/8) of a [0, 1] clip N x T x 3 x H x W: the teacher
     sees frames [0, T-3) in [-1, 1], the mode of its posterior, no scaling factor."""
 
@@ -86,7 +87,7 @@ class TeacherProbe:
         return self.latent_shape == self.expected
 
 
-def probe_teacher(teacher, latent_channels: int = 16, frames: int = 8, size: int = 16) -> TeacherProbe:
+def probe_teacher(teacher: Any, latent_channels: int = 16, frames: int = 8, size: int = 16) -> TeacherProbe:
     """Encode one tiny clip and compare the latent shape with the student's (T/4 x C x H/8 x W/8)."""
 
     video = torch.rand(1, frames, 3, size, size)

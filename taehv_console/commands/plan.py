@@ -15,13 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from taehv_console.commands.options import add_option
-from taehv_console.core.plan.derive import resolve_config
+from taehv_console.core.plan.derive import ResolvedConfig, resolve_config
 from taehv_console.core.plan.planner import (
     CHECKPOINT_FIXED_S,
     GB,
     LLAMA3_FAILURES_PER_GPU_HOUR,
     LLAMA3_SOURCE,
     RESTART_S,
+    ComparisonRow,
+    Plan,
     checkpoint_lines,
     compare_plans,
     format_duration,
@@ -30,7 +32,7 @@ from taehv_console.core.plan.planner import (
     plan_to_dict,
     teacher_lines,
 )
-from taehv_console.core.plan.presets import list_presets, load_preset
+from taehv_console.core.plan.presets import PresetMeta, list_presets, load_preset
 from taehv_console.core.run.recovery import policy_lines
 from taehv_console.exit_codes import ExitCode
 from trainer.config import ConfigError
@@ -223,7 +225,7 @@ def _short(seconds: float) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
-def _print_checkpoint_table(console, plans) -> None:
+def _print_checkpoint_table(console: Console, plans: list[Plan]) -> None:
     """What a failure costs at each preset's checkpoint interval, and the interval Young/Daly gives."""
     rows = [(p.name, p.checkpoint) for p in plans if p.checkpoint is not None]
     if not rows:
@@ -275,7 +277,7 @@ def _print_checkpoint_table(console, plans) -> None:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def _print_shared_lines(console, label: str, per_plan: list[tuple[str, tuple[str, ...]]]) -> None:
+def _print_shared_lines(console: Console, label: str, per_plan: list[tuple[str, tuple[str, ...]]]) -> None:
     """Each distinct line once, with the presets it applies to (all of them: no list)."""
     owners: dict[str, list[str]] = {}
     for name, lines in per_plan:
@@ -286,12 +288,12 @@ def _print_shared_lines(console, label: str, per_plan: list[tuple[str, tuple[str
         console.print(f"{label}{where}: {line}", highlight=False, markup=False)
 
 
-def _console():
+def _console() -> Console:
     # piped or logged output is read in files and CI logs, not an 80-column window: keep it whole
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
-def _meta(name_or_path: str | None):
+def _meta(name_or_path: str | None) -> PresetMeta | None:
     """The [preset] table (GPU model, advised network) of a preset, when it can be read."""
     if not name_or_path or name_or_path == "auto":
         return None
@@ -305,7 +307,7 @@ def _hours(h: float) -> str:
     return f"{h:.1f}h" if h < 48 else f"{h / 24:.1f}d"
 
 
-def _print_plan(resolved, plan, row) -> None:
+def _print_plan(resolved: ResolvedConfig, plan: Plan, row: ComparisonRow) -> None:
     console = _console()
     c = plan.config
     t = c.topology

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from taehv_console.commands.options import add_option
-from taehv_console.core.plan.presets import list_presets, user_preset_dir
+from taehv_console.core.plan.presets import Preset, list_presets, user_preset_dir
 from taehv_console.exit_codes import ExitCode
 
 EXIT_CODES = {
@@ -28,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "json", help="print the presets as JSON")
 
 
-def preset_to_dict(p) -> dict:
+def preset_to_dict(p: Preset) -> dict:
     c = p.config
     return {
         "name": p.name,

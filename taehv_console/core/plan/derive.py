@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taehv_console.core.plan.communication import parse_bandwidth
-from taehv_console.core.plan.planner import estimate_memory, gpu_family
+from taehv_console.core.plan.planner import MemoryFit, estimate_memory, gpu_family
 from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
 from taehv_console.core.plan.timeouts import (
     DERIVED_TIMEOUT_RULE,
@@ -168,7 +168,7 @@ def derive_run_config(
         return _finish(base, data, reasons, nodes, gpus_per_node, overrides)
 
     # --- batch: effective batch by world size; per-GPU batch by memory --------------------------
-    def one_clip_fit():
+    def one_clip_fit() -> MemoryFit:
         # the memory estimate at batch 1 on the target topology: its max_batch_per_gpu is the cap
         trial = {**data, "topology": {**data["topology"], "nodes": nodes, "gpus_per_node": gpus_per_node}}
         trial["optim"] = {**data["optim"], "batch_per_gpu": 1, "grad_accum": 1}

@@ -3,6 +3,7 @@ and how a plan shows them (plain values and text)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainer.config import TrainConfig
@@ -86,7 +87,7 @@ def teacher_to_dict(t: TeacherCost) -> dict:
     }
 
 
-def teacher_lines(t: TeacherCost, hours) -> list[str]:
+def teacher_lines(t: TeacherCost, hours: Callable[[float], str]) -> list[str]:
     """The side-by-side text a plan prints (CLI and wizard): online teacher against cached latents.
     `hours` formats a number of hours."""
     head = {

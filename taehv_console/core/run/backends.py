@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,7 +178,13 @@ class RunnerBackend(LaunchBackend):
             tuple(sorted(launchers, key=lambda n: n.index)), errors, unreachable=frozenset(unreachable)
         )
 
-    def _each(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None, fn) -> dict[int, Any]:
+    def _each(
+        self,
+        run: RunDir,
+        attempt: Attempt,
+        nodes: Sequence[int] | None,
+        fn: Callable[[NodeLauncher, int | None], Any],
+    ) -> dict[int, Any]:
         chosen = [n for n in attempt.nodes if nodes is None or n.index in nodes]
         by_key = {str(n.index): n for n in chosen}
         out = fan_out(
@@ -203,13 +209,13 @@ class RunnerBackend(LaunchBackend):
         return ["--pgid", str(launcher.pgid)] + (["--start-ticks", str(start)] if start is not None else [])
 
     def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
-        def one(n: NodeLauncher, start: int | None):
+        def one(n: NodeLauncher, start: int | None) -> tuple[int, ...]:
             return tuple(self._node_call(n, ["pids", *self._ident(n, start)], ("pids",))["pids"])
 
         return self._each(run, attempt, None, one)
 
     def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
-        def one(n: NodeLauncher, start: int | None):
+        def one(n: NodeLauncher, start: int | None) -> Mapping[str, Any]:
             return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"], ("signalled",))
 
         return {
@@ -219,7 +225,7 @@ class RunnerBackend(LaunchBackend):
     def kill(
         self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
     ) -> dict[int, tuple[int, ...] | Exception]:
-        def one(n: NodeLauncher, start: int | None):
+        def one(n: NodeLauncher, start: int | None) -> tuple[int, ...]:
             return tuple(
                 self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"], ("left",))["left"]
             )

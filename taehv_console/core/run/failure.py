@@ -273,7 +273,7 @@ def _rank_error(
     rank: int,
     event: Mapping,
     node: int | None,
-    ev,
+    ev: NodeEvidence | None,
     gpus_per_node: int,
     now: float,
     *,

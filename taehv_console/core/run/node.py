@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import FrameType
 
 from taehv_console.core.cluster.spawn import read_proc, read_proc_one
 
@@ -142,7 +143,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _ignore(_signum, _frame) -> None:
+def _ignore(_signum: int, _frame: FrameType | None) -> None:
     # The stop signal goes to the whole group; the launcher below handles it. The wrapper stays
     # to record how the launcher ended. A Python-level handler (not SIG_IGN) on purpose: handlers
     # are reset by exec, SIG_IGN would be inherited by the launcher and it would never stop.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_console.core.run.state import NodeStatus, RunState, read_node_status, read_state, write_state
-from trainer.config import load_config
+from trainer.config import TrainConfig, load_config
 
 RUN_TOML = "run.toml"
 STATE_JSON = "state.json"
@@ -96,7 +96,7 @@ class RunDir:
     def write_state(self, state: RunState) -> RunState:
         return write_state(self.state_path, state)
 
-    def load_config(self):
+    def load_config(self) -> TrainConfig:
         return load_config(self.run_toml)
 
 

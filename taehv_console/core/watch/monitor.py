@@ -34,7 +34,7 @@ from taehv_console.core.watch.ingest import AgentState, Ingest, get
 from taehv_console.core.watch.scheduling import CallPoller, FilesPoller, Poller, PollerConfig, Scheduler
 from taehv_console.core.watch.state import Notice, RankState, RunView
 from taehv_console.core.watch.streams import LineStream, LocalLineStream, RemoteLineStream, agent_argv
-from taehv_console.core.watch.tail import ChunkSource, LocalFiles, RemoteFiles, Tailer
+from taehv_console.core.watch.tail import Chunk, ChunkSource, LocalFiles, RemoteFiles, Tailer
 from taehv_console.core.watch.tbscalars import TensorBoardScalars
 from taehv_console.core.watch.view import ViewBuilder
 
@@ -419,7 +419,14 @@ class _LazyRemoteFiles:
         self.mon = mon
         self.name = host
 
-    def read(self, root, append, whole, known, max_bytes):
+    def read(
+        self,
+        root: str,
+        append: Sequence[str],
+        whole: Sequence[str],
+        known: Mapping[str, Sequence[int]],
+        max_bytes: int,
+    ) -> list[Chunk]:
         runner = self.mon.pool().runner(self.name)
         return RemoteFiles(runner, timeout_s=self.mon.cfg.events.timeout_s).read(
             root, append, whole, known, max_bytes

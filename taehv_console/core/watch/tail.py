@@ -136,7 +136,14 @@ class LocalFiles:
 
     name = "local"
 
-    def read(self, root, append, whole, known, max_bytes):
+    def read(
+        self,
+        root: str,
+        append: Sequence[str],
+        whole: Sequence[str],
+        known: Mapping[str, Sequence[int]],
+        max_bytes: int,
+    ) -> list[Chunk]:
         return read_chunks(root, append, whole, known, max_bytes)
 
 
@@ -148,7 +155,14 @@ class RemoteFiles:
         self.name = runner.host
         self.timeout_s = timeout_s
 
-    def read(self, root, append, whole, known, max_bytes):
+    def read(
+        self,
+        root: str,
+        append: Sequence[str],
+        whole: Sequence[str],
+        known: Mapping[str, Sequence[int]],
+        max_bytes: int,
+    ) -> list[Chunk]:
         request = json.dumps(
             {
                 "root": str(root),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.content import Content
 from textual.widgets import Static
 
@@ -9,7 +11,7 @@ STEPS = ("Detect", "Preflight", "Preset", "Review")
 
 
 class WizardSteps(Static):
-    def __init__(self, current: int, **kwargs) -> None:
+    def __init__(self, current: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.current = current
 

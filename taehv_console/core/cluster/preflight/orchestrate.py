@@ -64,7 +64,7 @@ class PreflightOptions:
 def run_preflight(
     topology: Topology,
     cfg: TrainConfig,
-    pool=None,
+    pool: SshPool | None = None,
     options: PreflightOptions = PreflightOptions(),
     progress: Callable[[str], None] | None = None,
     probes: Sequence[ProbeResult] | None = None,
@@ -101,9 +101,9 @@ def _reusable(
 def _run(
     topology: Topology,
     cfg: TrainConfig,
-    pool,
+    pool: SshPool,
     options: PreflightOptions,
-    say,
+    say: Callable[[str], None],
     earlier: Sequence[ProbeResult] | None,
 ) -> PreflightReport:
     findings: list[Finding] = []
@@ -269,7 +269,7 @@ def _run(
 
 
 def _check_loader(
-    pool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str, options: PreflightOptions
+    pool: SshPool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str, options: PreflightOptions
 ) -> list[Finding]:
     # nodes whose data path is missing are already errors (check_data); measuring there adds nothing
     hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
@@ -291,7 +291,7 @@ def _check_loader(
 
 
 def _check_port(
-    pool, master: str, master_addr: str, port: int, workers: list[str], timeout: float
+    pool: SshPool, master: str, master_addr: str, port: int, workers: list[str], timeout: float
 ) -> list[Finding]:
     if not workers:
         free = pool.call(master, NODECHECK, ["port-free", "--port", str(port)])
