@@ -6,9 +6,12 @@ back to a DeepSpeed default unseen (the public project's knobs never reached Dee
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
 def resolve_precision(cfg: TrainConfig, device: str) -> str:
@@ -100,7 +103,7 @@ def build_deepspeed_config(cfg: TrainConfig, device: str | None = None) -> dict:
     return conf
 
 
-def effective_deepspeed_config(engine: Any) -> dict:
+def effective_deepspeed_config(engine: DeepSpeedEngine) -> dict:
     """What the running DeepSpeed engine actually uses, read back from its parsed config, keyed
     like build_deepspeed_config so the two can be compared value by value."""
     c = engine._config  # DeepSpeed exposes no public accessor for the parsed config

@@ -8,7 +8,6 @@ import math
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from trainer.samples import AMPLIFY, strip, write_png
 SHEET_FRAMES = 8  # frames per clip on it, evenly spaced
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     """JSON has no NaN or infinity: None instead."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -87,7 +86,7 @@ def result_dict(result: EvalResult, files: dict[str, str] | None = None) -> dict
     out["clips"] = clips
     out["skipped"] = [{"path": p, "reason": r} for p, r in result.skipped]
     out.update(files or {})
-    return _clean(out)
+    return {k: _clean(v) for k, v in out.items()}
 
 
 def contact_sheet(result: EvalResult) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
@@ -74,11 +74,11 @@ class MasterEMA:
     def state(self) -> list[torch.Tensor]:
         return self.shadow
 
-    def load(self, saved: Any, where: str) -> None:
+    def load(self, saved: object, where: str) -> None:
         """Restore from state(); `where` names the file in the error when it does not fit."""
         shapes = [tuple(t.shape) for t in self.shadow]
         got = [tuple(t.shape) for t in saved] if isinstance(saved, (list, tuple)) else None
-        if got != shapes:
+        if got != shapes or not isinstance(saved, (list, tuple)):
             raise ValueError(
                 f"{where}: EMA state does not match this run's master partitions ({got} vs {shapes})"
             )
