@@ -210,7 +210,18 @@ def test_sigstopped_rank_and_its_node_are_stalled_within_three_heartbeat_interva
         lambda s: bool(s.rank(1) and s.rank(1).state is RankState.STALLED and s.rank(1).process == "stopped"),
         after="sigstop",
     )
-    assert seen is not None, "rank 1 was never shown stalled with its process stopped"
+    if seen is None:  # say what rank 1 looked like while stopped: each change of its row, in order
+        changes: list[tuple] = []
+        last = None
+        with rec.lock:
+            during = [(ts, st) for ts, st in rec.states if rec.marks["sigstop"] <= ts <= rec.marks["sigcont"]]
+        for ts, st in during:
+            r1 = st.rank(1)
+            row = (r1.state.name, r1.process) if r1 else None
+            if row != last:
+                changes.append((round(ts - rec.marks["sigstop"], 2), *(row or ())))
+                last = row
+        raise AssertionError(f"rank 1 never shown stalled with its process stopped; its rows: {changes}")
     bound = cfg.agent_interval_s + cfg.agents.interval_s + cfg.publish_interval_s + 0.5
     assert seen[0] - t <= bound, (seen[0] - t, bound)
     # The other rank is healthy: it waits in the all-reduce for rank 1, not at fault. It says so
