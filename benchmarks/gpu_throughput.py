@@ -50,6 +50,8 @@ from _throughput_core import (
     measured_matmul_tflops,
 )
 
+from trainer.hard_exit import exit_now
+
 __all__ = ["H100_BF16_PEAK", "flop_per_clip_step", "main"]
 
 FULL = (12, 480, 720)
@@ -354,4 +356,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # out as a rank leaves (trainer.hard_exit): the trainer section's child ran gloo collectives, and
+    # its loader's workers ignore SIGTERM, which held a plain exit forever after its last figure
+    exit_now(main())

@@ -140,6 +140,12 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
             # the trainer's run.toml carries it (compile itself is CUDA-only here): it must validate
             "--compile-mode",
             "max-autotune-no-cudagraphs",
+            # a loader worker in the trainer's child, as on a GPU node: its workers ignore SIGTERM,
+            # which once held the child's exit until the section's time limit stopped it
+            "--workers",
+            "1",
+            "--time-limit-s",
+            "420",
             "--out",
             str(out),
         ],
@@ -151,7 +157,7 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = _rows(r.stdout)
     assert [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()] == rows
-    assert not [row for row in rows if "error" in row]
+    assert not [row for row in rows if "error" in row or "stopped" in row]
     by = lambda section: [row for row in rows if row["section"] == section]
 
     (env,) = by("env")
@@ -178,6 +184,7 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     assert step["zero"] == 2 and step["clips_per_s"] > 0 and step["ratio_to_bare"] > 0
     assert step["bare_clips_per_s"] > 0 and "no CUDA" in step["prefetch"]
     assert step["trainer_peak_tflops"] is None  # on CPU the trainer reports no MFU
+    assert step["loader_workers"] == 1
     assert syncs["what"] == "host syncs per optimizer step" and syncs["cuda_sync_debug_per_step"] == "no CUDA"
     # fp32 on CPU: the trainer reads each micro-batch's loss (the GPU's bf16 loop does not)
     assert syncs["trainer_per_step"] > 0 and any("train.py" in site for site in syncs["hooked_sites"])

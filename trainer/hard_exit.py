@@ -15,6 +15,12 @@ others, so `~ProcessGroupGloo` never joins its threads) and gloo's `shutdown()` 
 finalising interpreter would, minus the part that races those threads: atexit handlers (logging,
 multiprocessing's children) and the standard streams, then `os._exit`.
 
+multiprocessing's own atexit handler SIGTERMs its daemonic children and then joins every child
+without a timeout. The data loader's workers ignore SIGTERM (a stop sent to the rank's process
+group must not take them down mid-step: trainer.data), so a rank whose loader iterator was still
+alive at the end (held by a reference cycle, which no collection frees before exit) waited for them
+forever. They are daemonic, which means they end with their parent: they are killed first.
+
 Imports nothing heavy: `taehv-train --help` stays torch-free.
 """
 
@@ -22,13 +28,20 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
+import traceback
 from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:
-    """Run the atexit handlers, flush stdout/stderr, and end the process with `code` at once."""
+    """Kill multiprocessing's daemonic children, run the atexit handlers, flush stdout/stderr, and
+    end the process with `code` at once."""
     try:
+        try:
+            _kill_daemonic_children()
+        except Exception:  # noqa: BLE001 - said, and the atexit handlers still run
+            traceback.print_exc()
         atexit._run_exitfuncs()  # prints a failing handler's traceback and goes on, as at exit
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -37,3 +50,21 @@ def exit_now(code: int) -> NoReturn:
             except (AttributeError, OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def _kill_daemonic_children() -> None:
+    """SIGKILL and reap this process's daemonic multiprocessing children (the loader's workers).
+    torch's loader watches its workers from a SIGCHLD handler that raises when one was killed; left
+    in place, that error cut this function (and the atexit handlers after it) short, leaving the
+    worker a zombie. Leaving, nobody needs that report: SIGCHLD goes back to its default first."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:  # never imported: no children of its own
+        return
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # called from another thread, where it cannot be set: the handler stays
+        pass
+    for child in mp.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=5)

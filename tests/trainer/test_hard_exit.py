@@ -71,3 +71,45 @@ def test_every_rank_and_the_console_script_leave_through_it(tmp_path):
     # the control: the same process planted the same way does finalise when it exits normally
     subprocess.run([sys.executable, "-c", "pass"], check=True, cwd=ROOT, env=env, timeout=60)
     assert (tmp_path / "finalised").read_text() == "ran"
+
+
+def test_a_loader_whose_workers_ignore_sigterm_does_not_hold_the_exit(tmp_path):
+    # The loader's workers ignore SIGTERM (trainer.data), and multiprocessing's atexit handler
+    # SIGTERMs daemonic children and then joins them with no timeout: an iterator still alive at the
+    # end (here held by a reference cycle) kept the process waiting forever (seen in the GPU
+    # benchmark's trainer child). exit_now kills them first, with torch's SIGCHLD handler (which
+    # raises for a killed worker) out of the way: its error once cut the atexit handlers short and
+    # left the worker a zombie, about one exit in two, so three exits are judged.
+    script = textwrap.dedent(
+        f"""
+        import atexit, os, pathlib
+        from torch.utils.data import DataLoader
+        from trainer.data import _ignore_stop_signals
+        from trainer.hard_exit import exit_now
+
+        def init(worker_id):
+            _ignore_stop_signals(worker_id)
+            pathlib.Path({str(tmp_path)!r}, "worker.pid").write_text(str(os.getpid()))
+
+        atexit.register(lambda: pathlib.Path({str(tmp_path)!r}, "atexit").write_text("ran"))
+        class Holder:
+            pass
+        holder = Holder()
+        holder.me = holder
+        holder.batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=1,
+                                         persistent_workers=True, worker_init_fn=init))
+        print(next(holder.batches).tolist(), flush=True)
+        del holder
+        exit_now(3)
+        """
+    )
+    for _ in range(3):
+        (tmp_path / "atexit").unlink(missing_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stdout.strip() == "[0, 1]" and not proc.stderr
+        assert (tmp_path / "atexit").read_text() == "ran"
+        worker = int((tmp_path / "worker.pid").read_text())
+        assert not Path(f"/proc/{worker}").exists()  # killed and reaped, not left behind
