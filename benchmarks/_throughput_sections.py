@@ -142,6 +142,13 @@ def trainer_child(args: Any, out: Out) -> None:
             marks.mark()
         step_ms = [r[0] for r in marks.ms()]
         row = throughput(batch * accum, step_ms, marks.span_ms(), flop_per_clip_step(frames, h, w), args)
+        if args.trainer_compile:
+            # ZeRO-1/2 compile each of the 9 stages whole; ZeRO-3's gather hooks on every module
+            # break them (on CPU: 164 breaks, 65 graphs), which these say on the GPU
+            from torch._dynamo.utils import counters
+
+            row["graph_breaks"] = sum(counters["graph_break"].values())
+            row["graphs"] = counters["stats"]["unique_graphs"]
         side_stream = trainer.batches.prefetcher.side_stream
         out.emit(
             "trainer",

@@ -59,6 +59,13 @@ compilecache() { # a compiled run's first step on an empty Inductor cache: cold,
     local s; s=$(share "$1")
     timeout "$s" $PY benchmarks/compile_cache.py --device cuda --out "$OUT" --timeout-s "$((s / 2))"
 }
+zero3() { # the trainer at the 16/48/64-GPU presets' ZeRO-3, eager then compiled: DeepSpeed's gather
+    # hooks on every module break each compiled stage (on CPU the compiled step was the slower one);
+    # a follow-up: STEPS="zero3:100"
+    local half=$(($1 / 2))
+    tp --only trainer --zero 3 --trainer-batch 8 --time-limit-s "$(share "$half")"
+    tp --only trainer --zero 3 --trainer-compile --trainer-batch 8 --time-limit-s "$(share "$half")"
+}
 convs() { # every convolution of a step timed alone, and padded to 8 channels where it is not
     timeout "$(share "$1")" $PY benchmarks/conv_shapes.py --out "$OUT"
 }

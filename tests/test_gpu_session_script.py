@@ -33,7 +33,7 @@ def _throughput_calls(text: str, script: str = "gpu_throughput.py") -> dict[str,
     # the parts: functions whose body starts on the next line (tp, left, share are one-liners)
     for name, body in re.findall(r"^(\w+)\(\) \{(?: #[^\n]*)?\n(.*?)^\}", text, re.MULTILINE | re.DOTALL):
         for line in body.splitlines():
-            line = re.sub(r'"\$\([^)]*\)\)"|"\$\(share "\$1"\)"|"\$s"', "60", line.split(" #")[0])
+            line = re.sub(r'"\$\([^)]*\)\)"|"\$\(share "\$\w+"\)"|"\$s"', "60", line.split(" #")[0])
             words = shlex.split(line.replace('"$OUT"', "/tmp/out").replace("$PY", "python3"))
             if words[:1] == ["tp"] and script == "gpu_throughput.py":
                 calls.setdefault(name, []).append(words[1:])
@@ -58,13 +58,15 @@ def test_every_call_of_the_throughput_benchmark_parses():
     """A flag the benchmark does not know would end that part at once on the GPU."""
     bench = _load("gpu_throughput")
     calls = _throughput_calls(SCRIPT.read_text())
-    assert {"eager", "trainer", "compiled", "inputs", "autotune"} <= set(calls), calls
+    assert {"eager", "trainer", "compiled", "inputs", "autotune", "zero3"} <= set(calls), calls
     for part, argv_list in calls.items():
         for argv in argv_list:
             args = bench.parse(argv)  # argparse exits (SystemExit 2) on an unknown flag or value
             assert args.sections, (part, argv)
     compiled = bench.parse(calls["compiled"][0])
     assert compiled.step == ["recon", "distill"] and compiled.modes == ["compile"]
+    eager3, compiled3 = (bench.parse(argv) for argv in calls["zero3"])
+    assert eager3.zero == compiled3.zero == "3" and not eager3.trainer_compile and compiled3.trainer_compile
 
 
 def test_the_compile_cache_part_parses():

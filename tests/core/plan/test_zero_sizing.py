@@ -119,6 +119,13 @@ def test_the_planner_states_what_zero3_costs_the_published_presets():
         line = next(l for l in lines if l.startswith("ZeRO-3 costs"))
         assert f"{z3:.1f} MB per GPU per step against {z2:.1f} MB under ZeRO-2 (+50%" in line
         assert "in HBM it saves" in line and "MB of buffers (ZeRO-2: 12 MB)" in line
+        # the GPU presets compile, which ZeRO-3's hooks break: said, with both ways out
+        (compiled,) = [l for l in lines if l.startswith("model.compile under ZeRO-3")]
+        assert "--set deepspeed.zero_stage=2" in compiled and "--set model.compile=false" in compiled
+    # ZeRO-2 compiles each stage whole: nothing to say
+    lines = make_plan(load_preset("8gpu-h100").config).deepspeed
+    assert load_preset("8gpu-h100").config.model.compile
+    assert not [l for l in lines if l.startswith("model.compile under ZeRO-3")]
 
 
 def test_the_planner_prices_the_published_buckets_and_zero2_accumulation():
