@@ -281,15 +281,9 @@ def deepspeed_lines(cfg: TrainConfig, bytes_per_s: float, link: str) -> tuple[st
             f"buffers (ZeRO-2: {buf2 / MB:.0f} MB): {abs(net) / MB:.0f} MB {'less' if net >= 0 else 'more'} in all. "
             "Kept where a preset publishes it; --set deepspeed.zero_stage=2 to drop it"
         )
-        if cfg.model.compile:
-            # benchmarks/gpu_throughput.py's trainer section on CPU (one rank, 4x32x32, batch 2, fp32)
-            lines.append(
-                "model.compile under ZeRO-3: DeepSpeed's gather hooks on every module break each compiled "
-                "stage into pieces (measured on CPU: 164 graph breaks, a step 1.4x the eager ZeRO-3 step "
-                "and 2.5x the compiled ZeRO-2 one); ZeRO-1/2 compile each stage whole: "
-                "--set deepspeed.zero_stage=2, or --set model.compile=false to keep ZeRO-3 (not yet "
-                "measured on a GPU)"
-            )
+        compiled = compile_under_zero3(cfg)
+        if compiled is not None:
+            lines.append(f"{compiled[0]}: {compiled[1]}")
     if (sized.bucket, sized.overlap) != (ds.reduce_bucket_size, ds.overlap_comm):
         _, sized_buf = _state_and_buffers(cfg, params, ds.zero_stage, sized.bucket, sized.overlap)
         lines.append(
@@ -298,3 +292,21 @@ def deepspeed_lines(cfg: TrainConfig, bytes_per_s: float, link: str) -> tuple[st
             f"overlap {sized.overlap_why}"
         )
     return tuple(lines)
+
+
+def compile_under_zero3(cfg: TrainConfig) -> tuple[str, str] | None:
+    """(what model.compile costs under ZeRO-3, the ways out), or None for a config that does not
+    do both: plan's deepspeed line and preflight's warning. The figures are benchmarks/
+    gpu_throughput.py's trainer section on CPU (one rank, 4x32x32, batch 2, fp32)."""
+    if not (cfg.model.compile and cfg.deepspeed.zero_stage == 3):
+        return None
+    why = (
+        "model.compile under ZeRO-3: DeepSpeed's gather hooks on every module break each compiled "
+        "stage into pieces (measured on CPU: 164 graph breaks, a step 1.4x the eager ZeRO-3 step and "
+        "2.5x the compiled ZeRO-2 one; not yet measured on a GPU)"
+    )
+    fix = (
+        "--set deepspeed.zero_stage=2 (ZeRO-1/2 compile each stage whole), or --set model.compile=false "
+        "to keep ZeRO-3"
+    )
+    return why, fix

@@ -193,6 +193,19 @@ def test_socket_ifname_error_lists_real_interfaces(make_facts):
     assert "eth0" in f.fix and "ib0" in f.fix and f.node == "n1"
 
 
+def test_compiling_under_zero3_is_a_warning_with_both_ways_out():
+    from taehv_console.core.plan.presets import load_preset
+
+    shipped = load_preset("16gpu-h100").config  # published ZeRO-3, compiled as every GPU preset
+    [f] = pf.check_compile(shipped)
+    assert (f.id, f.severity) == ("compile-under-zero3", Severity.WARNING)
+    assert "graph breaks" in f.message
+    assert "--set deepspeed.zero_stage=2" in f.fix and "--set model.compile=false" in f.fix
+    # either way out leaves nothing to say, and so does ZeRO-2 compiled
+    assert pf.check_compile(cfg(deepspeed={"zero_stage": 2}, model={"compile": True})) == []
+    assert pf.check_compile(cfg(deepspeed={"zero_stage": 3}, model={"compile": False})) == []
+
+
 def test_memory_fit_uses_the_real_gpu_memory(make_facts):
     c = cfg(optim={"batch_per_gpu": 8})
     fits = pf.check_memory_fit(c, {"a": make_facts("a")})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from taehv_console.core.cluster.preflight.data import check_data, check_loader, check_recipe
 from taehv_console.core.cluster.preflight.devices import (
+    check_compile,
     check_gpu_homogeneity,
     check_memory_fit,
     check_processes_vs_gpus,
@@ -44,6 +45,7 @@ __all__ = [
     "W",
     "bandwidth_finding",
     "check_clock_skew",
+    "check_compile",
     "check_data",
     "check_disk",
     "check_gpu_homogeneity",

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from taehv_console.core.cluster.preflight.findings import E, I, W
 from taehv_console.core.models import Finding, NodeFacts, Topology
 from taehv_console.core.plan.planner import estimate_memory
+from taehv_console.core.plan.zero import compile_under_zero3
 from trainer.config import TrainConfig
 
 
@@ -245,3 +246,10 @@ def check_memory_fit(cfg: TrainConfig, facts: Mapping[str, NodeFacts]) -> list[F
         if fit.fits:
             out.append(Finding("planner-note", I, note))
     return out
+
+
+def check_compile(cfg: TrainConfig) -> list[Finding]:
+    """A config that compiles under ZeRO-3 (the 16/48/64-GPU presets keep their published stage),
+    where DeepSpeed's hooks make the compiled step slower than the eager one."""
+    said = compile_under_zero3(cfg)
+    return [] if said is None else [Finding("compile-under-zero3", W, said[0], said[1])]

@@ -15,6 +15,7 @@ from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.nodecall import helper_name, read_reply
 from taehv_console.core.cluster.preflight.data import check_data, check_loader, check_recipe
 from taehv_console.core.cluster.preflight.devices import (
+    check_compile,
     check_gpu_homogeneity,
     check_memory_fit,
     check_processes_vs_gpus,
@@ -265,6 +266,7 @@ def _run(
     findings += check_clock_skew(probes)
     findings += check_nccl_env(facts, cfg.distributed.nccl_env, cfg.topology.device)
     findings += check_memory_fit(cfg, facts)
+    findings += check_compile(cfg)
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
 
 
