@@ -296,8 +296,8 @@ def deepspeed_lines(cfg: TrainConfig, bytes_per_s: float, link: str) -> tuple[st
 
 def compile_under_zero3(cfg: TrainConfig) -> tuple[str, str] | None:
     """(what model.compile costs under ZeRO-3, the ways out), or None for a config that does not
-    do both: plan's deepspeed line and preflight's warning. The figures are benchmarks/
-    gpu_throughput.py's trainer section on CPU (one rank, 4x32x32, batch 2, fp32)."""
+    do both: plan's deepspeed line and preflight's warning. The figures are the trainer section of
+    benchmarks/gpu_throughput.py on CPU (one rank, 4x32x32, batch 2, fp32)."""
     if not (cfg.model.compile and cfg.deepspeed.zero_stage == 3):
         return None
     why = (
