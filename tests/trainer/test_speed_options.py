@@ -59,11 +59,16 @@ def test_compile_trains_like_the_plain_model_under_zero2_and_a_fresh_machine_com
     assert got == pytest.approx(plain[2], rel=2e-3), (got, plain[2])
     first = {r: events(run, r, "compile") for r in (0, 1)}
     assert [len(first[r]) for r in (0, 1)] == [1, 1], first
-    # no cache yet: every stage compiled, and rank 0 wrote a part of it after the first step
+    # no run cache yet: the stages compiled, and rank 0 wrote a part of it after the first step.
+    # Both ranks compile the same graphs into the one Inductor directory at the same time, so a
+    # rank that falls behind can find a graph its peer has just written (seen in CI: rank 0 hit 1),
+    # so each rank's graphs are counted whether compiled or found, and nothing came from the run's cache
     cache = first[0][0]["cache"]
-    assert cache["loaded"] == 0 and cache["hits"] == 0 and cache["misses"] > 0 and cache["saved"] > 0, cache
-    assert cache["error"] is None and first[1][0]["cache"]["saved"] == 0, first
-    assert cache["aot_hits"] == 0 and cache["aot_bypasses"] == 0, cache  # every stage traced and kept
+    for r in (0, 1):
+        c = first[r][0]["cache"]
+        assert c["loaded"] == 0 and c["hits"] + c["misses"] > 0 and c["error"] is None, (r, c)
+        assert c["aot_bypasses"] == 0, (r, c)  # every stage kept by AOTAutograd's cache
+    assert cache["saved"] > 0 and first[1][0]["cache"]["saved"] == 0, first
     folder = Path(cache["folder"])
     parts = sorted(p.name for p in folder.iterdir())
     # one part after the first step, one after the validation (its no-grad graphs)
