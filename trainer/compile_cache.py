@@ -8,8 +8,9 @@ run took 42-61 s from cold on an H100 node, against 12 s warm (docs/performance.
 recovery on a fresh machine paid it again. Rank 0 saves torch's cache artifacts
 (`torch.compiler.save_cache_artifacts`: Inductor's compiled graphs, with their Triton kernels on a
 GPU, and AOTAutograd's traced forward and backward graphs) after the first step and after each
-validation that compiled something new; every rank loads them before its first compile. A file that
-does not load is reported and passed over: the cache can only save time, never fail a run.
+validation that used a graph the run's cache lacks, whether compiled or found in this machine's
+Inductor cache; every rank loads them before its first compile. A file that does not load is
+reported and passed over: the cache can only save time, never fail a run.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ def _inductor_counters() -> dict[str, int]:
     }
 
 
+def _keys(info: Any) -> set[tuple[str, str]]:
+    """The (kind, key) of each artifact a torch CacheInfo names."""
+    return {(kind, key) for kind, keys in info.artifacts.items() for key in keys}
+
+
 def _parts(folder: Path) -> list[tuple[int, Path]]:
     parts = []
     for p in folder.glob("part-*.bin"):
@@ -75,7 +81,10 @@ class CompileCache:
     loaded: int = 0  # distinct artifacts loaded from the parts
     error: str | None = None  # why a part did not load, or could not be written
     saved: int = 0  # artifacts in the last part this rank wrote
-    _saved_at_misses: int = field(default=0, repr=False)
+    # the artifacts the run's cache holds, as far as this process knows: loaded or written by it
+    _known: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    # graphs compiled or found in Inductor's cache when save_new last looked
+    _looked_at: int = field(default=0, repr=False)
 
     def load(self) -> None:
         seen: set[tuple[str, str]] = set()
@@ -95,17 +104,24 @@ class CompileCache:
                 # torch logs its reason and returns None for a file it cannot read (truncated, foreign)
                 problems.append(f"{path}: not a torch {torch.__version__} compile cache (ignored)")
                 continue
-            seen.update((kind, key) for kind, keys in info.artifacts.items() for key in keys)
+            seen |= _keys(info)
         self.loaded = len(seen)
+        self._known = seen
         self.error = "; ".join(problems) or None
 
     def save_new(self) -> bool:
-        """Write a new part when this process compiled a graph the cache lacked (rank 0 only),
-        atomically: a reader sees a whole part or none."""
-        misses = _inductor_counters()["misses"]
-        if not self.writer or misses <= self._saved_at_misses:
-            return False
-        self._saved_at_misses = misses
+        """Write a new part when this process used a graph the run's cache lacks (rank 0 only): one
+        it compiled, or one it found in Inductor's own cache under /tmp. A new run on a node that ran
+        this model before finds every graph there and compiles none, and its run's cache must still
+        hold them, or its first recovery on a fresh machine compiles from cold. Torch records a graph
+        found as it records one compiled, so what it would save, less what was loaded from the run's
+        cache or written before, is what is missing. Written atomically: a reader sees a whole part
+        or none."""
+        counts = _inductor_counters()
+        used = counts["hits"] + counts["misses"]
+        if not self.writer or used <= self._looked_at:
+            return False  # no graph compiled or found since the last look
+        self._looked_at = used
         try:
             saved = torch.compiler.save_cache_artifacts()
         except Exception as e:  # noqa: BLE001 - a cache never fails a run
@@ -114,6 +130,9 @@ class CompileCache:
         if saved is None:
             return False
         data, info = saved
+        keys = _keys(info)
+        if keys <= self._known:
+            return False  # a resume that found every graph in what it loaded: nothing to add
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             n = max((i for i, _ in _parts(self.folder)), default=0) + 1
@@ -121,7 +140,8 @@ class CompileCache:
         except OSError as e:
             self.error = f"{self.folder}: not written: {e.strerror or e}"
             return False
-        self.saved = sum(len(v) for v in info.artifacts.values())
+        self._known |= keys
+        self.saved = len(keys)
         return True
 
     def summary(self) -> dict[str, Any]:

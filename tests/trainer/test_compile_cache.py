@@ -122,3 +122,55 @@ def test_compile_stages_lets_the_cache_keep_custom_autograd_graphs():
         assert config.autograd_cache_allow_custom_autograd_functions is True
     finally:
         config.autograd_cache_allow_custom_autograd_functions = before
+
+
+RUN_CHILD = """
+import json, sys
+from pathlib import Path
+import torch
+from trainer.compile_cache import open_cache
+
+cache = open_cache(Path(sys.argv[1]), torch.device("cpu"), writer=True)
+x = torch.ones(64, requires_grad=True)
+torch.compile(lambda x: (x * 2 + 1).relu().sum(), dynamic=False)(x).backward()
+wrote = [cache.save_new(), cache.save_new()]  # the second finds nothing used since the first
+print(json.dumps({**cache.summary(), "wrote": wrote}))
+"""
+
+
+def test_a_run_that_finds_every_graph_on_its_machine_still_fills_its_run_cache(tmp_path):
+    """A second run on a node that ran this model before finds every graph in Inductor's cache under
+    /tmp and compiles none. Its run's cache must hold them all the same: its first recovery onto a
+    fresh machine (empty /tmp) would otherwise compile from cold. A resume that found everything in
+    what it loaded adds no part."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(run_dir, inductor: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / inductor)
+        argv = [sys.executable, "-c", RUN_CHILD, str(run_dir)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def parts(run_dir) -> list[str]:
+        folder = cache_dir(run_dir, torch.device("cpu"))
+        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+    first = run(tmp_path / "first", "node")  # this node's first run: every graph compiled
+    assert first["misses"] > 0 and first["wrote"] == [True, False], first
+    assert parts(tmp_path / "first") == ["part-1.bin"]
+
+    second = run(tmp_path / "second", "node")  # a new run on the same node: every graph found
+    assert (second["loaded"], second["misses"]) == (0, 0) and second["hits"] > 0, second
+    assert second["wrote"] == [True, False] and second["saved"] > 0 and second["error"] is None, second
+    assert parts(tmp_path / "second") == ["part-1.bin"]
+
+    # its recovery on a fresh machine: every graph from the run's cache, nothing compiled or added
+    moved = run(tmp_path / "second", "fresh")
+    assert moved["loaded"] >= second["saved"] and moved["hits"] > 0 and moved["misses"] == 0, moved
+    assert moved["wrote"] == [False, False] and moved["error"] is None, moved
+    assert parts(tmp_path / "second") == ["part-1.bin"]
