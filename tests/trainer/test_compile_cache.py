@@ -1,9 +1,12 @@
 """The run's compile cache (trainer.compile_cache) at its edges: where its parts live, parts that
-cannot load, and what AOTAutograd's cache may keep (fresh processes sharing one Inductor cache).
-Saving and loading real compiled stages across machines is a real run's test
+cannot load, what AOTAutograd's cache may keep (fresh processes sharing one Inductor cache), and
+when a part is written (fresh processes compiling one small function). Saving and loading the
+model's real compiled stages across machines is a real run's test
 (tests/trainer/test_speed_options.py)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -148,7 +151,7 @@ def test_a_run_that_finds_every_graph_on_its_machine_still_fills_its_run_cache(t
     import subprocess
     import sys
 
-    def run(run_dir, inductor: str) -> dict:
+    def run(run_dir: Path, inductor: str) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
         env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / inductor)
         argv = [sys.executable, "-c", RUN_CHILD, str(run_dir)]
@@ -156,7 +159,7 @@ def test_a_run_that_finds_every_graph_on_its_machine_still_fills_its_run_cache(t
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def parts(run_dir) -> list[str]:
+    def parts(run_dir: Path) -> list[str]:
         folder = cache_dir(run_dir, torch.device("cpu"))
         return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
