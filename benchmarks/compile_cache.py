@@ -4,7 +4,7 @@ from the parts an earlier attempt left in RUN/compile-cache/, beside a machine t
 model before (its own Inductor cache warm).
 
 Each attempt is a fresh process running the real trainer (`Trainer.train()`, one rank, DeepSpeed
-ZeRO-2, bf16 on a GPU, two steps and the closing validation) with its own TORCHINDUCTOR_CACHE_DIR, and prints its
+ZeRO-2 or with --zero 3 ZeRO-3, bf16 on a GPU, two steps and the closing validation) with its own TORCHINDUCTOR_CACHE_DIR, and prints its
 `compile` event as one JSON line (also appended to OUT/results.jsonl):
 
     cold              an empty Inductor cache and no run cache: everything compiles
@@ -16,6 +16,7 @@ builds again; on a GPU they also hold the Triton kernels, so `run-cache` should 
 `warm-machine` there.
 
     .venv/bin/python benchmarks/compile_cache.py                       # CPU, 8x32x32 clips: ~2 min
+    .venv/bin/python benchmarks/compile_cache.py --zero 3              # under ZeRO-3's module hooks
     python3 benchmarks/compile_cache.py --device cuda --out "$OUT"     # 12x480x720, batch 2
 """
 
@@ -55,7 +56,7 @@ def attempt(work: Path, name: str, args: argparse.Namespace, cache_from: Path | 
             "compile_mode": args.mode,
         },
     }
-    run = write_run(work / name, 2, 1, 1, frames, h, w, clips=2, extra=extra)
+    run = write_run(work / name, args.zero, 1, 1, frames, h, w, clips=2, extra=extra)
     if cache_from is not None:
         shutil.copytree(cache_from / "compile-cache", run / "compile-cache")
     env = {
@@ -92,6 +93,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="clips per step (default: 2 on cuda, 1 on cpu)")
     p.add_argument("--layout", choices=("nchw", "channels_last"), default="channels_last")
     p.add_argument("--mode", default="default", help="torch.compile mode, as model.compile_mode")
+    p.add_argument(
+        "--zero", type=int, choices=(2, 3), default=2, help="ZeRO stage (3: the 16/48/64-GPU presets' hooks)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also append each line to OUT/results.jsonl")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per attempt")
     p.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
@@ -122,6 +126,7 @@ def main() -> None:
                 "device": args.device,
                 "clip": "x".join(map(str, args.size)),
                 "batch": args.batch,
+                "zero": args.zero,
                 **row,
             }
             line = json.dumps(row)
