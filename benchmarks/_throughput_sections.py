@@ -144,7 +144,7 @@ def trainer_child(args: Any, out: Out) -> None:
         row = throughput(batch * accum, step_ms, marks.span_ms(), flop_per_clip_step(frames, h, w), args)
         if args.trainer_compile:
             # ZeRO-1/2 compile each of the 9 stages whole; ZeRO-3's gather hooks on every module
-            # break them (on CPU: 164 breaks, 65 graphs), which these say on the GPU
+            # break them (on CPU: 30 breaks, 59 graphs, the hooks run eagerly), which these say on the GPU
             from torch._dynamo.utils import counters
 
             row["graph_breaks"] = sum(counters["graph_break"].values())

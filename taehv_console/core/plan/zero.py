@@ -302,8 +302,8 @@ def compile_under_zero3(cfg: TrainConfig) -> tuple[str, str] | None:
         return None
     why = (
         "model.compile under ZeRO-3: DeepSpeed's gather hooks on every module break each compiled "
-        "stage into pieces (measured on CPU: 164 graph breaks, a step 1.4x the eager ZeRO-3 step and "
-        "2.5x the compiled ZeRO-2 one; not yet measured on a GPU)"
+        "stage into pieces (measured on CPU, the hooks run eagerly: 30 graph breaks, a step 1.2x the "
+        "eager ZeRO-3 step and 1.9x the compiled ZeRO-2 one; not yet measured on a GPU)"
     )
     fix = (
         "--set deepspeed.zero_stage=2 (ZeRO-1/2 compile each stage whole), or --set model.compile=false "
