@@ -4,8 +4,9 @@ from the parts an earlier attempt left in RUN/compile-cache/, beside a machine t
 model before (its own Inductor cache warm).
 
 Each attempt is a fresh process running the real trainer (`Trainer.train()`, one rank, DeepSpeed
-ZeRO-2 or with --zero 3 ZeRO-3, bf16 on a GPU, two steps and the closing validation) with its own TORCHINDUCTOR_CACHE_DIR, and prints its
-`compile` event as one JSON line (also appended to OUT/results.jsonl):
+ZeRO-2, or ZeRO-3 with --zero 3; bf16 on a GPU; two steps and the closing validation) with its own
+TORCHINDUCTOR_CACHE_DIR, and prints its `compile` event as one JSON line (also appended to
+OUT/results.jsonl):
 
     cold              an empty Inductor cache and no run cache: everything compiles
     run-cache         an empty Inductor cache, and the parts the cold attempt wrote
