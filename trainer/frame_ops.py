@@ -54,12 +54,20 @@ class CatPast(torch.autograd.Function):
         nt, c, h, w = x.shape
         t = nt // n
         fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
+        ctx.n, ctx.fmt = n, fmt
+        if torch.compiler.is_compiling():
+            # The compiler fuses these into one write of the output. Not the buffer filled in place
+            # below: Inductor's CPU code for `empty` plus slice writes, fused with the convolution
+            # before it, filled the buffer with NaN in a single-threaded process (torch 2.13, an
+            # AVX-512 Xeon; tests/trainer/test_compile.py), and every loss was non-finite.
+            x5 = x.view(n, t, c, h, w)
+            past = torch.cat([torch.zeros_like(x5[:, :1]), x5[:, :-1]], 1).view(nt, c, h, w)
+            return torch.cat([x, past], 1).contiguous(memory_format=fmt)
         out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
         out[:, :c] = x
         out5 = out.view(n, t, 2 * c, h, w)
         out5[:, 1:, c:] = x.view(n, t, c, h, w)[:, :-1]
         out5[:, :1, c:].zero_()
-        ctx.n, ctx.fmt = n, fmt
         return out
 
     @staticmethod
@@ -68,13 +76,13 @@ class CatPast(torch.autograd.Function):
         nt, c2, h, w = grad.shape
         c, t = c2 // 2, nt // n
         g5 = grad.reshape(n, t, c2, h, w)
+        # frame i's gradient: its own half of the cat, plus the past half of frame i+1
+        if torch.compiler.is_compiling():  # one fused kernel; functional, as in forward
+            both = torch.cat([g5[:, :-1, :c] + g5[:, 1:, c:], g5[:, -1:, :c]], 1)
+            return both.reshape(nt, c, h, w).contiguous(memory_format=fmt), None
         gx = torch.empty((nt, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=fmt)
         gx5 = gx.view(n, t, c, h, w)
-        # frame i's gradient: its own half of the cat, plus the past half of frame i+1
-        if torch.compiler.is_compiling():  # fused by the compiler; Dynamo refuses a strided out=
-            gx5[:, :-1] = g5[:, :-1, :c] + g5[:, 1:, c:]
-        else:
-            torch.add(g5[:, :-1, :c], g5[:, 1:, c:], out=gx5[:, :-1])
+        torch.add(g5[:, :-1, :c], g5[:, 1:, c:], out=gx5[:, :-1])
         gx5[:, -1:] = g5[:, -1:, :c]
         return gx, None
 
