@@ -43,6 +43,18 @@ EXIT_CONFIG = 2  # bad config, data or checkpoint: nothing to retry
 EXIT_FAILED = 1
 
 
+def nonfinite_hint(compiled: bool, step: int, started_at: int) -> str:
+    """What the give-up on non-finite losses adds: in a compiled run that has not trained a step
+    since it began, the compiler is the first suspect (Inductor's CPU code once gave NaN where the
+    same weights and clips ran finite eager)."""
+    if not compiled or step != started_at:
+        return ""
+    return (
+        f" (model.compile is on and this attempt has trained no step since step {started_at}: "
+        "--set model.compile=false tells the compiler from the data)"
+    )
+
+
 class Trainer:
     """One rank's training, built whole in __init__ (a resume loaded), run by `train`."""
 
@@ -77,6 +89,7 @@ class Trainer:
         self.validator = Validator(rt, cfg, self.learner, self.batches)
         self.reporter = StepReporter(rt, cfg)
         state.last_saved_step = state.step if self.ckpts.resume_from else -1
+        self.started_at = state.step  # where this attempt began
 
     def train(self) -> int:
         cfg, state, rt = self.cfg, self.state, self.rt
@@ -163,6 +176,7 @@ class Trainer:
             if tries > 10 * cfg.optim.grad_accum:
                 raise RuntimeError(
                     f"{tries - 1} micro-batches in a row had a non-finite loss on some rank; giving up"
+                    + nonfinite_hint(cfg.model.compile, state.step, self.started_at)
                 )
             waited = time.perf_counter()
             batch = self.batches.next()

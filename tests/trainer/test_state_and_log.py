@@ -48,3 +48,12 @@ def test_rank_logger_speaks_once_unless_a_rank_has_its_own_news(capsys):
     out, err = capsys.readouterr()
     assert out == "[taehv-train] val step 3: PSNR 20.00 dB\n"
     assert err == "[taehv-train] checkpoint at step 3 FAILED: disk full\n"
+
+
+def test_giving_up_on_non_finite_losses_names_the_compiler_only_before_a_compiled_attempt_trained():
+    from trainer.train import nonfinite_hint
+
+    hint = nonfinite_hint(compiled=True, step=40, started_at=40)
+    assert "model.compile=false" in hint and "since step 40" in hint
+    assert nonfinite_hint(compiled=True, step=41, started_at=40) == ""  # it trained: not the compiler
+    assert nonfinite_hint(compiled=False, step=40, started_at=40) == ""
