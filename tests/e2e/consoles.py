@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -28,9 +29,53 @@ SMALL_RUN = (*THREADS, "--set", "data.height=32", "--set", "data.width=32")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below Linux's ephemeral range (32768-60999): a port the kernel hands out
+    for bind(0) can be handed again, between a run's attempts, to whatever listens next (a SLURM
+    step's own sockets, a gloo pair), which took a run's rendezvous port once in CI."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 20000-32000")
+
+
+class PortHolder:
+    """Takes `port` on this machine as soon as it is free (the run's own listener gone) and holds
+    it, accepting connections, until closed: another process holding a run's rendezvous port."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.taken = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+        self._thread.start()
+
+    def _hold(self) -> None:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            while not self._done.is_set():
+                try:
+                    srv.bind(("0.0.0.0", self.port))
+                    srv.listen(64)
+                    break
+                except OSError:
+                    time.sleep(0.02)
+            else:
+                return
+            self.taken.set()
+            self._done.wait()
+        finally:
+            srv.close()
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
 
 
 def cli_argv(*args: Any) -> list[str]:

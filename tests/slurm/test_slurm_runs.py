@@ -22,7 +22,17 @@ from pathlib import Path
 import pytest
 
 from taehv_console.headless import ExitCode
-from tests.e2e.consoles import SMALL_RUN, Console, cli_argv, events, free_port, is_step, run_cli, run_state
+from tests.e2e.consoles import (
+    SMALL_RUN,
+    Console,
+    PortHolder,
+    cli_argv,
+    events,
+    free_port,
+    is_step,
+    run_cli,
+    run_state,
+)
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 
@@ -228,19 +238,49 @@ def test_a_console_inside_an_allocation_launches_both_nodes_to_final_weights(slu
 
 
 def _kill_rank_1_in_an_allocation(
-    slurm_cluster, tmp_path, job_name: str, max_steps: int, *extra: str
+    slurm_cluster, tmp_path, job_name: str, max_steps: int, *extra: str, hold_port: bool = False
 ) -> tuple[Console, Path, int]:
     """A console in a two-node allocation (checkpoints every 5 steps, 1 s backoff); rank 1 (on n2;
     the "nodes" are loopback, so its pid is this machine's) killed with SIGKILL at step 7, after
-    the first checkpoint: (the console, the run, its exit code)."""
+    the first checkpoint: (the console, the run, its exit code). `hold_port`: another process
+    takes the run's rendezvous port the moment the killed attempt lets it go, and keeps it."""
     extra = ("--set", "schedule.checkpoint_every=5", "--set", "recovery.backoff_s=1", *extra)
     argv = ["salloc", "--nodes=2", f"--job-name={job_name}", *cli_argv(*_args(tmp_path, max_steps, *extra))]
     console = Console(argv=argv, env=slurm_cluster.client_env(), cwd=tmp_path)
     run = _run_dir(console, tmp_path)
     console.wait_for(lambda o: is_step(o, 7), 420, "step 7, after the checkpoint at step 5")
     victim = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+    holder = PortHolder(run_state(run)["master_port"]) if hold_port else None
     os.kill(victim, signal.SIGKILL)
-    return console, run, console.wait(600)
+    try:
+        return console, run, console.wait(600)
+    finally:
+        if holder is not None:
+            assert holder.taken.is_set(), "the port was never free to take"
+            holder.close()
+
+
+def test_a_rendezvous_port_taken_before_the_relaunch_moves_the_run_to_the_next_port(slurm_cluster, tmp_path):
+    """What failed a CI run once: between a killed attempt and its relaunch another process took
+    the run's rendezvous port, node 0's launcher refused to start, and the run ended there ("the
+    cause is not known well enough"). Now the taken port is the cause, retried on the next port:
+    every launch file says the new one, and the run reaches final weights."""
+    console, run, rc = _kill_rank_1_in_an_allocation(
+        slurm_cluster, tmp_path, "port-taken", 14, hold_port=True
+    )
+    _finished_with_weights(rc, console, run)
+    state = run_state(run)
+    killed, refused, done = state["attempts"]
+    assert (killed["cause"], killed["decision"]) == ("signal", "restart"), killed
+    assert (refused["cause"], refused["decision"], refused["blamed_node"]) == ("port-in-use", "restart", None)
+    assert f"port {state['master_port'] - 1} is taken" in refused["why"], refused
+    assert done["outcome"] == "done" and done["restarted_by"] == "recovery", done
+    for node in (0, 1):
+        config = (run / f"accelerate-node-{node}.yaml").read_text()
+        assert f"main_process_port: {state['master_port']}" in config, config
+    notes = [o.get("message", "") for o in console.lines if o.get("kind") == "note"]
+    moved = f"the relaunch uses port {state['master_port']}"
+    assert any(moved in n for n in notes), notes
 
 
 def test_a_rank_killed_inside_an_allocation_is_relaunched_with_srun_and_reaches_final_weights(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from taehv_console.core.cluster.preflight import NODECHECK, PreflightOptions, run_preflight
+from taehv_console.core.cluster.preflight import PreflightOptions, first_free_port, run_preflight
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.options import FlowOptions
@@ -43,19 +43,12 @@ def backend_for(options: FlowOptions, topology: Topology) -> BackendKind | None:
 
 def free_port(topology: Topology, pool: SshPool, first: int | None = None) -> int:
     """The topology's port (29500 unless MASTER_PORT says otherwise) if node 0 has it free, else
-    the next free one: a laptop or a shared head node often has 29500 taken."""
+    the next free one: a laptop or a shared head node often has 29500 taken. The port itself when
+    node 0 does not answer (preflight reports an unreachable node properly) or none is free."""
     port = first or topology.master_port
     host = topology.hosts[0] if topology.uses_ssh else "localhost"
-    runner = pool.runner(host)
-    for candidate in range(port, port + 50):
-        answer = runner.call(
-            NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",)
-        )
-        if not answer.ok:  # preflight reports an unreachable node properly
-            return port
-        if answer.get("free"):
-            return candidate
-    return port
+    found = first_free_port(pool.runner(host), port)
+    return port if found is None else found
 
 
 def master_port(options: FlowOptions, topology: Topology, pool: SshPool) -> int:

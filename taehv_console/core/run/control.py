@@ -33,6 +33,7 @@ from taehv_console.core.run.failure import (
     attempt_log_text,
     choose_failure,
     parse_root_cause,
+    port_in_use,
     tail_lines,
     write_failure_text,
 )
@@ -430,6 +431,7 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
                     ended=st.ended if st else None,
                     root_cause=parse_root_cause(text),
                     log_tail=tail_lines(text),
+                    port_taken=port_in_use(text),
                 )
             )
         errors = dict(progress.errors)

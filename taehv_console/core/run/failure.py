@@ -4,8 +4,9 @@
 When one rank dies, every other rank fails soon after with a symptom (a closed connection, a
 timeout); those arrive seconds apart and often before the real cause is reported. So the cause is
 chosen by kind, not by arrival: a rank killed by a signal, then a rank's own error (not a peer
-symptom), then a node the console cannot reach, then a launcher's root-cause block, then a launcher
-that vanished, then the earliest symptom, and last a bare non-zero exit.
+symptom), then a launcher that found the rendezvous port taken, then a node the console cannot
+reach, then a launcher's root-cause block, then a launcher that vanished, then the earliest
+symptom, and last a bare non-zero exit.
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ _PEER_SYMPTOM = re.compile(
     r"software caused connection abort|terminated|sigterm|barrier",
     re.IGNORECASE,
 )
+
+
+# The rendezvous port taken on node 0 when its launcher starts: accelerate's own check, or the
+# TCPStore server torchrun starts there. No rank runs, so nothing else explains the exit.
+_PORT_IN_USE = re.compile(
+    r"launch distributed communication on port `?(?P<accelerate>\d+)`?, but another process is utilizing it"
+    r"|failed to listen on any local network address\. port: (?P<store>\d+).*?EADDRINUSE",
+    re.IGNORECASE,
+)
+
+
+def port_in_use(text: str) -> tuple[int, str] | None:
+    """The rendezvous port a launcher found taken, and the line that says so; None when none did."""
+    for line in reversed(text.splitlines()):
+        m = _PORT_IN_USE.search(line)
+        if m:
+            return int(m.group("accelerate") or m.group("store")), line.strip()[:300]
+    return None
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,7 @@ class NodeEvidence:
     ended: float | None
     root_cause: RootCause | None
     log_tail: tuple[str, ...] = ()
+    port_taken: tuple[int, str] | None = None  # port_in_use() of this attempt's log
 
 
 def choose_failure(
@@ -161,7 +181,24 @@ def choose_failure(
             exit_code=ev.root_cause.exit_code if ev and ev.root_cause else None,
             kind="exception",
         )
-    # 3. a node that cannot be reached: the other nodes' ranks exit on their lost peers
+    # 3. the rendezvous port taken where a launcher would listen: no rank of the attempt ran, and
+    #    the peers' exits (or their rendezvous timeouts) follow from it
+    taken = [n for n in failing if n.port_taken is not None]
+    if taken:
+        n = min(taken, key=lambda e: e.ended or now)
+        assert n.port_taken is not None  # filtered just above
+        port, line = n.port_taken
+        return Failure(
+            reason=f"the rendezvous port {port} is taken by another process on node {n.node} "
+            f"({n.host}): no rank could start",
+            node=n.node,
+            host=n.host,
+            exit_code=n.exit_code,
+            log_lines=(line,),
+            detected=now,
+            kind="port-in-use",
+        )
+    # 4. a node that cannot be reached: the other nodes' ranks exit on their lost peers
     if unreachable:
         node, why = unreachable[0]
         ev = by_node.get(node)
@@ -174,7 +211,7 @@ def choose_failure(
             detected=now,
             kind="node-lost",
         )
-    # 4. the earliest launcher to exit non-zero whose root-cause block names a rank (one whose
+    # 5. the earliest launcher to exit non-zero whose root-cause block names a rank (one whose
     #    own words were a lost peer's symptom exited because of that: a symptom, told below)
     symptoms = {r for r, e in rank_errors.items() if is_peer_symptom(str(e.get("message", "")))}
     with_block = [
@@ -194,7 +231,7 @@ def choose_failure(
             detected=now,
             kind="exit",
         )
-    # 5. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
+    # 6. a launcher gone without a word (its wrapper killed, the node lost): the others' errors
     #    are what its disappearance did to them
     if vanished:
         node, host = vanished[0]
@@ -208,7 +245,7 @@ def choose_failure(
             detected=now,
             kind="node-lost",
         )
-    # 6. only symptoms: name the earliest, with its own words (better than a bare exit code)
+    # 7. only symptoms: name the earliest, with its own words (better than a bare exit code)
     if rank_errors:
         rank, event = min(rank_errors.items(), key=lambda kv: kv[1].get("time", now))
         ev = by_node.get(node_of(rank))
@@ -223,7 +260,7 @@ def choose_failure(
             exit_code=ev.exit_code if ev else None,
             kind="symptom",
         )
-    # 7. a launcher exited non-zero and said nothing more
+    # 8. a launcher exited non-zero and said nothing more
     if failing:
         n = min(failing, key=lambda e: e.ended or now)
         return Failure(

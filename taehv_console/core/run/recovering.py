@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from taehv_console.core.cluster.preflight import first_free_port
 from taehv_console.core.cluster.ssh import is_unreachable
 from taehv_console.core.models import BackendKind
+from taehv_console.core.plan.render import RenderOptions, write_launch_files
 from taehv_console.core.run.backends import SrunBackend
 from taehv_console.core.run.excluding import ExcludeError, ExcludeMixin
 from taehv_console.core.run.outcome import ControlError, RunSnapshot, judge_pending, whoami
@@ -31,6 +33,10 @@ from taehv_console.core.run.recovery import (
 )
 from taehv_console.core.run.state import Attempt, Failure, Phase, StopRecord
 from trainer import checkpoint as ckpt
+
+# How long a relaunch waits for the run's rendezvous port to be free on node 0 before it moves to
+# another: a process of the failed attempt may hold it while it exits.
+PORT_WAIT_S = 10.0
 
 
 class RecoveryMixin(ExcludeMixin, ControllerParts):
@@ -155,7 +161,11 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
         """The cause, with the watch's evidence that a node's GPUs are bad (lost, uncorrectable
         ECC errors, fewer than at launch): that node is the one to blame, as a device fault, when
         the failure blamed it or blamed no node and only it has such evidence."""
-        if self._hardware is None or cause.kind in (CauseKind.DISK_FULL, CauseKind.LAUNCH):
+        if self._hardware is None or cause.kind in (
+            CauseKind.DISK_FULL,
+            CauseKind.LAUNCH,
+            CauseKind.PORT_IN_USE,
+        ):
             return cause
         try:
             by_host = dict(self._hardware())
@@ -245,6 +255,9 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
                 self._save(replace(self.state, phase=Phase.STOPPED, stop=record))
                 return False
             time.sleep(0.25)
+        self._free_rendezvous_port(
+            failed_on_port=self.state.failure is not None and self.state.failure.kind == "port-in-use"
+        )
         newest = ckpt.scan(self.run.checkpoints).newest
         pending = self._pending_recovery
         if pending is None or not failed or (failed.reached_step or 0) > failed.from_step:
@@ -267,6 +280,45 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
         self._note(f"attempt {self.attempt.number if self.attempt else '?'} launched from {where}")
         on_update(self.snapshot())
         return True
+
+    def _free_rendezvous_port(self, failed_on_port: bool) -> None:
+        """Before a relaunch, the rendezvous port node 0 will listen on: where the console can ask
+        node 0 (this machine, ssh), the run's port once it is free (a previous process may still
+        hold it for a few seconds), else the next free one; under SLURM, whose nodes the console
+        may not reach, the next port after one that an attempt found taken. A platform's pods all
+        use the port the platform gave them: kept. A new port is written into every launch file."""
+        port, new = self.state.master_port, None
+        if self.cfg.topology.nodes < 2:
+            return  # one node rendezvous on a port of its own choosing (accelerate's standalone)
+        if self.kind in (BackendKind.LOCAL, BackendKind.SSH):
+            host = (self._host(0) if self.kind is BackendKind.SSH else None) or "localhost"
+            runner = self.pool.runner(host)
+            deadline = time.time() + PORT_WAIT_S
+            while True:
+                found = first_free_port(runner, port, tries=1)
+                if found is not None or time.time() >= deadline:
+                    break
+                time.sleep(1.0)
+            if found is None:
+                new = first_free_port(runner, port + 1)
+        elif self.kind.slurm and failed_on_port:
+            new = port + 1 if port < 65535 else 1024
+            host = self._host(0) or "node 0"
+        if new is None:
+            return
+        self._note(f"the rendezvous port {port} is taken on node 0 ({host}): the relaunch uses port {new}")
+        state = self._save(replace(self.state, master_port=new))
+        nodes = self.cfg.topology.nodes
+        write_launch_files(
+            self.cfg,
+            self.run.path,
+            RenderOptions(
+                run_dir=str(self.run.path),
+                hosts=state.hosts if len(state.hosts) == nodes else (),
+                main_process_ip=state.master_addr,
+                main_process_port=new,
+            ),
+        )
 
     def _check_recovered(self) -> None:
         """Once the relaunched attempt trains again: how long the failure cost (fault to first step)

@@ -33,6 +33,7 @@ class CauseKind(str, enum.Enum):
     DISK_FULL = "disk-full"
     EXCEPTION = "exception"  # the trainer's own error: it would happen again
     LAUNCH = "launch"  # the launcher could not be started
+    PORT_IN_USE = "port-in-use"  # the rendezvous port was taken on node 0: relaunched on a free one
     UNKNOWN = "unknown"  # a launcher exited non-zero and said nothing more
 
     @property
@@ -54,6 +55,7 @@ _RETRYABLE = {
     CauseKind.NODE_LOST,
     CauseKind.DEVICE,
     CauseKind.STALL,
+    CauseKind.PORT_IN_USE,
 }
 # Kinds that say the node itself is bad: a strike against it at once, and enough to leave it out.
 _HARDWARE = {CauseKind.DEVICE}
@@ -111,6 +113,7 @@ _DIRECT = {
     "stall": CauseKind.STALL,
     "disk-full": CauseKind.DISK_FULL,
     "launch": CauseKind.LAUNCH,
+    "port-in-use": CauseKind.PORT_IN_USE,
 }
 
 

@@ -5,6 +5,7 @@ torchelastic printed the root cause. The cause must win over the symptom that ca
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from taehv_console.core.run.failure import (
@@ -13,6 +14,7 @@ from taehv_console.core.run.failure import (
     choose_failure,
     is_peer_symptom,
     parse_root_cause,
+    port_in_use,
     tail_lines,
 )
 from taehv_console.core.run.recovery import CauseKind, classify
@@ -102,3 +104,26 @@ def test_a_ranks_words_beat_a_bare_launcher_exit_code():
     errors = {0: {"message": "DataLoader worker (pid 7) is killed by signal: Terminated.", "time": 9.0}}
     f = choose_failure(nodes, errors, gpus_per_node=1, now=20.0)
     assert f.rank == 0 and "DataLoader worker" in f.reason and f.exit_code == 1
+
+
+def test_a_taken_rendezvous_port_is_the_cause_and_is_retried_without_blaming_the_node():
+    """Recorded: node 0's launcher found the run's port held by another process, in accelerate's
+    own check (a multi-node launch) and in torchrun's TCPStore (the check passed, the bind did
+    not). No rank ran; node 1's ranks would only time out waiting for a rendezvous."""
+    for name, port in (("accelerate", 45055), ("torchrun", 40847)):
+        text = attempt_log_text(FIX / f"node-0-port-taken-{name}.log", 0, 2)
+        taken = port_in_use(text)
+        assert taken is not None and taken[0] == port, (name, taken)
+        node0 = NodeEvidence(0, "n1", 1, 100.0, parse_root_cause(text), tail_lines(text), taken)
+        node1 = NodeEvidence(1, "n2", None, None, None)
+        f = choose_failure([node0, node1], {}, gpus_per_node=1, now=101.0)
+        assert (f.kind, f.node, f.host, f.rank) == ("port-in-use", 0, "n1", None), (name, f)
+        assert f"port {port} is taken" in f.reason and str(port) in f.log_lines[0], f
+        cause = classify(f)
+        # retried (the relaunch moves to a free port), and not a strike against node 0's hardware
+        assert (cause.kind, cause.retryable, cause.node) == (CauseKind.PORT_IN_USE, True, None), cause
+    assert port_in_use("RuntimeError: something else entirely\n") is None
+    # the rank killed by a signal still comes first: its port was free, its rank ran
+    killed = _evidence()
+    f = choose_failure([*killed[:1], replace(killed[1], port_taken=(1, "stale"))], {}, 1, now=1005.0)
+    assert f.kind == "signal", f

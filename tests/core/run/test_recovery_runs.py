@@ -254,3 +254,34 @@ def test_the_watchs_hardware_evidence_makes_a_killed_rank_a_device_fault_on_its_
     assert "hardware evidence on node 0: GPU 1: GPU is lost" in first.why
     # the local backend cannot start the run without its node: it restarts and says why
     assert "stays in (the backend cannot relaunch without a node)" in first.why
+
+
+def test_a_relaunch_finds_the_rendezvous_port_taken_on_node_0_and_moves_to_a_free_one(
+    launch_fake, monkeypatch
+):
+    """Two nodes on this machine: after rank 1 is killed, another process holds the run's port
+    (the fake launchers never listen on it). The relaunch waits for it a while, then moves to the
+    next free port, writes it into every node's launch file, and the run reaches done."""
+    import taehv_console.core.run.recovering as recovering_module
+    from tests.e2e.consoles import PortHolder
+
+    monkeypatch.setattr(recovering_module, "PORT_WAIT_S", 1.0)
+    ctrl = launch_fake(
+        nodes=2, per_node=1, max_steps=12, step_s=0.2, env={"FAKE_CKPT_EVERY": "3"}, overrides=recovering()
+    )
+    port = ctrl.state.master_port
+    holder = PortHolder(port)
+    try:
+        assert holder.taken.wait(10), f"port {port} is not free on this machine"
+        wait_for(lambda: step_of(ctrl) >= 4, 60, "step 4, after a checkpoint")
+        os.kill(rank_pid(ctrl.run, 1), signal.SIGKILL)
+        notes: list[str] = []
+        outcome = ctrl.follow(lambda snap: notes.extend(snap.notes), interval=0.1)
+    finally:
+        holder.close()
+    assert outcome.phase is Phase.DONE, notes
+    moved = ctrl.run.read_state().master_port
+    assert moved > port, (port, moved)
+    assert any(f"the rendezvous port {port} is taken on node 0 (localhost)" in n for n in notes), notes
+    for node in (0, 1):
+        assert f"main_process_port: {moved}" in (ctrl.run.path / f"accelerate-node-{node}.yaml").read_text()

@@ -24,7 +24,12 @@ from taehv_console.core.cluster.preflight.network import (
     check_master_port,
     check_reachability,
 )
-from taehv_console.core.cluster.preflight.orchestrate import NODECHECK, PreflightOptions, run_preflight
+from taehv_console.core.cluster.preflight.orchestrate import (
+    NODECHECK,
+    PreflightOptions,
+    first_free_port,
+    run_preflight,
+)
 from taehv_console.core.cluster.preflight.software import (
     CLOCK_SKEW_LIMIT_S,
     check_clock_skew,
@@ -60,6 +65,7 @@ __all__ = [
     "check_version_skew",
     "check_visible_devices",
     "checkpoint_bytes",
+    "first_free_port",
     "run_preflight",
     "sort_findings",
 ]

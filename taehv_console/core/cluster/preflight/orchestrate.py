@@ -29,7 +29,7 @@ from taehv_console.core.cluster.preflight.network import (
 )
 from taehv_console.core.cluster.preflight.software import check_clock_skew, check_nccl_env, check_version_skew
 from taehv_console.core.cluster.preflight.storage import check_disk, check_runs_shared
-from taehv_console.core.cluster.ssh import SshPool, SshSettings, resolve_target
+from taehv_console.core.cluster.ssh import NodeRunner, SshPool, SshSettings, resolve_target
 from taehv_console.core.models import (
     BandwidthResult,
     Finding,
@@ -42,6 +42,20 @@ from taehv_console.core.plan.planner import assumed_throughput
 from trainer.config import TrainConfig
 
 NODECHECK = "taehv_console.core.cluster.nodecheck"
+
+
+def first_free_port(runner: NodeRunner, first: int, tries: int = 50) -> int | None:
+    """The first of `tries` ports from `first` on that is free on the runner's node (nodecheck
+    port-free); None when the node does not answer or none of them is."""
+    for candidate in range(first, first + tries):
+        answer = runner.call(
+            NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",)
+        )
+        if not answer.ok:
+            return None
+        if answer.get("free"):
+            return candidate
+    return None
 
 
 def _facts(probes: Sequence[ProbeResult]) -> dict[str, NodeFacts]:
