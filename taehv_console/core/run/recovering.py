@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from taehv_console.core.cluster.preflight import first_free_port
-from taehv_console.core.cluster.ssh import is_unreachable
+from taehv_console.core.cluster.preflight import first_free_port, port_free
+from taehv_console.core.cluster.ssh import SshError, is_unreachable
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.render import RenderOptions, write_launch_files
 from taehv_console.core.run.backends import SrunBackend
@@ -292,15 +292,17 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
             return  # one node rendezvous on a port of its own choosing (accelerate's standalone)
         if self.kind in (BackendKind.LOCAL, BackendKind.SSH):
             host = (self._host(0) if self.kind is BackendKind.SSH else None) or "localhost"
-            runner = self.pool.runner(host)
-            deadline = time.time() + PORT_WAIT_S
-            while True:
-                found = first_free_port(runner, port, tries=1)
-                if found is not None or time.time() >= deadline:
-                    break
-                time.sleep(1.0)
-            if found is None:
+            try:
+                runner = self.pool.runner(host)
+                deadline = time.time() + PORT_WAIT_S
+                while (free := port_free(runner, port)) is False and time.time() < deadline:
+                    time.sleep(1.0)
+                if free is not False:
+                    return  # free, or node 0 does not answer: the launch will say what it finds
                 new = first_free_port(runner, port + 1)
+            except (SshError, OSError) as err:
+                self._note(f"the rendezvous port on node 0 ({host}) could not be checked: {err}")
+                return
         elif self.kind.slurm and failed_on_port:
             new = port + 1 if port < 65535 else 1024
             host = self._host(0) or "node 0"

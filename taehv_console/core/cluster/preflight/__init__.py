@@ -28,6 +28,7 @@ from taehv_console.core.cluster.preflight.orchestrate import (
     NODECHECK,
     PreflightOptions,
     first_free_port,
+    port_free,
     run_preflight,
 )
 from taehv_console.core.cluster.preflight.software import (
@@ -66,6 +67,7 @@ __all__ = [
     "check_visible_devices",
     "checkpoint_bytes",
     "first_free_port",
+    "port_free",
     "run_preflight",
     "sort_findings",
 ]

@@ -44,16 +44,20 @@ from trainer.config import TrainConfig
 NODECHECK = "taehv_console.core.cluster.nodecheck"
 
 
+def port_free(runner: NodeRunner, port: int) -> bool | None:
+    """Whether `port` is free on the runner's node (nodecheck port-free); None when it does not answer."""
+    answer = runner.call(NODECHECK, ["port-free", "--port", str(port)], timeout=30, require=("free",))
+    return bool(answer.get("free")) if answer.ok else None
+
+
 def first_free_port(runner: NodeRunner, first: int, tries: int = 50) -> int | None:
-    """The first of `tries` ports from `first` on that is free on the runner's node (nodecheck
-    port-free); None when the node does not answer or none of them is."""
+    """The first of `tries` ports from `first` on that is free on the runner's node; None when the
+    node does not answer or none of them is."""
     for candidate in range(first, first + tries):
-        answer = runner.call(
-            NODECHECK, ["port-free", "--port", str(candidate)], timeout=30, require=("free",)
-        )
-        if not answer.ok:
+        free = port_free(runner, candidate)
+        if free is None:
             return None
-        if answer.get("free"):
+        if free:
             return candidate
     return None
 
