@@ -56,13 +56,11 @@ class CatPast(torch.autograd.Function):
         fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
         ctx.n, ctx.fmt = n, fmt
         if torch.compiler.is_compiling():
-            # The compiler fuses these into one write of the output. Not the buffer filled in place
-            # below: Inductor's CPU code for `empty` plus slice writes, fused with the convolution
-            # before it, filled the buffer with NaN in a single-threaded process (torch 2.13, an
-            # AVX-512 Xeon; tests/trainer/test_compile.py), and every loss was non-finite.
-            x5 = x.view(n, t, c, h, w)
-            past = torch.cat([torch.zeros_like(x5[:, :1]), x5[:, :-1]], 1).view(nt, c, h, w)
-            return torch.cat([x, past], 1).contiguous(memory_format=fmt)
+            # The published operators, which the compiler fuses into one write of the output. Not
+            # the `empty` buffer filled in place below: Inductor's CPU code for it, fused with the
+            # convolution before it, filled the buffer with NaN in a single-threaded process
+            # (torch 2.13, an AVX-512 Xeon; tests/trainer/test_compile.py): every loss non-finite.
+            return torch.cat([x, shift_one_frame(x, n)], 1).contiguous(memory_format=fmt)
         out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
         out[:, :c] = x
         out5 = out.view(n, t, 2 * c, h, w)

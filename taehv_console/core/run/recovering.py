@@ -16,7 +16,6 @@ from dataclasses import replace
 from taehv_console.core.cluster.preflight import first_free_port, port_free
 from taehv_console.core.cluster.ssh import SshError, is_unreachable
 from taehv_console.core.models import BackendKind
-from taehv_console.core.plan.render import RenderOptions, write_launch_files
 from taehv_console.core.run.backends import SrunBackend
 from taehv_console.core.run.excluding import ExcludeError, ExcludeMixin
 from taehv_console.core.run.outcome import ControlError, RunSnapshot, judge_pending, whoami
@@ -255,9 +254,7 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
                 self._save(replace(self.state, phase=Phase.STOPPED, stop=record))
                 return False
             time.sleep(0.25)
-        self._free_rendezvous_port(
-            failed_on_port=self.state.failure is not None and self.state.failure.kind == "port-in-use"
-        )
+        self._free_rendezvous_port()
         newest = ckpt.scan(self.run.checkpoints).newest
         pending = self._pending_recovery
         if pending is None or not failed or (failed.reached_step or 0) > failed.from_step:
@@ -281,7 +278,7 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
         on_update(self.snapshot())
         return True
 
-    def _free_rendezvous_port(self, failed_on_port: bool) -> None:
+    def _free_rendezvous_port(self) -> None:
         """Before a relaunch, the rendezvous port node 0 will listen on: where the console can ask
         node 0 (this machine, ssh), the run's port once it is free (a previous process may still
         hold it for a few seconds), else the next free one; under SLURM, whose nodes the console
@@ -303,24 +300,15 @@ class RecoveryMixin(ExcludeMixin, ControllerParts):
             except (SshError, OSError) as err:
                 self._note(f"the rendezvous port on node 0 ({host}) could not be checked: {err}")
                 return
-        elif self.kind.slurm and failed_on_port:
+        elif self.kind.slurm and self.state.failure is not None and self.state.failure.kind == "port-in-use":
             new = port + 1 if port < 65535 else 1024
             host = self._host(0) or "node 0"
         if new is None:
             return
         self._note(f"the rendezvous port {port} is taken on node 0 ({host}): the relaunch uses port {new}")
         state = self._save(replace(self.state, master_port=new))
-        nodes = self.cfg.topology.nodes
-        write_launch_files(
-            self.cfg,
-            self.run.path,
-            RenderOptions(
-                run_dir=str(self.run.path),
-                hosts=state.hosts if len(state.hosts) == nodes else (),
-                main_process_ip=state.master_addr,
-                main_process_port=new,
-            ),
-        )
+        hosts = state.hosts if len(state.hosts) == self.cfg.topology.nodes else ()
+        self._rewrite(self.cfg, hosts, state.master_addr)  # with the state's new port
 
     def _check_recovered(self) -> None:
         """Once the relaunched attempt trains again: how long the failure cost (fault to first step)
