@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
@@ -114,8 +115,9 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     if not run.has_state():
         info["phase"] = "rendered"  # files only (render), never launched by a console
         return info
+    refused: dict[int, str] = {}
     try:
-        state, procs = probe_live(run, pool) if check else (run.read_state(), {})
+        state, procs = probe_live(run, pool, refused) if check else (run.read_state(), {})
     except StateError as err:
         info["error"] = str(err)
         return info
@@ -163,6 +165,9 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
         alive = {n: (str(p) if isinstance(p, Exception) else list(p)) for n, p in procs.items()}
         info["alive"] = alive
         info["live"] = any_alive(procs)
+        # recorded pids the nodes would not call the run's: never "alive", always said
+        info["not_the_runs"] = {str(n): why for n, why in sorted(refused.items())}
+    info["attention"] = list(state.attention)
     if brief:
         return info
     plain = view.to_dict()
@@ -251,8 +256,19 @@ def _print_one(i: dict[str, Any]) -> None:
             c.print(f"    {frame}", markup=False)
     for n in i.get("nodes", []):
         alive = (i.get("alive") or {}).get(n["index"])
-        live = "" if alive is None else (f", alive: {alive}" if alive else ", nothing alive")
-        c.print(f"  node {n['index']} {n['host']}: pid {n['pid']} pgid {n['pgid']}{live}  log {n['log']}")
+        refused = (i.get("not_the_runs") or {}).get(str(n["index"]))
+        if refused:
+            live = f", not the run's: {refused}"
+        elif isinstance(alive, str):
+            live = f", unknown: {alive}"
+        else:
+            live = "" if alive is None else (f", alive: {alive}" if alive else ", nothing alive")
+        c.print(
+            f"  node {n['index']} {n['host']}: pid {n['pid']} pgid {n['pgid']}{live}  log {n['log']}",
+            markup=False,
+        )
+    for line in i.get("attention", []):
+        c.print(f"  [yellow]needs attention[/]: {escape(line)}")
     if i.get("checkpoint"):
         c.print(f"  newest checkpoint: step {i['checkpoint']['step']} ({i['checkpoint']['path']})")
     if i.get("failure"):

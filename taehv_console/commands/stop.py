@@ -25,7 +25,10 @@ from taehv_console.follow import make_view
 
 EXIT_CODES = {
     ExitCode.DONE: "stopped (or it had already ended), and nothing of it is left on any node",
-    ExitCode.FAILED: "something of it could not be stopped, or its controlling console did not stop it",
+    ExitCode.FAILED: (
+        "something of it could not be stopped, its controlling console did not stop it, or a recorded "
+        "process could not be proven the run's (it was sent no signal; state.json's attention names it)"
+    ),
     ExitCode.USAGE: "wrong command line, or no such run (no running run without RUN)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) while waiting; the stop may still go on",
 }
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         "checkpoint_step": s.checkpoint_step if s else None,
         "nothing_left": bool(s.verified) if s else None,
         "killed": list(s.killed) if s else [],
+        "attention": list(state.attention),
     }
     if args.json:
         print(json.dumps({"source": "console", "kind": "result", **result}))
@@ -72,4 +76,6 @@ def run(args: argparse.Namespace) -> ExitCode:
             f"{target.run_id}: {state.phase.value}; {where}"
             + ("; nothing of it left on any node" if s and s.verified else "")
         )
+    for line in state.attention:
+        print(f"taehv-console stop: needs attention: {line}", file=sys.stderr)
     return ExitCode.DONE if ok else ExitCode.FAILED

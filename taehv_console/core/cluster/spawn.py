@@ -26,7 +26,10 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def start_detached(
     argv: Sequence[str], log_path: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
 ) -> dict:
-    """Start argv in a new session; return {"pid", "pgid", "sid", "host", "log"}. Does not wait."""
+    """Start argv in a new session; return {"pid", "pgid", "sid", "host", "log", "start_ticks",
+    "boot_id"}. Does not wait. The start time is read here, at spawn, from the child's /proc entry
+    (it exists until someone reaps the child, and nobody has yet): the identity every later signal
+    to this group is checked against, known before the process could write anything itself."""
     log = Path(log_path).expanduser()
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
@@ -48,7 +51,25 @@ def start_detached(
         pgid, sid = os.getpgid(proc.pid), os.getsid(proc.pid)
     except ProcessLookupError:  # it already exited and was reaped by nobody yet: still its own group
         pgid = sid = proc.pid
-    return {"pid": proc.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(), "log": str(log)}
+    entry = read_proc_one(proc.pid)
+    return {
+        "pid": proc.pid,
+        "pgid": pgid,
+        "sid": sid,
+        "host": socket.gethostname(),
+        "log": str(log),
+        "start_ticks": entry[4] if entry else None,
+        "boot_id": boot_id(),
+    }
+
+
+def boot_id() -> str:
+    """This boot's id: start times in /proc count from boot, so they identify a process only
+    together with it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 ProcEntry = tuple[int, int, int, str, int]  # (ppid, pgid, sid, state, start_ticks)

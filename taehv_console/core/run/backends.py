@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -81,9 +82,39 @@ class Started:
 
 class LaunchBackend(ABC):
     """The one interface the controller uses; node keys are machine ranks (-1: a driver process
-    such as srun that stands for every node)."""
+    such as srun that stands for every node).
+
+    Every pid a backend signals is checked on its node first (node.identify): a recorded group
+    that is not proven the run's gets no signal. Those refusals are kept for the controller, which
+    records them (`take_refusals`): FOREIGN ones count as gone (the launcher is dead, its pid
+    taken by another process), UNPROVEN ones as unknown (NotTheRunsError)."""
 
     kind: str = ""
+
+    def __init__(self) -> None:
+        self._refusals: dict[int, str] = {}
+        self._refusals_lock = threading.Lock()
+
+    def take_refusals(self) -> dict[int, str]:
+        """node -> why its recorded group was not signalled (nor listed), since the last call."""
+        with self._refusals_lock:
+            out, self._refusals = self._refusals, {}
+        return out
+
+    def _refuse(self, index: int, why: str) -> None:
+        with self._refusals_lock:
+            self._refusals[index] = why
+
+    def _checked(self, launcher: NodeLauncher, reply: Mapping[str, Any], value: Any) -> Any:
+        """`value` when the node tool found the group the run's (or nothing left); a FOREIGN group
+        is kept as a refusal and counts as nothing left; an UNPROVEN one raises NotTheRunsError."""
+        why = launcher_identity(launcher, reply)
+        if why is None:
+            return value
+        self._refuse(launcher.index, why)
+        if reply.get("identity") == node.UNPROVEN:
+            raise NotTheRunsError(f"{why}; no signal sent")
+        return type(value)()
 
     @abstractmethod
     def start(self, run: RunDir, commands: Sequence[NodeCommand], attempt: int) -> Started: ...
@@ -127,20 +158,45 @@ def flight_recorder_env_for(run: RunDir) -> dict[str, str]:
     return env
 
 
-def _leader_start(run: RunDir, launcher: NodeLauncher, attempt: int) -> int | None:
-    """The wrapper's recorded start time, when its status file is the one of this launcher."""
-    if launcher.index < 0:
+def identity_args(run: RunDir, launcher: NodeLauncher, attempt: int) -> list[str]:
+    """The node tool's options that say whose group this is (node.identify checks them where the
+    group lives): pgid, the run id, machine rank and attempt, and the leader's start time and boot
+    id as read at spawn. A launch recorded before those were kept takes them from its wrapper's
+    status file, when that file names the same pid for the same attempt."""
+    start, boot = launcher.start_ticks, launcher.boot_id
+    if start is None and launcher.index >= 0:
+        st: NodeStatus | None = run.node_status(launcher.index)
+        if st is not None and st.attempt == attempt and st.pid == launcher.pid:
+            start, boot = st.start_ticks, boot or st.boot_id
+    args = ["--pgid", str(launcher.pgid), "--run-id", run.run_id]
+    args += ["--node", str(launcher.index), "--attempt", str(attempt)]
+    if start is not None:
+        args += ["--start-ticks", str(start)]
+    if boot:
+        args += ["--boot-id", boot]
+    return args
+
+
+class NotTheRunsError(BackendError):
+    """Something lives at a recorded pid or group, but nothing proves it is the run's: no signal
+    was sent, and whether the run's launcher still lives there is unknown."""
+
+
+def launcher_identity(launcher: NodeLauncher, reply: Mapping[str, Any]) -> str | None:
+    """Why the node tool refused a recorded group (its `identity` was FOREIGN or UNPROVEN), as one
+    line naming node, host and pid; None when it was the run's, or nothing was left."""
+    verdict = reply.get("identity")
+    if verdict not in (node.FOREIGN, node.UNPROVEN):
         return None
-    st: NodeStatus | None = run.node_status(launcher.index)
-    if st is not None and st.attempt == attempt and st.pid == launcher.pid:
-        return st.start_ticks
-    return None
+    where = f"node {launcher.index}" if launcher.index >= 0 else "srun"
+    return f"{where} ({launcher.host}): {reply.get('why') or verdict}"
 
 
 class RunnerBackend(LaunchBackend):
     """local, ssh and platform: node launchers started through NodeRunners (SSH or this machine)."""
 
     def __init__(self, kind: str, pool: SshPool, command_timeout_s: float = 30.0):
+        super().__init__()
         self.kind = kind
         self.pool = pool
         self.timeout = command_timeout_s
@@ -156,11 +212,18 @@ class RunnerBackend(LaunchBackend):
                 wrapper_argv(r.python, c, attempt),
                 log_path=c.log,
                 cwd=c.cwd or None,
-                env={**fr_env, **c.env},
+                env={**fr_env, **c.env, node.RUN_ID_ENV: run.run_id},
                 timeout=self.timeout + 30,
             )
             return NodeLauncher(
-                index=c.index, host=c.host, pid=p.pid, pgid=p.pgid, log=p.log, started=time.time()
+                index=c.index,
+                host=c.host,
+                pid=p.pid,
+                pgid=p.pgid,
+                log=p.log,
+                started=time.time(),
+                start_ticks=p.start_ticks,
+                boot_id=p.boot_id,
             )
 
         by_index = {c.index: c for c in commands}
@@ -183,13 +246,13 @@ class RunnerBackend(LaunchBackend):
         run: RunDir,
         attempt: Attempt,
         nodes: Sequence[int] | None,
-        fn: Callable[[NodeLauncher, int | None], Any],
+        fn: Callable[[NodeLauncher, list[str]], Any],
     ) -> dict[int, Any]:
         chosen = [n for n in attempt.nodes if nodes is None or n.index in nodes]
         by_key = {str(n.index): n for n in chosen}
         out = fan_out(
             list(by_key),
-            lambda k: fn(by_key[k], _leader_start(run, by_key[k], attempt.number)),
+            lambda k: fn(by_key[k], identity_args(run, by_key[k], attempt.number)),
             self.pool.settings.max_parallel,
         )
         return {int(k): v for k, v in out.items()}
@@ -204,19 +267,20 @@ class RunnerBackend(LaunchBackend):
             .value()
         )
 
-    @staticmethod
-    def _ident(launcher: NodeLauncher, start: int | None) -> list[str]:
-        return ["--pgid", str(launcher.pgid)] + (["--start-ticks", str(start)] if start is not None else [])
-
     def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
-        def one(n: NodeLauncher, start: int | None) -> tuple[int, ...]:
-            return tuple(self._node_call(n, ["pids", *self._ident(n, start)], ("pids",))["pids"])
+        def one(n: NodeLauncher, ident: list[str]) -> tuple[int, ...]:
+            reply = self._node_call(n, ["pids", *ident], ("pids",))
+            return self._checked(n, reply, tuple(reply["pids"]))
 
         return self._each(run, attempt, None, one)
 
     def terminate(self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None) -> dict[int, str]:
-        def one(n: NodeLauncher, start: int | None) -> Mapping[str, Any]:
-            return self._node_call(n, ["kill", *self._ident(n, start), "--signal", "TERM"], ("signalled",))
+        def one(n: NodeLauncher, ident: list[str]) -> Mapping[str, Any]:
+            reply = self._node_call(n, ["kill", *ident, "--signal", "TERM"], ("signalled",))
+            self._checked(n, reply, reply)
+            if reply.get("identity") == node.FOREIGN:  # the stop must say it sent nothing there
+                raise NotTheRunsError(f"{launcher_identity(n, reply)}; no signal sent")
+            return reply
 
         return {
             k: _why(v) for k, v in self._each(run, attempt, nodes, one).items() if isinstance(v, Exception)
@@ -225,10 +289,9 @@ class RunnerBackend(LaunchBackend):
     def kill(
         self, run: RunDir, attempt: Attempt, nodes: Sequence[int] | None = None
     ) -> dict[int, tuple[int, ...] | Exception]:
-        def one(n: NodeLauncher, start: int | None) -> tuple[int, ...]:
-            return tuple(
-                self._node_call(n, ["kill", *self._ident(n, start), "--signal", "KILL"], ("left",))["left"]
-            )
+        def one(n: NodeLauncher, ident: list[str]) -> tuple[int, ...]:
+            reply = self._node_call(n, ["kill", *ident, "--signal", "KILL"], ("left",))
+            return self._checked(n, reply, tuple(reply["left"]))
 
         return self._each(run, attempt, nodes, one)
 
@@ -272,6 +335,7 @@ class SrunBackend(LaunchBackend):
         # `nodes` (the run's node count when the backend was made) is not used: an exclusion changes
         # the count under a controller that keeps this backend, and each start's commands say it
         del nodes
+        super().__init__()
         self.local = LocalRunner("localhost", pool.settings.python)
         self.pool = pool
         self.srun = srun
@@ -348,14 +412,21 @@ class SrunBackend(LaunchBackend):
                 argv,
                 log_path=str(run.logs / "srun.log"),
                 cwd=str(run.path),
-                env={**flight_recorder_env_for(run), **commands[0].env},
+                env={**flight_recorder_env_for(run), **commands[0].env, node.RUN_ID_ENV: run.run_id},
             )
         except (SshError, OSError) as err:
             return Started((), {-1: _why(err)})
         return Started(
             (
                 NodeLauncher(
-                    index=-1, host="localhost", pid=p.pid, pgid=p.pgid, log=p.log, started=time.time()
+                    index=-1,
+                    host="localhost",
+                    pid=p.pid,
+                    pgid=p.pgid,
+                    log=p.log,
+                    started=time.time(),
+                    start_ticks=p.start_ticks,
+                    boot_id=p.boot_id,
                 ),
             ),
             {},
@@ -364,9 +435,19 @@ class SrunBackend(LaunchBackend):
     def _driver(self, attempt: Attempt) -> NodeLauncher | None:
         return next((n for n in attempt.nodes if n.index == -1), None)
 
+    def _driver_call(self, run: RunDir, attempt: Attempt, d: NodeLauncher, *args: str) -> Mapping[str, Any]:
+        """The node tool on srun's group on this machine, its identity checked first."""
+        return _local_node_call([args[0], *identity_args(run, d, attempt.number), *args[1:]])
+
     def processes(self, run: RunDir, attempt: Attempt) -> dict[int, tuple[int, ...] | Exception]:
         d = self._driver(attempt)
-        return {-1: tuple(_local_node_call(["pids", "--pgid", str(d.pgid)])["pids"])} if d else {}
+        if d is None:
+            return {}
+        reply = self._driver_call(run, attempt, d, "pids")
+        try:
+            return {-1: self._checked(d, reply, tuple(reply["pids"]))}
+        except NotTheRunsError as err:
+            return {-1: err}
 
     def _scancel_steps(self, run: RunDir, attempt: Attempt, *options: str) -> str | None:
         """`scancel OPTIONS JOB.STEP` for the attempt's step(s), as its node wrappers recorded them:
@@ -397,7 +478,11 @@ class SrunBackend(LaunchBackend):
             return {}
         d = self._driver(attempt)
         if d:
-            _local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "TERM"])
+            reply = self._driver_call(run, attempt, d, "kill", "--signal", "TERM")
+            refused = launcher_identity(d, reply)
+            if refused:
+                self._refuse(d.index, refused)
+                return {-1: f"{refused}; no signal sent"}
         return {-1: why} if why else {}
 
     def kill(
@@ -407,11 +492,13 @@ class SrunBackend(LaunchBackend):
         (which ends the step's launch on this machine also when scancel could not)."""
         self._scancel_steps(run, attempt)
         d = self._driver(attempt)
-        return (
-            {-1: tuple(_local_node_call(["kill", "--pgid", str(d.pgid), "--signal", "KILL"])["left"])}
-            if d
-            else {}
-        )
+        if d is None:
+            return {}
+        reply = self._driver_call(run, attempt, d, "kill", "--signal", "KILL")
+        try:
+            return {-1: self._checked(d, reply, tuple(reply["left"]))}
+        except NotTheRunsError as err:
+            return {-1: err}
 
     def describe(self, attempt: Attempt) -> list[str]:
         d = self._driver(attempt)
@@ -437,6 +524,7 @@ class SbatchBackend(LaunchBackend):
         sacct: str = "sacct",
         scontrol: str = "scontrol",
     ):
+        super().__init__()
         self.runner = runner or LocalRunner("localhost", sys.executable)
         self.cmd = {
             "sbatch": sbatch,

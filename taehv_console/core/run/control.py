@@ -461,6 +461,7 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         if live:
             self._note(f"stopping node(s) {', '.join(map(str, live))} after the failure")
             self.backend.terminate(self.run, a, live)
+            self._record_refusals()
             self._wait_gone(FAILURE_GRACE_S)
             left = self._kill_leftovers()
             if left:

@@ -29,7 +29,22 @@ class LivenessMixin(ControllerParts):
         a = self._adopt() or self.attempt
         if a is None or (not a.nodes and not a.slurm_job):
             return {}
-        return self.backend.processes(self.run, a)
+        out = self.backend.processes(self.run, a)
+        self._record_refusals()
+        return out
+
+    def _record_refusals(self) -> dict[int, str]:
+        """The recorded groups the backend would not list or signal, because nothing proved them
+        the run's (node.identify): each said once, and kept in state.json's `attention` for a
+        person, since the console sent them nothing. node -> why, for the caller."""
+        refused = self.backend.take_refusals()
+        new = [f"{why}; no signal sent" for _node, why in sorted(refused.items())]
+        new = [line for line in dict.fromkeys(new) if line not in self.state.attention]
+        if new:
+            for line in new:
+                self._note(line)
+            self._save(replace(self.state, attention=self.state.attention + tuple(new)))
+        return refused
 
     def _adopt(self) -> Attempt | None:
         """An attempt whose launchers were started but never recorded (the console was killed in
@@ -52,6 +67,9 @@ class LivenessMixin(ControllerParts):
                     pgid=st.pgid,
                     log=str(self.run.node_log(i)),
                     started=st.started,
+                    # the wrapper's own record: the console that started it never wrote one
+                    start_ticks=st.start_ticks,
+                    boot_id=st.boot_id,
                 )
             )
         if not found:

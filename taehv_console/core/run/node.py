@@ -26,12 +26,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from taehv_console.core.cluster.spawn import read_proc, read_proc_one
+from taehv_console.core.cluster.spawn import boot_id, read_proc, read_proc_one
+
+NODE_MODULE_NAME = "taehv_console.core.run.node"  # the wrapper's `-m` (plan/render.py: NODE_MODULE)
 
 PR_SET_CHILD_SUBREAPER = 36
+# The run's identity in the environment of everything the console launches (the backends set it
+# at spawn; the wrapper, the launcher and the ranks inherit it): /proc/PID/environ shows it.
+RUN_ID_ENV = "TAEHV_RUN_ID"
+
+# What the identity check says of a recorded launcher group (`identify`):
+OURS = "ours"  # proven the run's: signal it
+GONE = "gone"  # nothing of it is left
+FOREIGN = "foreign"  # its pid now belongs to a process that is provably not the run's
+UNPROVEN = "unproven"  # something lives there, but nothing proves it is the run's: never signalled
 
 
 # ------------------------------------------------------------------------------------- /proc
@@ -42,11 +54,142 @@ def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     return entry[4] if entry else None
 
 
-def boot_id() -> str:
+@dataclass(frozen=True)
+class Recorded:
+    """What the console recorded of a launcher it started (state.json's attempt node): its group,
+    the leader's start time and boot id read at spawn, and the run it belongs to."""
+
+    pgid: int
+    start_ticks: int | None = None
+    boot_id: str = ""
+    run_id: str = ""
+    node: int | None = None  # machine rank (-1: srun)
+    attempt: int | None = None
+
+
+def _read(path: str) -> bytes | None:
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # gone, or another user's process (environ is private)
+        return None
+
+
+def _environ(pid: int, proc_root: str) -> dict[str, str] | None:
+    raw = _read(os.path.join(proc_root, str(pid), "environ"))
+    if raw is None:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _cmdline(pid: int, proc_root: str) -> list[str]:
+    raw = _read(os.path.join(proc_root, str(pid), "cmdline")) or b""
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _is_runs_wrapper(cmd: list[str], rec: Recorded) -> bool:
+    """The node wrapper of this run, node and attempt, as its command line says (a launch made
+    before RUN_ID_ENV existed carries no other mark): `-m <this module> launch --status
+    .../<run id>/logs/node-<i>.status.json ... --attempt N`."""
+    if NODE_MODULE_NAME not in cmd or "launch" not in cmd or "--status" not in cmd:
+        return False
+    status = cmd[cmd.index("--status") + 1] if cmd.index("--status") + 1 < len(cmd) else ""
+    node = "{node}" if rec.node is not None and rec.node < 0 else str(rec.node)
+    if not status.endswith(f"/{rec.run_id}/logs/node-{node}.status.json"):
+        return False
+    attempt = cmd[cmd.index("--attempt") + 1] if "--attempt" in cmd[:-1] else "1"
+    return rec.attempt is None or attempt == str(rec.attempt)
+
+
+def _mark(pid: int, rec: Recorded, proc_root: str) -> str | None:
+    """How process `pid` shows it belongs to run `rec.run_id`: "env" (RUN_ID_ENV in its
+    environment), "wrapper" (it is the run's node wrapper for this node and attempt), "" (it does
+    not: its environment was read and names no such run), None (its environment cannot be read)."""
+    env = _environ(pid, proc_root)
+    if env is not None and env.get(RUN_ID_ENV) == rec.run_id:
+        return "env"
+    if _is_runs_wrapper(_cmdline(pid, proc_root), rec):
+        return "wrapper"
+    return None if env is None else ""
+
+
+def _what(pid: int, proc_root: str) -> str:
+    cmd = " ".join(_cmdline(pid, proc_root))
+    return (cmd[:80] + "...") if len(cmd) > 80 else (cmd or "?")
+
+
+def identify(
+    rec: Recorded, table: dict[int, tuple[int, int, int, str, int]] | None = None, proc_root: str = "/proc"
+) -> tuple[str, str]:
+    """Whether the group the console recorded is still the run's, checked on the node where it
+    lives: (OURS | GONE | FOREIGN | UNPROVEN, why). Fails closed: only OURS is ever signalled.
+
+    OURS needs more than the pid: the leader's start time as recorded at spawn, and the run's
+    identity (RUN_ID_ENV in its environment, or the run's own node wrapper command line for a
+    launch recorded before it existed). With the leader gone and its group still there (Linux
+    never reuses a pid while a group of that id has members), its members must carry the run's
+    identity. A console that gives no run id (an old one) is held to the start time alone."""
+    table = read_proc(proc_root) if table is None else table
+    pgid = rec.pgid
+    here = boot_id()
+    if rec.boot_id and here and rec.boot_id != here:
+        return GONE, f"the node has restarted since pgid {pgid} was recorded (another boot id)"
+    leader = table.get(pgid)
+    if leader is not None and leader[3] != "Z":
+        what = f"pid {pgid} ({_what(pgid, proc_root)})"
+        if rec.start_ticks is not None and leader[4] != rec.start_ticks:
+            return FOREIGN, (
+                f"{what} is another process: it started at tick {leader[4]}, the run's launcher at "
+                f"tick {rec.start_ticks}"
+            )
+        if not rec.run_id:
+            if rec.start_ticks is None:
+                return UNPROVEN, f"{what}: no start time was recorded for it"
+            return OURS, ""
+        mark = _mark(pgid, rec, proc_root)
+        if mark == "":
+            return FOREIGN, (
+                f"{what} is not the run's: its environment has no {RUN_ID_ENV}={rec.run_id} and it "
+                f"is not the run's node wrapper"
+            )
+        if mark is None:
+            return (
+                UNPROVEN,
+                f"{what}: its environment cannot be read, so nothing shows it is run {rec.run_id}'s",
+            )
+        if rec.start_ticks is None and mark != "wrapper":
+            return UNPROVEN, (
+                f"{what} carries run {rec.run_id}'s identity, but no start time was recorded for "
+                f"its launcher, so it may be another of the run's processes"
+            )
+        return OURS, ""
+    members = sorted(p for p, v in table.items() if v[1] == pgid and v[3] != "Z")
+    if not members:
+        return GONE, ""
+    if not rec.run_id:
+        if rec.start_ticks is None:
+            return (
+                UNPROVEN,
+                f"group {pgid} (pids {members[:5]}): its leader is gone and no start time was recorded",
+            )
+        return OURS, ""
+    marks = [_mark(p, rec, proc_root) for p in members]
+    if any(marks):
+        return OURS, ""
+    if all(m == "" for m in marks):
+        return FOREIGN, (
+            f"group {pgid} (pids {members[:5]}, {_what(members[0], proc_root)}) is not the run's: "
+            f"its leader is gone and none of its processes has {RUN_ID_ENV}={rec.run_id}"
+        )
+    return UNPROVEN, (
+        f"group {pgid} (pids {members[:5]}): its leader is gone and none of its processes shows "
+        f"it is run {rec.run_id}'s"
+    )
 
 
 def run_tree(
@@ -221,8 +364,8 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
 # --------------------------------------------------------------------------------------- main
 
 
-def _tree_json(args: argparse.Namespace) -> dict:
-    tree = run_tree(args.pgid, args.start_ticks)
+def _tree_json(args: argparse.Namespace, start: int | None) -> dict:
+    tree = run_tree(args.pgid, start)
     return {
         "pgid": args.pgid,
         "pids": sorted(tree),
@@ -249,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--pgid", type=int, required=True)
         p.add_argument("--start-ticks", type=int, help="the group leader's recorded start time")
+        p.add_argument("--boot-id", default="", help="the node's boot id when the leader was recorded")
+        p.add_argument("--run-id", default="", help=f"the run it must belong to ({RUN_ID_ENV})")
+        p.add_argument("--node", type=int, help="its machine rank (-1: srun)")
+        p.add_argument("--attempt", type=int, help="its attempt")
         if name == "kill":
             p.add_argument("--signal", default="TERM", choices=("TERM", "INT", "KILL"))
     return parser
@@ -259,13 +406,34 @@ def tree_command(args: argparse.Namespace) -> dict:
     stdout involved, so it is safe from many threads at once)."""
     if args.pgid <= 1:
         return {"error": f"refusing pgid {args.pgid}"}
+    table = read_proc()
+    rec = Recorded(args.pgid, args.start_ticks, args.boot_id, args.run_id, args.node, args.attempt)
+    verdict, why = identify(rec, table)
+    if verdict != OURS:
+        # nothing proven the run's: listed as nothing, signalled never
+        return {
+            "pgid": args.pgid,
+            "identity": verdict,
+            "why": why,
+            "pids": [],
+            "groups": [],
+            "signalled": [],
+            "left": [],
+            "boot_id": boot_id(),
+        }
+    # the leader's start time as seen now pins it for the rounds below (a launch recorded before
+    # start times were kept is proven by its command line once, here)
+    leader = table.get(args.pgid)
+    start = args.start_ticks if args.start_ticks is not None else (leader[4] if leader else None)
     if args.action == "pids":
-        return _tree_json(args)
-    if args.signal == "KILL":
-        return kill_tree(args.pgid, args.start_ticks)
-    # TERM goes to the launcher's group only: torchrun forwards it to each rank's group and waits
-    # for them, which is the trainer's checkpoint-then-exit path
-    return signal_tree(args.pgid, getattr(signal, f"SIG{args.signal}"), args.start_ticks, whole_tree=False)
+        out = _tree_json(args, start)
+    elif args.signal == "KILL":
+        out = kill_tree(args.pgid, start)
+    else:
+        # TERM goes to the launcher's group only: torchrun forwards it to each rank's group and
+        # waits for them, which is the trainer's checkpoint-then-exit path
+        out = signal_tree(args.pgid, getattr(signal, f"SIG{args.signal}"), start, whole_tree=False)
+    return {**out, "identity": OURS, "why": ""}
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -59,6 +59,8 @@ def request_stop(
             continue
         with ctrl:
             if ctrl.reconcile() == "ended":
+                if on_update:  # what reconciling found (a recorded pid that is not the run's ...)
+                    on_update(ctrl.snapshot())
                 return ctrl.state
             say(f"stopping {run.run_id}")
             ctrl.stop(grace_s=grace_s, reason="user", on_update=on_update)
@@ -66,8 +68,12 @@ def request_stop(
             return ctrl.state
 
 
-def probe_live(run: RunDir, pool: SshPool) -> tuple[RunState, dict[int, tuple[int, ...] | Exception]]:
-    """State and live process trees of a run, without taking its lock (for `status`)."""
+def probe_live(
+    run: RunDir, pool: SshPool, refused: dict[int, str] | None = None
+) -> tuple[RunState, dict[int, tuple[int, ...] | Exception]]:
+    """State and live process trees of a run, without taking its lock (for `status`); nothing is
+    written. A recorded group whose identity its node could not prove is not listed: `refused`,
+    when given, gets node -> why."""
     state = run.read_state()
     a = state.attempt
     if a is None or a.ended is not None:
@@ -78,3 +84,6 @@ def probe_live(run: RunDir, pool: SshPool) -> tuple[RunState, dict[int, tuple[in
         return state, backend.processes(run, a)
     except BackendError as err:
         return state, {-1: err}
+    finally:
+        if refused is not None:
+            refused.update(backend.take_refusals())

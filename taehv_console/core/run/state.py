@@ -45,6 +45,11 @@ class NodeLauncher:
     pgid: int
     log: str
     started: float = 0.0
+    # the process's start time in /proc and the node's boot id, read on the node at spawn: with the
+    # run id in its environment, what proves a pid is still this launcher before any signal
+    # (None / "": recorded before they were kept, or by a node helper too old to say)
+    start_ticks: int | None = None
+    boot_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,9 @@ class RunState:
     # hosts that may take a left-out node's place (--spares), and the nodes left out so far
     spares: tuple[str, ...] = ()
     exclusions: tuple[Exclusion, ...] = ()
+    # what a person must look at: a recorded process the console could not prove was the run's,
+    # so it sent it no signal (node, pid and why), one line each
+    attention: tuple[str, ...] = ()
     version: int = STATE_VERSION
 
     def __post_init__(self) -> None:
@@ -184,6 +192,7 @@ class RunState:
         kw["hosts"] = tuple(kw.get("hosts", ()))
         kw["controlled"] = tuple(kw.get("controlled", ()))
         kw["spares"] = tuple(kw.get("spares", ()))
+        kw["attention"] = tuple(kw.get("attention", ()))
         kw["exclusions"] = tuple(
             Exclusion(**{**_known(Exclusion, e), "changes": tuple(e.get("changes", ()))})
             for e in kw.get("exclusions", ())

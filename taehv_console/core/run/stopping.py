@@ -50,8 +50,11 @@ class StopMixin(ControllerParts):
         if not live:
             return {}
         self._note("SIGKILL to what is left on node(s) " + ", ".join(map(str, sorted(live))))
-        self._killed = tuple(f"{self._host(n) or 'local'}:{self._pgid(n)}" for n in sorted(live))
         out = self.backend.kill(self.run, self._launched(), sorted(live))
+        refused = self._record_refusals()
+        self._killed = tuple(
+            f"{self._host(n) or 'local'}:{self._pgid(n)}" for n in sorted(live) if n not in refused
+        )
         left = {n: v for n, v in out.items() if isinstance(v, tuple) and v}
         return left
 
@@ -77,10 +80,15 @@ class StopMixin(ControllerParts):
         self._killed = ()
         self._save(replace(self.state, phase=Phase.STOPPING, stop=record))
         errors = self.backend.terminate(self.run, a)
+        refused = self._record_refusals()  # noted there, with the pid and why
         for node, why in errors.items():
-            self._note(f"node {node}: SIGTERM not delivered: {why}")
+            if node not in refused:
+                self._note(f"node {node}: SIGTERM not delivered: {why}")
+        sent = (len(a.nodes) or 1) - len(errors)
         self._note(
-            f"SIGTERM sent to {len(a.nodes) or 1} launcher group(s); up to {grace:g} s for the checkpoint"
+            f"SIGTERM sent to {sent} launcher group(s); up to {grace:g} s for the checkpoint"
+            if sent
+            else "no SIGTERM sent: no launcher group could be signalled"
         )
         if on_update:
             on_update(self.snapshot())

@@ -60,6 +60,8 @@ class DetachedProcess:
     pid: int
     pgid: int
     log: str
+    start_ticks: int | None = None  # the process's start time, read at spawn (None: an old node helper)
+    boot_id: str = ""
 
 
 class NodeRunner(Protocol):
@@ -216,7 +218,15 @@ class HelperCalls:
                 self.host, reply.helper, Failure.REFUSED, f"cannot start {argv[0]}: {reply.error.detail}"
             )
         out = reply.value()
-        return DetachedProcess(host=self.host, pid=int(out["pid"]), pgid=int(out["pgid"]), log=out["log"])
+        ticks = out.get("start_ticks")
+        return DetachedProcess(
+            host=self.host,
+            pid=int(out["pid"]),
+            pgid=int(out["pgid"]),
+            log=out["log"],
+            start_ticks=int(ticks) if isinstance(ticks, int) else None,
+            boot_id=str(out.get("boot_id") or ""),
+        )
 
     def signal_group(self, pgid: int, sig: str = "TERM", *, timeout: float | None = 30) -> bool:
         """Signal a process group on the node; False when the group no longer exists."""
