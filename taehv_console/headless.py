@@ -39,6 +39,7 @@ from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import LaunchError, RunLiveError, settled
 from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
+from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
 from taehv_console.follow import (
     JsonView,
@@ -98,6 +99,7 @@ def _run(options: FlowOptions, view: View) -> ExitCode:
                 existing = resolve_run(options.run, options.runs)
             except RunNotFoundError as err:
                 return _fail(view, ExitCode.USAGE, str(err))
+
         try:
             view.note("detecting the cluster")
             found = detect(options, pool)
@@ -110,10 +112,15 @@ def _run(options: FlowOptions, view: View) -> ExitCode:
         try:
             # 1. a run that is already live: attach to it, never launch it twice
             if backend is not BackendKind.PLATFORM:
+                lost = existing.lost_state() if existing is not None else None
+                if lost:
+                    # a launched run whose state.json is gone: never launched afresh over its
+                    # files (a platform pod's run has no state until its node 0 writes one)
+                    return _fail(view, ExitCode.USAGE, lost)
                 candidate = existing if existing is not None and existing.has_state() else None
                 if existing is None:
                     hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
-                    live = find_live_run(options.runs, pool, hosts=hosts)
+                    live = find_live_run(options.runs, pool, hosts=hosts, on_skip=view.note)
                     candidate = RunDir(Path(live.path)) if live is not None else None
                 if candidate is not None:
                     code = _attach_if_live(candidate, pool, view, options, named=existing is not None)
@@ -141,7 +148,7 @@ def _run(options: FlowOptions, view: View) -> ExitCode:
             return _launch_new(options, checked.config, spec, pool, view, existing)
         except RunBusyError as err:
             return _fail(view, ExitCode.BUSY, str(err))
-        except (ConfigError, PlatformRunError) as err:
+        except (ConfigError, PlatformRunError, StateError) as err:  # StateError: a damaged run
             return _fail(view, ExitCode.USAGE, str(err))
         except _Refused as err:
             return _fail(view, err.code, str(err))

@@ -369,9 +369,15 @@ def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
 def load_config(path: str | Path) -> TrainConfig:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text (binary bytes?)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a directory, not a config file") from None
+    except PermissionError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     return config_from_dict(data, str(path))

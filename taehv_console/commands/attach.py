@@ -23,11 +23,12 @@ from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
 from taehv_console.follow import follow_client, follow_run, make_view, report_ended
+from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done: every rank reached max_steps",
     ExitCode.TRAINING_FAILED: "the run failed (state.json names the node and rank); another try may get past it",
-    ExitCode.USAGE: "wrong command line, no such run (no running run without RUN), or an unreadable state.json",
+    ExitCode.USAGE: "wrong command line, no such run (no running run without RUN), or a damaged run (its state.json or run.toml)",
     ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
     ExitCode.BUSY: "another console controls the run",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
@@ -42,14 +43,20 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> ExitCode:
     try:
-        target = newest_unended_run(args.run, args.runs)
+        target = newest_unended_run(
+            args.run, args.runs, on_skip=lambda note: print(f"taehv-console attach: {note}", file=sys.stderr)
+        )
     except RunNotFoundError as err:
         print(f"taehv-console attach: {err}", file=sys.stderr)
         return ExitCode.USAGE
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
-            client = supervised_client(target, pool)
+            try:
+                client = supervised_client(target, pool)
+            except (StateError, ConfigError) as err:  # a damaged run: named by file and field
+                print(f"taehv-console attach: {err}", file=sys.stderr)
+                return ExitCode.USAGE
             if client is not None and not client.settled():
                 client.grace_s = args.grace or None
                 view.note(
@@ -62,7 +69,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             except RunBusyError as err:
                 print(f"taehv-console attach: {err}", file=sys.stderr)
                 return ExitCode.BUSY
-            except StateError as err:
+            except (StateError, ConfigError) as err:
                 print(f"taehv-console attach: {err}", file=sys.stderr)
                 return ExitCode.USAGE
             try:

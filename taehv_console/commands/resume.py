@@ -34,12 +34,13 @@ from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
 from taehv_console.follow import follow_run, make_view, report_outcome
+from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done (with --detach: every node started)",
     ExitCode.TRAINING_FAILED: "the run failed (state.json names the node and rank); another try may get past it",
-    ExitCode.USAGE: "wrong command line or --env, no such run, nothing to resume from, the world size changed, "
-    "or the SLURM allocation has fewer nodes than the run",
+    ExitCode.USAGE: "wrong command line or --env, no such run, a damaged run (its state.json or run.toml), "
+    "nothing to resume from, the world size changed, or the SLURM allocation has fewer nodes than the run",
     ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
     ExitCode.BUSY: "the run is running (attach instead) or another console controls it",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> ExitCode:
                 ctrl = RunController.open(target, pool, purpose="resume")
             except RunBusyError as err:
                 return fail(ExitCode.BUSY, str(err))
-            except StateError as err:
+            except (StateError, ConfigError) as err:  # a damaged run: named by file and field
                 return fail(ExitCode.USAGE, str(err))
             try:
                 if ctrl.reconcile() == "live":

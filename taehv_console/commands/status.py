@@ -40,7 +40,7 @@ from trainer.config import ConfigError
 EXIT_CODES = {
     ExitCode.DONE: "shown",
     ExitCode.FAILED: "shown, but --verify found a checkpoint whose files do not match its manifest",
-    ExitCode.USAGE: "wrong command line, no such run, or an unreadable state.json",
+    ExitCode.USAGE: "wrong command line, no such run, or a damaged run: its state.json or run.toml unreadable, of the wrong shape, or state.json gone",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> ExitCode:
             if args.run:
                 run_dir = resolve_run(args.run, args.runs)
                 info = run_info(run_dir, pool, check=not args.no_check)
+                if info.get("error"):  # a damaged run: said by path and field, exit 2 as --help says
+                    if args.json:
+                        print(json.dumps(info, indent=2, default=str))
+                    print(f"taehv-console status: {info['error']}", file=sys.stderr)
+                    return ExitCode.USAGE
                 bad = _verify(run_dir.path, info) if args.verify else 0
                 _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
                 return ExitCode.FAILED if bad else ExitCode.DONE
@@ -78,14 +83,26 @@ def run(args: argparse.Namespace) -> ExitCode:
         except (RunNotFoundError, StateError) as err:
             print(f"taehv-console status: {err}", file=sys.stderr)
             return ExitCode.USAGE
-        infos = [run_info(r, pool, check=not args.no_check, brief=True) for r in runs]
+        infos = [_listed(r, pool, check=not args.no_check) for r in runs]
+    for i in infos:
+        if i.get("error"):  # one damaged run never takes the list down
+            print(f"taehv-console status: skipping {i['run']}: {i['error']}", file=sys.stderr)
     if args.json:
         print(json.dumps(infos, indent=2, default=str))
     elif not infos:
         print(f"no runs in {args.runs}")
     else:
-        _print_list(infos)
+        _print_list([i for i in infos if not i.get("error")])
     return ExitCode.DONE
+
+
+def _listed(run: RunDir, pool: SshPool, check: bool) -> dict[str, Any]:
+    """One run's line of the list; a run whose files break a reader is a line with its error
+    (the readers check the files they know; this keeps the list whole for the ones they do not)."""
+    try:
+        return run_info(run, pool, check=check, brief=True)
+    except Exception as err:  # noqa: BLE001 - the list goes on; the run is named with what broke
+        return {"run": run.run_id, "run_dir": str(run.path), "error": f"{type(err).__name__}: {err}"}
 
 
 def _verify(run_path: Path, info: dict[str, Any]) -> int:
@@ -113,7 +130,11 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
         info["error"] = str(err)
         return info
     if not run.has_state():
-        info["phase"] = "rendered"  # files only (render), never launched by a console
+        lost = run.lost_state()  # launched, and its state.json is gone: not "rendered"
+        if lost:
+            info["error"] = lost
+        else:
+            info["phase"] = "rendered"  # files only (render), never launched by a console
         return info
     refused: dict[int, str] = {}
     try:

@@ -22,6 +22,7 @@ from taehv_console.core.run.rundir import RunNotFoundError
 from taehv_console.core.run.state import StateError
 from taehv_console.exit_codes import ExitCode
 from taehv_console.follow import make_view
+from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "stopped (or it had already ended), and nothing of it is left on any node",
@@ -29,7 +30,7 @@ EXIT_CODES = {
         "something of it could not be stopped, its controlling console did not stop it, or a recorded "
         "process could not be proven the run's (it was sent no signal; state.json's attention names it)"
     ),
-    ExitCode.USAGE: "wrong command line, or no such run (no running run without RUN)",
+    ExitCode.USAGE: "wrong command line, no such run (no running run without RUN), or a damaged run (its state.json or run.toml)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) while waiting; the stop may still go on",
 }
 
@@ -41,7 +42,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> ExitCode:
     try:
-        target = newest_unended_run(args.run, args.runs)
+        target = newest_unended_run(
+            args.run, args.runs, on_skip=lambda note: print(f"taehv-console stop: {note}", file=sys.stderr)
+        )
     except RunNotFoundError as err:
         print(f"taehv-console stop: {err}", file=sys.stderr)
         return ExitCode.USAGE
@@ -49,7 +52,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     try:
         with SshPool(ssh_settings(args)) as pool:
             state = request_stop(target, pool, grace_s=args.grace, on_update=view.update, say=view.note)
-    except (ControlError, StateError) as err:
+    except (StateError, ConfigError) as err:  # a damaged run: named by file and field, nothing signalled
+        print(f"taehv-console stop: {err}", file=sys.stderr)
+        return ExitCode.USAGE
+    except ControlError as err:
         print(f"taehv-console stop: {err}", file=sys.stderr)
         return ExitCode.FAILED
     finally:

@@ -6,7 +6,7 @@ its nodes, or a node could not be asked (unknown counts as alive: never launch t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from taehv_console.core.cluster.ssh import SshPool
@@ -32,13 +32,14 @@ class RunEntry:
 
 
 def run_entry(run: RunDir, pool: SshPool) -> RunEntry:
-    """One run's phase and liveness, asking its nodes (without taking its lock)."""
-    if not run.has_state():
+    """One run's phase and liveness, asking its nodes (without taking its lock). A damaged run
+    (state.json or run.toml; ConfigError is a ValueError) is "unreadable: <why>", never live."""
+    if not run.has_state() and not run.lost_state():
         return RunEntry(run.run_id, str(run.path), "no state", False)
     try:
         state, procs = probe_live(run, pool)
     except (StateError, OSError, ValueError) as err:
-        return RunEntry(run.run_id, str(run.path), f"unreadable: {err}"[:80], False)
+        return RunEntry(run.run_id, str(run.path), f"unreadable: {err}"[:300], False)
     live = not state.phase.ended and any_alive(procs)
     return RunEntry(run.run_id, str(run.path), state.phase.value, live, tuple(state.hosts))
 
@@ -49,26 +50,41 @@ def list_run_entries(runs_dir: str, pool: SshPool, limit: int = 30) -> tuple[Run
 
 
 def find_live_run(
-    runs_dir: str, pool: SshPool, hosts: tuple[str, ...] | None = None, limit: int = 20
+    runs_dir: str,
+    pool: SshPool,
+    hosts: tuple[str, ...] | None = None,
+    limit: int = 20,
+    on_skip: Callable[[str], None] | None = None,
 ) -> RunEntry | None:
     """The newest live run under runs_dir (on exactly these `hosts` when given): the run a console
-    attaches to instead of starting another on busy machines."""
+    attaches to instead of starting another on busy machines. A damaged run is passed over, with
+    a one-line note to `on_skip`."""
     for run in list_runs(runs_dir)[:limit]:
         entry = run_entry(run, pool)
+        if entry.phase.startswith("unreadable") and on_skip:
+            on_skip(f"skipping {entry.run_id}: {entry.phase}")
         if entry.live and (hosts is None or entry.hosts == hosts):
             return entry
     return None
 
 
-def newest_unended_run(run_ref: str | None, runs_dir: str) -> RunDir:
+def newest_unended_run(
+    run_ref: str | None, runs_dir: str, on_skip: Callable[[str], None] | None = None
+) -> RunDir:
     """RUN as given, else the newest run whose state has not ended, else the newest run (what
-    `stop` and `attach` act on without naming one). RunNotFoundError when there is none."""
+    `stop` and `attach` act on without naming one). A damaged run is passed over with a one-line
+    note to `on_skip` (it is the answer only when every run is damaged, so the command names it).
+    RunNotFoundError when there is none."""
     if run_ref:
         return resolve_run(run_ref, runs_dir)
+    readable = None  # the newest run that is not damaged: what is shown when every run has ended
     for run in list_runs(runs_dir):
         try:
-            if run.has_state() and not run.read_state().phase.ended:
+            if (run.has_state() or run.lost_state()) and not run.read_state().phase.ended:
                 return run
-        except StateError:
+        except StateError as err:
+            if on_skip:
+                on_skip(f"skipping {run.run_id}: {err}")
             continue
-    return resolve_run(None, runs_dir)
+        readable = readable or run
+    return readable or resolve_run(None, runs_dir)

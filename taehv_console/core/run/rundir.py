@@ -10,7 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_console.core.run.state import NodeStatus, RunState, read_node_status, read_state, write_state
+from taehv_console.core.run.state import (
+    NodeStatus,
+    RunState,
+    StateError,
+    read_node_status,
+    read_state,
+    write_state,
+)
 from trainer.config import TrainConfig, load_config
 
 RUN_TOML = "run.toml"
@@ -90,7 +97,27 @@ class RunDir:
     def has_state(self) -> bool:
         return self.state_path.is_file()
 
+    def lost_state(self) -> str | None:
+        """Why this run cannot be read when its state.json is missing although a console launched
+        it (it was lost or deleted: a run that ran is not "rendered"), else None. Only a console
+        leaves `lock` (never removed, emptied on release) and `supervisor.json`: `render`, and a run
+        started without a console (sbatch by hand, taehv-train), leave neither."""
+        if self.state_path.exists():
+            return None
+        traces = [n for n in (LOCK, "supervisor.json") if (self.path / n).exists()]
+        if not traces:
+            return None
+        return (
+            f"{self.state_path}: missing, but a console launched the run ({', '.join(traces)}): its "
+            f"state was lost; the run's files are kept as they are (nothing is rewritten)"
+        )
+
     def read_state(self) -> RunState:
+        """The checked state (StateError names the file and field); a launched run whose
+        state.json is gone is a StateError too, never a run to start afresh."""
+        lost = self.lost_state()
+        if lost:
+            raise StateError(lost)
         return read_state(self.state_path)
 
     def write_state(self, state: RunState) -> RunState:

@@ -8,16 +8,23 @@ on read, so an older console can still show a run a newer one wrote.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from taehv_console.core.models import BackendKind
 
 STATE_VERSION = 1
+
+
+class StateError(RuntimeError):
+    """state.json is missing, unreadable or damaged; the message names the file (and the field)."""
 
 
 class Phase(str, enum.Enum):
@@ -186,44 +193,55 @@ class RunState:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunState:
-        kw = _known(cls, data)
-        kw["phase"] = Phase(kw.get("phase", "created"))
-        kw["hosts"] = tuple(kw.get("hosts", ()))
-        kw["controlled"] = tuple(kw.get("controlled", ()))
-        kw["spares"] = tuple(kw.get("spares", ()))
-        kw["attention"] = tuple(kw.get("attention", ()))
-        kw["exclusions"] = tuple(
-            Exclusion(**{**_known(Exclusion, e), "changes": tuple(e.get("changes", ()))})
-            for e in kw.get("exclusions", ())
-        )
-        kw["env"] = tuple(sorted((str(k), str(v)) for k, v in (kw.get("env") or {}).items()))
-        kw["attempts"] = tuple(
-            Attempt(
-                **{
-                    **_known(Attempt, a),
-                    "nodes": tuple(NodeLauncher(**_known(NodeLauncher, n)) for n in a.get("nodes", ())),
-                    "event_offsets": tuple((int(r), int(o)) for r, o in a.get("event_offsets", ())),
-                }
+    def from_dict(cls, data: Any, where: str = "state.json") -> RunState:
+        """The state a file holds, its shape checked once, here: a damaged file (a field of the
+        wrong type, an array where the object belongs) is a StateError naming `where` and the
+        field, never a value that breaks a reader later. Unknown keys are ignored."""
+        if not isinstance(data, dict):
+            raise StateError(
+                f"{where}: damaged: a JSON {_json_kind(data)} where a run state (an object) belongs"
             )
-            for a in kw.get("attempts", ())
-        )
-        if kw.get("failure"):
-            f = _known(Failure, kw["failure"])
-            kw["failure"] = Failure(**{**f, "log_lines": tuple(f.get("log_lines", ()))})
-        if kw.get("stop"):
-            s = _known(StopRecord, kw["stop"])
-            kw["stop"] = StopRecord(**{**s, "killed": tuple(s.get("killed", ()))})
-        return cls(**kw)
+        data = {"phase": "created", "hosts": (), **data}  # the defaults older writers relied on
+        env = data.get("env")
+        if env is None:
+            data["env"] = ()
+        elif isinstance(env, dict):  # written as an object, held as sorted pairs
+            data["env"] = tuple(sorted((k, v) for k, v in env.items()))
+        for key in ("failure", "stop"):  # {} was written for "none" by some versions
+            if data.get(key) == {}:
+                data[key] = None
+        try:
+            return _state_adapter().validate_python(data)
+        except ValidationError as err:
+            raise StateError(f"{where}: damaged: {validation_text(err)}") from None
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+def validation_text(err: ValidationError, limit: int = 3) -> str:
+    """The first problems of a ValidationError as `field a.0.b: message`, joined by "; "."""
+    parts = []
+    for e in err.errors()[:limit]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(top)"
+        msg = e["msg"].replace("a valid tuple", "an array").replace("a valid dictionary", "an object")
+        parts.append(f"field {loc}: {msg}" + (f" (got {_short(e.get('input'))})" if "input" in e else ""))
+    more = err.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-class StateError(RuntimeError):
-    """state.json is missing or unreadable; the message names the file."""
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+@functools.cache
+def _state_adapter() -> TypeAdapter[RunState]:
+    # built on first use (tens of ms), once: the dataclasses above are the schema
+    return TypeAdapter(RunState)
 
 
 def write_state(path: Path, state: RunState) -> RunState:
@@ -241,16 +259,26 @@ def write_state(path: Path, state: RunState) -> RunState:
 
 
 def read_state(path: Path) -> RunState:
+    """The run's state, read and checked (RunState.from_dict); StateError names the file and what
+    is wrong: missing, unreadable, not JSON (truncated, binary), or JSON of the wrong shape."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise StateError(f"{path}: no state file (the run was never launched by a console)") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise StateError(f"{path}: unreadable ({err})") from None
+    except OSError as err:
+        raise StateError(f"{path}: unreadable ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise StateError(f"{path}: damaged: not text (binary bytes)") from None
+    except json.JSONDecodeError as err:
+        raise StateError(
+            f"{path}: damaged: not JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        ) from None
+    except RecursionError:
+        raise StateError(f"{path}: damaged: nested too deeply to read") from None
     try:
-        return RunState.from_dict(data)
-    except (TypeError, ValueError) as err:
-        raise StateError(f"{path}: not a run state this console understands ({err})") from None
+        return RunState.from_dict(data, str(path))
+    except ValueError as err:  # a value no check above knows (an enum's __post_init__ ...)
+        raise StateError(f"{path}: damaged: {err}") from None
 
 
 # ----------------------------------------------------------------------------- node status files
@@ -280,15 +308,22 @@ class NodeStatus:
         return self.exit_code is not None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NodeStatus:
-        kw = _known(cls, data)
-        kw["argv"] = tuple(kw.get("argv", ()))
-        return cls(**kw)
+    def from_dict(cls, data: Any) -> NodeStatus:
+        """TypeError or ValueError (a ValidationError) when the file's shape is not a status file's."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {_json_kind(data)} where a status (an object) belongs")
+        return _status_adapter().validate_python(data)
+
+
+@functools.cache
+def _status_adapter() -> TypeAdapter[NodeStatus]:
+    return TypeAdapter(NodeStatus)
 
 
 def read_node_status(path: Path) -> NodeStatus | None:
-    """The status file, or None when it is absent or being replaced (callers poll again)."""
+    """The status file, or None when it is absent, being replaced (callers poll again) or damaged
+    (its identity is then unknown: nothing is signalled on its word)."""
     try:
-        return NodeStatus.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError, TypeError):
+        return NodeStatus.from_dict(json.loads(path.read_bytes().decode("utf-8")))
+    except (OSError, ValueError, TypeError, RecursionError):  # JSON, UTF-8, shape
         return None

@@ -87,7 +87,7 @@ def test_state_round_trips_and_ignores_fields_it_does_not_know(tmp_path):
     path.write_text(json.dumps(data))
     assert read_state(path).attempts[0].event_offsets == ((0, 7),)
     path.write_text("{half")
-    with pytest.raises(StateError, match="unreadable"):
+    with pytest.raises(StateError, match=r"state\.json: damaged: not JSON"):
         read_state(path)
 
 
@@ -100,7 +100,7 @@ def test_the_backend_is_a_kind_in_memory_and_its_value_on_disk(tmp_path):
     data = json.loads(path.read_text())
     data["backend"] = "mpirun"  # hand-edited, or a newer console's kind
     path.write_text(json.dumps(data))
-    with pytest.raises(StateError, match=r"state\.json: not a run state .*'mpirun'"):
+    with pytest.raises(StateError, match=r"state\.json: damaged: field backend: .*'mpirun'"):
         read_state(path)
 
 
