@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 from taehv_console.commands.options import SPEC, add_top_level_options, flow_options, settle
 from taehv_console.core.flow.options import EnvError, FlowOptions
+from taehv_console.errors import describe_error
 from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, command_epilog
 
 # name -> (module, one-line help). Order is the order `--help` lists them.
@@ -149,19 +150,25 @@ def console_options(argv: list[str]) -> tuple[FlowOptions, str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(chosen_command(argv)).parse_args(argv)
+    prog = f"taehv-console {args.command}" if getattr(args, "command", None) else "taehv-console"
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        # a command that follows a run stops it on Ctrl-C itself; elsewhere nothing more is done
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    except Exception as err:  # noqa: BLE001 - no traceback reaches a user: a known error is one
+        # line with its code (errors.py: ERROR_CODES), anything else one line naming its crash log
+        code, message = describe_error(err, argv)
+        print(f"{prog}: {message}", file=sys.stderr)
+        return int(code)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     run = getattr(args, "_run", None)
     if run is not None:
-        try:
-            return int(run(args))
-        except KeyboardInterrupt:
-            # a command that follows a run stops it on Ctrl-C itself; elsewhere nothing more is done
-            print(f"taehv-console {args.command}: interrupted", file=sys.stderr)
-            return int(ExitCode.INTERRUPTED)
-    try:
-        options = flow_options(args)
-    except EnvError as err:
-        print(f"taehv-console: {err}", file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return int(run(args))
+    options = flow_options(args)  # EnvError: a usage error, said by main
     if args.no_tui:
         from taehv_console import headless
 

@@ -25,6 +25,9 @@ class ExitCode(enum.IntEnum):
     # failed in a way another try would repeat (a trainer error, bad data, a full disk), or the
     # console's own restarts gave up: platforms should not retry (requeue) it
     FAILED_FINAL = 6
+    # an unexpected error in the console itself (a bug): one line names the crash log that holds the
+    # traceback. Not 1: platforms retry 1, and another try would crash the same way
+    CRASHED = 70  # sysexits.h's EX_SOFTWARE
     INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
 
 
@@ -37,6 +40,11 @@ def exit_code_for(phase: str, final: bool = False) -> ExitCode:
         value, ExitCode.TRAINING_FAILED
     )
 
+
+# what CRASHED means for every command: each command's EXIT_CODES lists it with these words
+CRASHED_MEANING = (
+    "an unexpected error (a bug): one line names the crash log holding the traceback; report it, do not retry"
+)
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
 

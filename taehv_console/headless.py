@@ -23,12 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import run_config
 from taehv_console.core.flow.detect import detect
-from taehv_console.core.flow.launch import PlatformNode, PlatformRunError, launch_spec, prepare_platform_node
+from taehv_console.core.flow.launch import PlatformNode, launch_spec, prepare_platform_node
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.preflight import NOT_PER_PROCESS, backend_for, preflight
 from taehv_console.core.flow.runs import find_live_run
@@ -36,10 +35,10 @@ from taehv_console.core.models import BackendKind, PreflightReport
 from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.create import LaunchSpec, create_run
-from taehv_console.core.run.lock import RunBusyError
-from taehv_console.core.run.outcome import LaunchError, RunLiveError, settled
-from taehv_console.core.run.rundir import RunDir, RunNotFoundError, resolve_run
+from taehv_console.core.run.outcome import LaunchError, settled
+from taehv_console.core.run.rundir import RunDir, resolve_run
 from taehv_console.core.run.state import StateError
+from taehv_console.errors import describe_error
 from taehv_console.exit_codes import ExitCode
 from taehv_console.follow import (
     JsonView,
@@ -52,7 +51,7 @@ from taehv_console.follow import (
     report_outcome,
 )
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 
 # ------------------------------------------------------------------------------------- the flow
 
@@ -70,6 +69,8 @@ def run(options: FlowOptions, json_mode: bool = False) -> int:
     view = make_view(json_mode)
     try:
         return int(_run(options, view))
+    except Exception as err:  # noqa: BLE001 - one line and a code (errors.py), in JSON under --json
+        return _fail(view, *describe_error(err))
     except KeyboardInterrupt:
         # before `follow` took over the signals: detection, preflight or the launch itself
         return _fail(
@@ -82,76 +83,56 @@ def run(options: FlowOptions, json_mode: bool = False) -> int:
         view.close()
 
 
-class _Refused(Exception):
-    def __init__(self, code: ExitCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def _run(options: FlowOptions, view: View) -> ExitCode:
     if not options.run and options.preset.endswith("run.toml") and os.path.isfile(options.preset):
         # a platform pod: the rendered run's directory is the run
         options = dataclasses.replace(options, run=os.path.dirname(os.path.abspath(options.preset)))
     with SshPool(options.ssh) as pool:
-        existing = None
-        if options.run:
-            try:
-                existing = resolve_run(options.run, options.runs)
-            except RunNotFoundError as err:
-                return _fail(view, ExitCode.USAGE, str(err))
-
-        try:
-            view.note("detecting the cluster")
-            found = detect(options, pool)
-        except (TopologyError, InvalidHostError, HostfileError) as err:
-            return _fail(view, ExitCode.USAGE, str(err))
+        # errors end the flow through run() (errors.py maps them: a missing or damaged run, a bad
+        # hostfile or config 2, a busy run 5)
+        existing = resolve_run(options.run, options.runs) if options.run else None
+        view.note("detecting the cluster")
+        found = detect(options, pool)
         topology, probes = found.topology, found.probes
         backend = backend_for(options, topology)
         if backend is None:
-            return _fail(view, ExitCode.USAGE, NOT_PER_PROCESS)
-        try:
-            # 1. a run that is already live: attach to it, never launch it twice
-            if backend is not BackendKind.PLATFORM:
-                lost = existing.lost_state() if existing is not None else None
-                if lost:
-                    # a launched run whose state.json is gone: never launched afresh over its
-                    # files (a platform pod's run has no state until its node 0 writes one)
-                    return _fail(view, ExitCode.USAGE, lost)
-                candidate = existing if existing is not None and existing.has_state() else None
-                if existing is None:
-                    hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
-                    live = find_live_run(options.runs, pool, hosts=hosts, on_skip=view.note)
-                    candidate = RunDir(Path(live.path)) if live is not None else None
-                if candidate is not None:
-                    code = _attach_if_live(candidate, pool, view, options, named=existing is not None)
-                    if code is not None:
-                        return code
-            # 2. config, preflight
-            chosen = run_config(options, topology, probes, existing, view.note)
-            if backend is BackendKind.SBATCH:
-                # SLURM picks the nodes after submission: nothing here to check them against
-                view.note(
-                    "sbatch: preflight runs inside the job, on the nodes SLURM allocates; an error "
-                    "ends the job before training (reports in RUN/preflight/)"
-                )
-                spec = launch_spec(options, topology, backend, options.master_port or 29500, pool)
-                return _launch_new(options, chosen.config, spec, pool, view, existing)
-            checked = preflight(options, topology, probes, chosen, pool, view.note)
-            _print_findings(view, checked.report, checked.chosen)
-            if not checked.report.ok:
-                return ExitCode.PREFLIGHT_FAILED
-            # 3. launch
-            if backend is BackendKind.PLATFORM:
-                node = prepare_platform_node(options, topology, checked.config, existing, checked.master_port)
-                return _platform(node, options, pool, view)
-            spec = launch_spec(options, topology, backend, checked.master_port, pool)
-            return _launch_new(options, checked.config, spec, pool, view, existing)
-        except RunBusyError as err:
-            return _fail(view, ExitCode.BUSY, str(err))
-        except (ConfigError, PlatformRunError, StateError) as err:  # StateError: a damaged run
-            return _fail(view, ExitCode.USAGE, str(err))
-        except _Refused as err:
-            return _fail(view, err.code, str(err))
+            raise TopologyError(NOT_PER_PROCESS)
+        # 1. a run that is already live: attach to it, never launch it twice
+        if backend is not BackendKind.PLATFORM:
+            lost = existing.lost_state() if existing is not None else None
+            if lost:
+                # a launched run whose state.json is gone: never launched afresh over its
+                # files (a platform pod's run has no state until its node 0 writes one)
+                raise StateError(lost)
+            candidate = existing if existing is not None and existing.has_state() else None
+            if existing is None:
+                hosts = tuple(topology.hosts) if topology.uses_ssh else ("localhost",)
+                live = find_live_run(options.runs, pool, hosts=hosts, on_skip=view.note)
+                candidate = RunDir(Path(live.path)) if live is not None else None
+            if candidate is not None:
+                code = _attach_if_live(candidate, pool, view, options, named=existing is not None)
+                if code is not None:
+                    return code
+        # 2. config, preflight
+        chosen = run_config(options, topology, probes, existing, view.note)
+        if backend is BackendKind.SBATCH:
+            # SLURM picks the nodes after submission: nothing here to check them against
+            view.note(
+                "sbatch: preflight runs inside the job, on the nodes SLURM allocates; an error "
+                "ends the job before training (reports in RUN/preflight/)"
+            )
+            spec = launch_spec(options, topology, backend, options.master_port or 29500, pool)
+            return _launch_new(options, chosen.config, spec, pool, view, existing)
+        checked = preflight(options, topology, probes, chosen, pool, view.note)
+        _print_findings(view, checked.report, checked.chosen)
+        if not checked.report.ok:
+            return ExitCode.PREFLIGHT_FAILED
+        # 3. launch
+        if backend is BackendKind.PLATFORM:
+            node = prepare_platform_node(options, topology, checked.config, existing, checked.master_port)
+            return _platform(node, options, pool, view)
+        spec = launch_spec(options, topology, backend, checked.master_port, pool)
+        return _launch_new(options, checked.config, spec, pool, view, existing)
 
 
 def _attach_if_live(
@@ -216,9 +197,7 @@ def _launch_new(
         if options.grace_s:
             ctrl.grace_s = options.grace_s  # before the launch: torchrun's own shutdown wait follows it
         try:
-            ctrl.launch()
-        except RunLiveError as err:
-            raise _Refused(ExitCode.BUSY, str(err)) from None
+            ctrl.launch()  # RunLiveError ends the flow (busy, errors.py)
         except LaunchError as err:
             view.note(f"launch failed: {err}")
             return report_outcome(ctrl, ctrl.outcome(), view)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from trainer.augment import NO_JITTER, jitter_factors
 from trainer.config import DataSection
+from trainer.errors import DataSourceError
 
 if TYPE_CHECKING:
     from av.codec.hwaccel import HWAccel  # PyAV 14 and later
@@ -41,10 +42,6 @@ _EXISTENCE_PROBE = 32
 # Frame threads per decoder. Every data-loader worker of every rank decodes at once, so FFmpeg's
 # default (one per core) would put thousands of threads on a GPU node.
 _DECODE_THREADS = min(4, os.cpu_count() or 1)
-
-
-class DataSourceError(ValueError):
-    """The training data cannot be used; the message names the path and what is wrong."""
 
 
 def find_videos(source: str, root: str = "") -> list[Path]:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from trainer.checkpoint import WEIGHTS
 from trainer.config import DataSection, ModelSection, format_validation_error, load_config
 from trainer.data import DataSourceError, VideoClipDataset, find_videos, read_frames
+from trainer.errors import EvalError
 from trainer.metrics import psnr_from_mse, ssim_per_frame
 from trainer.model import (
     TAEHV,
@@ -34,10 +35,6 @@ EXPORTED = "taehv.safetensors"  # final/ and best/ hold the exported weights und
 EXPORTED_EMA = "taehv_ema.safetensors"
 CHECKPOINT_EMA = "weights_ema.safetensors"  # a checkpoint's step-<N>/ EMA weights
 DEFAULT_FRAMES = 12
-
-
-class EvalError(ValueError):
-    """Eval cannot run as asked; the message names the file or folder and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +287,24 @@ def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return psnr_from_mse(torch.mean((a.float() - b.float()) ** 2).item())
 
 
+def eval_device(device: str | None) -> torch.device:
+    """The device to score on: `device` (checked here, so `cuda:7` on a CPU build or a machine with
+    two GPUs is an EvalError naming it, not torch's AssertionError), else cuda when present."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise EvalError(f"--device {device!r}: not a torch device ({err})") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise EvalError(f"--device {device}: this machine has {count} CUDA device(s) torch can use")
+    elif dev.type != "cpu":
+        raise EvalError(f"--device {device}: eval runs on cpu or cuda[:N]")
+    return dev
+
+
 def score(
     primary: WeightsSource,
     data: str,
@@ -303,7 +318,7 @@ def score(
     progress: Callable[[str], None] = lambda _line: None,
 ) -> EvalResult:
     """Score `primary` (and `compare`, on the same clips with the same architecture) on `data`."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = eval_device(device)
     model_cfg, run_data, note = architecture(primary)
     models = [(primary, note, load_model(primary, model_cfg, dev))]
     if compare is not None:

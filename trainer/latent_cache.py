@@ -44,6 +44,7 @@ from trainer.data import (
     find_videos,
     read_frames,
 )
+from trainer.errors import CacheError
 from trainer.events import atomic_write_text
 from trainer.synthetic import parse_size
 from trainer.teacher import TeacherError, encode, load_teacher, teacher_identity
@@ -53,10 +54,6 @@ MANIFEST = "manifest.json"
 CLIPS = "clips"
 LATENT_CELL = 8  # pixels per latent cell: crop offsets move in whole cells
 STORE_DTYPE = torch.float16  # half the disk of fp32; raw HunyuanVideo latents are O(1-10)
-
-
-class CacheError(ValueError):
-    """The latent cache cannot serve this run; the message says what differs and what to run."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 if TYPE_CHECKING:
     from trainer.config import ModelSection
 
+from trainer.errors import WeightsError
 from trainer.frame_ops import (
     CatPast,
     channels_to_frames,
@@ -430,10 +431,6 @@ def build_model(model_cfg: ModelSection) -> TAEHV:
     if model_cfg.channels_last:
         model.use_channels_last()
     return model
-
-
-class WeightsError(ValueError):
-    """Initial weights that cannot be loaded: the message names the file and the keys."""
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

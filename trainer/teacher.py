@@ -12,14 +12,11 @@ from typing import Any
 
 import torch
 
+from trainer.errors import TeacherError
+
 # HunyuanVideo's causal convention: latent 0 is frame 0 alone, latent j >= 1 is frames 4j-3..4j.
 # For a T = 4k clip the student's k latents line up with the teacher's encode of frames [0, T-3).
 TEACHER_CLASS = "AutoencoderKLHunyuanVideo"
-
-
-class TeacherError(ValueError):
-    """The teacher cannot be used; the message names the path and what is wrong. Never followed by a
-    silent fall back to reconstruction-only training."""
 
 
 def teacher_frames(frames: int, t_upscale: int = 4) -> int:

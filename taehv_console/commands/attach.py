@@ -17,13 +17,9 @@ from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
 from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
-from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import settled
-from taehv_console.core.run.rundir import RunNotFoundError
-from taehv_console.core.run.state import StateError
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from taehv_console.follow import follow_client, follow_run, make_view, report_ended
-from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done: every rank reached max_steps",
@@ -32,6 +28,7 @@ EXIT_CODES = {
     ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
     ExitCode.BUSY: "another console controls the run",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the run was being followed; it keeps running",
 }
 
@@ -42,21 +39,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    try:
-        target = newest_unended_run(
-            args.run, args.runs, on_skip=lambda note: print(f"taehv-console attach: {note}", file=sys.stderr)
-        )
-    except RunNotFoundError as err:
-        print(f"taehv-console attach: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    # no such run, a damaged run (named by file and field) 2, a busy run 5: cli.main says them
+    # (errors.py)
+    target = newest_unended_run(
+        args.run, args.runs, on_skip=lambda note: print(f"taehv-console attach: {note}", file=sys.stderr)
+    )
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
-            try:
-                client = supervised_client(target, pool)
-            except (StateError, ConfigError) as err:  # a damaged run: named by file and field
-                print(f"taehv-console attach: {err}", file=sys.stderr)
-                return ExitCode.USAGE
+            client = supervised_client(target, pool)
             if client is not None and not client.settled():
                 client.grace_s = args.grace or None
                 view.note(
@@ -64,14 +55,7 @@ def run(args: argparse.Namespace) -> ExitCode:
                     + "; ".join(client.describe())
                 )
                 return follow_client(client, view)
-            try:
-                ctrl = RunController.open(target, pool, purpose="attach")
-            except RunBusyError as err:
-                print(f"taehv-console attach: {err}", file=sys.stderr)
-                return ExitCode.BUSY
-            except (StateError, ConfigError) as err:
-                print(f"taehv-console attach: {err}", file=sys.stderr)
-                return ExitCode.USAGE
+            ctrl = RunController.open(target, pool, purpose="attach")
             try:
                 # a failure nobody judged yet, a restart's backoff: following carries the run on
                 if ctrl.reconcile() == "live" or not settled(ctrl.state):

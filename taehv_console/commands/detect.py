@@ -12,16 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from taehv_console.commands.options import add_option, add_ssh_options, flow_options
-from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
-from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.flow.detect import detect
 from taehv_console.core.models import NodeFacts, ProbeResult, Topology
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "every node answered",
     ExitCode.FAILED: "a node's probe failed (unreachable, or it could not report)",
     ExitCode.USAGE: "wrong command line, hostfile, host name or topology",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -37,11 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> ExitCode:
     options = dataclasses.replace(flow_options(args), runs=args.runs or "")  # no --runs: no runs path checked
-    try:
-        found = detect(options)
-    except (TopologyError, InvalidHostError, HostfileError) as err:
-        print(f"taehv-console detect: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    found = detect(options)  # a bad hostfile or topology: 2, said by cli.main (errors.py)
     topology, probes = found.topology, found.probes
     if args.json:
         json.dump(

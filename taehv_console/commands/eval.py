@@ -18,14 +18,17 @@ from typing import TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from taehv_console.commands.options import add_option
+from taehv_console.commands.options import COUNT, LIMIT, add_option
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-from taehv_console.exit_codes import ExitCode
+from taehv_console.core.values import InputError
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "scored; the contact sheet and the JSON were written",
     ExitCode.USAGE: "wrong command line; no such weights, run or teacher; weights of another "
-    "architecture or latent width (or --compare weights of another shape); no readable video",
+    "architecture or latent width (or --compare weights of another shape); no readable video; a "
+    "--device this machine lacks",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -44,7 +47,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--frames",
-        type=int,
+        type=COUNT,
         metavar="N",
         help="frames per clip, a multiple of 4 (default: the run's, else 12)",
     )
@@ -52,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--size", metavar="HxW", help="clip size (default: the run's crop, else whole frames)"
     )
     parser.add_argument(
-        "--clips", type=int, default=0, metavar="N", help="score at most N videos (default all)"
+        "--clips", type=LIMIT, default=0, metavar="N", help="score at most N videos (default all)"
     )
     parser.add_argument("--best", action="store_true", help="with a run: score best/ instead of final/")
     parser.add_argument(
@@ -84,7 +87,15 @@ def _weights(target: str, runs: str, best: bool, resolve_weights: Callable[[str,
         return resolve_weights(target, best)  # says: no such weights file or run directory
 
 
+def _size(text: str, parse_size: Callable[[str], tuple[int, int]]) -> tuple[int, int]:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise InputError(f"--size {err}") from None
+
+
 def run(args: argparse.Namespace) -> ExitCode:
+    # the trainer's errors (weights, data, teacher, eval's own) name the file: cli.main says them, 2
     # torch and PyAV only now: `eval --help` stays light
     from trainer.eval_report import write_report
     from trainer.evaluate import resolve_weights, score
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             compare=compare,
             teacher=args.teacher,
             frames=args.frames,
-            size=parse_size(args.size) if args.size else None,
+            size=_size(args.size, parse_size) if args.size else None,
             streaming=args.streaming,
             limit=args.clips,
             device=args.device,
@@ -110,9 +121,6 @@ def run(args: argparse.Namespace) -> ExitCode:
             else (lambda line: err_console.print(line, highlight=False)),
         )
         report = write_report(result, Path(args.out) if args.out else None)
-    except ValueError as err:  # the trainer's errors (weights, data, teacher, config) name the file
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.USAGE
     except OSError as err:
         print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return ExitCode.USAGE

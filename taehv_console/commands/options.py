@@ -22,6 +22,7 @@ from typing import Any
 from taehv_console.core.cluster.ssh import SshSettings
 from taehv_console.core.flow.options import FlowOptions, parse_env
 from taehv_console.core.models import BackendKind
+from taehv_console.core.values import InputError, checked_float, checked_int, checked_port
 
 BEFORE = "before_"  # the top level's dest prefix: what was given before the command's name
 SPEC = "_options"  # a parser's default: {dest: (default, required, name)} of the options it shares
@@ -49,6 +50,30 @@ class Option:
         return out
 
 
+def arg_type(name: str, check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a core check: its InputError becomes argparse's own error (exit 2,
+    the usage line, and the check's message, which names the range)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return check(text)
+        except InputError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+# the types of the options that take a number: checked where they enter (core/values.py)
+PORT = arg_type("port", lambda t: checked_port(t, "port"))
+COUNT = arg_type("count", lambda t: checked_int(t, "count", 1))  # 1 or more
+LIMIT = arg_type("limit", lambda t: checked_int(t, "limit", 0))  # 0 or more (0: no limit)
+SECONDS = arg_type("seconds", lambda t: checked_float(t, "seconds"))  # more than 0
+GRACE = arg_type("grace", lambda t: checked_float(t, "seconds", allow_minimum=True))  # 0 or more
+FRACTION = arg_type("fraction", lambda t: checked_float(t, "fraction", 0.0, 1.0))  # (0, 1]
+AMOUNT = arg_type("amount", lambda t: checked_float(t, "amount", allow_minimum=True))  # 0 or more
+POSITIVE = arg_type("positive", lambda t: checked_float(t, "value"))  # more than 0
+
 LAUNCH, SSH = "headless run (--no-tui)", "SSH"
 SHARED: dict[str, Option] = {
     o.dest: o
@@ -71,11 +96,11 @@ SHARED: dict[str, Option] = {
         Option("--env", "launch_env", "extra environment for every node's launcher; repeatable", (),
                metavar="KEY=VALUE", action="append"),
         Option("--master-port", "master_port", "rendezvous port on node 0 (default: a free one)",
-               metavar="PORT", type=int),
+               metavar="PORT", type=PORT),
         Option("--backend", "backend", "how nodes are started (auto: from the detected topology)",
                "auto", choices=("auto", *(k.value for k in BackendKind))),
         Option("--grace", "grace", "seconds a stop waits for the checkpoint before SIGKILL "
-               "(default 120)", metavar="S", type=float),
+               "(default 120)", metavar="S", type=GRACE),
         Option("--json", "json", "JSON instead of text (the flow: JSON lines instead of a progress "
                "display)", False, action="store_true"),
         Option("--ssh-config", "ssh_config", "ssh client config (default ~/.ssh/config, "
@@ -85,8 +110,9 @@ SHARED: dict[str, Option] = {
         Option("--python", "python", "the nodes' python with taehv-console installed (default: this "
                "console's, $TAEHV_REMOTE_PYTHON)", metavar="PATH"),
         Option("--connect-timeout", "connect_timeout", "seconds to connect to a node (default 10)",
-               metavar="S", type=float),
-        Option("--parallel", "parallel", "nodes contacted at once (default 64)", metavar="N", type=int),
+               metavar="S", type=SECONDS),
+        Option("--parallel", "parallel", "nodes contacted at once (default 64)", metavar="N",
+               type=COUNT),
         Option("--theme", "theme", "console colour theme: dark (default), light, high-contrast, or a "
                "file's name in ~/.config/taehv-console/themes/; NO_COLOR is respected", metavar="NAME"),
     )

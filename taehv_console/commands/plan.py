@@ -14,7 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from taehv_console.commands.options import add_option
+from taehv_console.commands.options import AMOUNT, COUNT, FRACTION, POSITIVE, add_option
 from taehv_console.core.plan.derive import ResolvedConfig, resolve_config
 from taehv_console.core.plan.planner import (
     CHECKPOINT_FIXED_S,
@@ -34,7 +34,8 @@ from taehv_console.core.plan.planner import (
 )
 from taehv_console.core.plan.presets import PresetMeta, list_presets, load_preset
 from taehv_console.core.run.recovery import policy_lines
-from taehv_console.exit_codes import ExitCode
+from taehv_console.core.values import InputError
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from trainer.config import ConfigError
 
 BASELINE = "8gpu-h100"
@@ -42,6 +43,7 @@ EXIT_CODES = {
     ExitCode.DONE: "shown; the config fits in GPU memory (the comparison table: always)",
     ExitCode.FAILED: "shown, but the config does not fit in GPU memory",
     ExitCode.USAGE: "wrong command line, config or value",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -53,22 +55,22 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,  # none: the comparison table of the shipped presets
         help="preset name or .toml path ('auto' with --nodes/--gpus-per-node)",
     )
-    parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
+    parser.add_argument("--nodes", type=COUNT, help="machines taking part (derive for this topology)")
+    parser.add_argument("--gpus-per-node", type=COUNT, help="GPUs (training processes) per machine")
     parser.add_argument("--gpu", default="", help="GPU model, e.g. 'H100' or 'A800' (throughput, auto)")
-    parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
+    parser.add_argument("--gpu-memory-gb", type=POSITIVE, help="memory per GPU, GB")
     parser.add_argument("--bandwidth", help="inter-node bandwidth, e.g. 25Gbit, 100Gbps, 10GB/s")
     parser.add_argument(
-        "--throughput", type=float, help="measured clips/s per GPU (default: documented assumption)"
+        "--throughput", type=POSITIVE, help="measured clips/s per GPU (default: documented assumption)"
     )
-    parser.add_argument("--efficiency", type=float, default=1.0, help="scaling efficiency on compute, 0-1")
+    parser.add_argument("--efficiency", type=FRACTION, default=1.0, help="scaling efficiency on compute, 0-1")
     parser.add_argument(
-        "--target-comm", type=float, default=0.10, help="target communication fraction (0.10)"
+        "--target-comm", type=POSITIVE, default=0.10, help="target communication fraction (0.10)"
     )
-    parser.add_argument("--price", type=float, help="price per GPU-hour, for a cost column")
+    parser.add_argument("--price", type=AMOUNT, help="price per GPU-hour, for a cost column")
     parser.add_argument(
         "--failure-rate",
-        type=float,
+        type=POSITIVE,
         metavar="PER_GPU_HOUR",
         help=f"interruptions per GPU-hour, for the checkpoint interval (default {LLAMA3_FAILURES_PER_GPU_HOUR:.3g}, "
         "Meta's Llama 3 report: 419 in 54 days on 16,384 H100s)",
@@ -77,21 +79,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "json", help="print JSON")
 
 
-def run(args: argparse.Namespace) -> ExitCode:
-    try:
-        return _run(args)
-    except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.USAGE
-
-
 def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
     if not 0 < args.target_comm < 1:
-        raise ValueError(f"--target-comm {args.target_comm}: a fraction between 0 and 1, e.g. 0.1")
+        raise InputError(f"--target-comm {args.target_comm}: a fraction between 0 and 1, e.g. 0.1")
     if args.throughput is not None and args.throughput <= 0:
-        raise ValueError(f"--throughput {args.throughput}: clips per second per GPU, more than 0")
+        raise InputError(f"--throughput {args.throughput}: clips per second per GPU, more than 0")
     if args.failure_rate is not None and not 0 < args.failure_rate < 1:
-        raise ValueError(
+        raise InputError(
             f"--failure-rate {args.failure_rate:g}: interruptions per GPU-hour, more than 0 and under 1, "
             f"e.g. {LLAMA3_FAILURES_PER_GPU_HOUR:.2e}"
         )
@@ -105,7 +99,8 @@ def _plan_kwargs(args: argparse.Namespace, bandwidth_text: str | None) -> dict:
     }
 
 
-def _run(args: argparse.Namespace) -> ExitCode:
+def run(args: argparse.Namespace) -> ExitCode:
+    # a wrong config or value (ConfigError, InputError) is said by cli.main: 2 (errors.py)
     if args.preset is None and args.nodes is None and args.gpus_per_node is None:
         return _comparison(args)
 

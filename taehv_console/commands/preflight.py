@@ -13,23 +13,20 @@ from pathlib import Path
 from rich.console import Console
 
 from taehv_console.commands.detect import render_topology
-from taehv_console.commands.options import add_option, add_ssh_options, flow_options
-from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
-from taehv_console.core.cluster.platform import TopologyError
+from taehv_console.commands.options import POSITIVE, add_option, add_ssh_options, flow_options
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import choose_config
 from taehv_console.core.flow.detect import detect
-from taehv_console.core.flow.options import EnvError
 from taehv_console.core.flow.preflight import preflight
 from taehv_console.core.models import PreflightReport
-from taehv_console.exit_codes import ExitCode
-from trainer.config import ConfigError
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from trainer.events import atomic_write_text
 
 EXIT_CODES = {
     ExitCode.DONE: "no errors (warnings allowed): a launch would go ahead",
     ExitCode.USAGE: "wrong command line, hostfile, topology, config or --env",
     ExitCode.PREFLIGHT_FAILED: "errors found: a launch would be refused",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -52,7 +49,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bandwidth-mb",
-        type=float,
+        type=POSITIVE,
         default=64.0,
         metavar="MB",
         help="all-reduce buffer size for --bandwidth (default 64)",
@@ -67,14 +64,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    try:
-        options = flow_options(args)
-        # detection probes the runs/data paths too, so preflight reuses those probes
-        found = detect(options)
-        chosen = choose_config(options, found.topology, found.probes)
-    except (TopologyError, InvalidHostError, HostfileError, ConfigError, EnvError) as err:
-        print(f"taehv-console preflight: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    # a bad hostfile, topology, config or --env: 2, said by cli.main (errors.py)
+    options = flow_options(args)
+    # detection probes the runs/data paths too, so preflight reuses those probes
+    found = detect(options)
+    chosen = choose_config(options, found.topology, found.probes)
     say = None if args.json else (lambda msg: print(f"… {msg}", file=sys.stderr))
     with SshPool(options.ssh) as pool:
         result = preflight(

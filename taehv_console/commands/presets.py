@@ -14,12 +14,13 @@ from rich.table import Table
 
 from taehv_console.commands.options import add_option
 from taehv_console.core.plan.presets import Preset, list_presets, user_preset_dir
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "listed",
     ExitCode.FAILED: "listed, but a user preset failed to load (named on stderr)",
     ExitCode.USAGE: "wrong command line",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 

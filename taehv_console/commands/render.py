@@ -10,16 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-from taehv_console.commands.options import add_option
-from taehv_console.core.cluster.hosts import read_hostfile
+from taehv_console.commands.options import COUNT, PORT, POSITIVE, add_option
+from taehv_console.core.cluster.hosts import HostfileError, read_hostfile
 from taehv_console.core.plan.derive import resolve_config
 from taehv_console.core.plan.render import RenderOptions, write_launch_files
-from taehv_console.exit_codes import ExitCode
-from trainer.config import ConfigError
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "the files were written",
     ExitCode.USAGE: "wrong command line, config, value or hostfile, or the folder cannot be written",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -27,14 +27,14 @@ EXIT_CODES = {
 def register(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "preset", required=True, help="preset name or .toml path ('auto' with a topology)")
     parser.add_argument("--out", required=True, help="folder to write the files into (created if needed)")
-    parser.add_argument("--nodes", type=int, help="machines taking part (derive for this topology)")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (training processes) per machine")
+    parser.add_argument("--nodes", type=COUNT, help="machines taking part (derive for this topology)")
+    parser.add_argument("--gpus-per-node", type=COUNT, help="GPUs (training processes) per machine")
     parser.add_argument("--gpu", default="", help="GPU model for --preset auto, e.g. H100")
-    parser.add_argument("--gpu-memory-gb", type=float, help="memory per GPU, GB")
+    parser.add_argument("--gpu-memory-gb", type=POSITIVE, help="memory per GPU, GB")
     add_option(parser, "hosts", help="DeepSpeed hostfile ('host slots=N' per line): the nodes, node 0 first")
     parser.add_argument("--run-dir", help="the folder's path as the nodes see it (default: --out, absolute)")
     parser.add_argument("--main-ip", default="", help="address of node 0 (default: first host)")
-    parser.add_argument("--port", type=int, default=29500, help="rendezvous port on node 0 (29500)")
+    parser.add_argument("--port", type=PORT, default=29500, help="rendezvous port on node 0 (29500)")
     parser.add_argument(
         "--image", default="taehv-console:latest", help="container image for the Kubernetes Job"
     )
@@ -45,9 +45,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> ExitCode:
     try:
         return _run(args)
-    except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.USAGE
     except OSError as err:
         print(f"error: cannot write to {args.out}: {err.strerror or err}", file=sys.stderr)
         return ExitCode.USAGE
@@ -63,7 +60,7 @@ def _run(args: argparse.Namespace) -> ExitCode:
         if nodes is None and gpus is None:
             # the hostfile is the topology: one node per line, its slots the processes per node
             if len(slots) > 1:
-                raise ValueError(
+                raise HostfileError(
                     f"{args.hosts}: nodes have different slot counts {sorted(slots)}; every node must run "
                     "the same number of processes (give --gpus-per-node to use fewer on each)"
                 )
@@ -79,7 +76,7 @@ def _run(args: argparse.Namespace) -> ExitCode:
     )
     cfg = resolved.config
     if hosts and len(hosts) != cfg.topology.nodes:
-        raise ValueError(
+        raise HostfileError(
             f"{args.hosts} names {len(hosts)} host(s) but the config has {cfg.topology.nodes} node(s); "
             "give one host per node, or --nodes/--gpus-per-node to match the hostfile"
         )

@@ -12,29 +12,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
 from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
-from taehv_console.core.flow.options import EnvError, parse_env
+from taehv_console.core.flow.options import parse_env
 from taehv_console.core.run import supervision
 from taehv_console.core.run.client import RunClient, client_mode
 from taehv_console.core.run.control import RunController
-from taehv_console.core.run.lock import RunBusyError
 from taehv_console.core.run.outcome import (
     AllocationTooSmallError,
     LaunchError,
-    NothingToResumeError,
     RunLiveError,
-    WorldSizeChangedError,
     settled,
 )
-from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-from taehv_console.core.run.state import StateError
-from taehv_console.exit_codes import ExitCode
+from taehv_console.core.run.rundir import resolve_run
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from taehv_console.follow import follow_run, make_view, report_outcome
-from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done (with --detach: every node started)",
@@ -44,6 +38,7 @@ EXIT_CODES = {
     ExitCode.STOPPED: "the run was stopped (Ctrl-C, a signal or `taehv-console stop`); resume it",
     ExitCode.BUSY: "the run is running (attach instead) or another console controls it",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up: do not retry",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the run was being followed; it keeps running",
 }
 
@@ -76,41 +71,26 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    def fail(code: ExitCode, message: str) -> ExitCode:
-        print(f"taehv-console resume: {message}", file=sys.stderr)
-        return code
-
-    try:
-        target = resolve_run(args.run, args.runs)
-        extra_env = parse_env(args.launch_env)
-    except (RunNotFoundError, EnvError) as err:
-        return fail(ExitCode.USAGE, str(err))
+    # a refusal is an error of its own class, raised where it is found; cli.main says it and maps
+    # it to its code (errors.py: no such run, a damaged run, nothing to resume 2; a live run 5)
+    target = resolve_run(args.run, args.runs)
+    extra_env = parse_env(args.launch_env)
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
-            try:
-                if supervision.running_supervisor(target) is not None and not settled(target.read_state()):
-                    return fail(
-                        ExitCode.BUSY,
-                        f"{target.run_id} is running under its supervisor: a resume would start it "
-                        f"twice; attach to it instead (taehv-console attach {target.run_id})",
-                    )
-                ctrl = RunController.open(target, pool, purpose="resume")
-            except RunBusyError as err:
-                return fail(ExitCode.BUSY, str(err))
-            except (StateError, ConfigError) as err:  # a damaged run: named by file and field
-                return fail(ExitCode.USAGE, str(err))
+            if supervision.running_supervisor(target) is not None and not settled(target.read_state()):
+                raise RunLiveError(
+                    f"{target.run_id} is running under its supervisor: a resume would start it "
+                    f"twice; attach to it instead (taehv-console attach {target.run_id})"
+                )
+            ctrl = RunController.open(target, pool, purpose="resume")
             try:
                 if ctrl.reconcile() == "live":
-                    return fail(
-                        ExitCode.BUSY,
+                    raise RunLiveError(
                         f"{target.run_id} is running: a resume would start it twice; "
-                        f"attach to it instead (taehv-console attach {target.run_id})",
+                        f"attach to it instead (taehv-console attach {target.run_id})"
                     )
-                try:
-                    point = ctrl.resume_point(weights_only=args.weights_only, from_path=args.from_path)
-                except (NothingToResumeError, WorldSizeChangedError) as err:
-                    return fail(ExitCode.USAGE, str(err))
+                point = ctrl.resume_point(weights_only=args.weights_only, from_path=args.from_path)
                 if extra_env:
                     env = dict(ctrl.state.env)
                     env.update(extra_env)
@@ -128,11 +108,10 @@ def run(args: argparse.Namespace) -> ExitCode:
                     + (", weights only" if args.weights_only else "")
                 )
                 try:
+                    # RunLiveError (busy) and AllocationTooSmallError (usage) end it through cli.main
                     ctrl.launch(resume=point.spec, weights_only=args.weights_only)
-                except RunLiveError as err:
-                    return fail(ExitCode.BUSY, str(err))
-                except AllocationTooSmallError as err:
-                    return fail(ExitCode.USAGE, str(err))
+                except (RunLiveError, AllocationTooSmallError):
+                    raise
                 except LaunchError as err:
                     view.note(f"launch failed: {err}")
                     return report_outcome(ctrl, ctrl.outcome(), view)

@@ -26,14 +26,14 @@ from taehv_console.core.run.lock import is_locked, read_holder
 from taehv_console.core.run.outcome import settled
 from taehv_console.core.run.recovery import recoveries, strike_counts
 from taehv_console.core.run.requests import probe_live
-from taehv_console.core.run.rundir import RunDir, RunNotFoundError, list_runs, resolve_run
+from taehv_console.core.run.rundir import RunDir, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints
 from taehv_console.core.watch.monitor import snapshot_once
 from taehv_console.core.watch.runwatch import monitor_hosts
 from taehv_console.core.watch.samples import newest_samples
 from taehv_console.core.watch.view import duration_text, number_text, progress_dict, stall_texts
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
 
@@ -41,6 +41,7 @@ EXIT_CODES = {
     ExitCode.DONE: "shown",
     ExitCode.FAILED: "shown, but --verify found a checkpoint whose files do not match its manifest",
     ExitCode.USAGE: "wrong command line, no such run, or a damaged run: its state.json or run.toml unreadable, of the wrong shape, or state.json gone",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -66,23 +67,20 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    # no such run, a damaged run (StateError) 2: cli.main says them (errors.py)
     with SshPool(ssh_settings(args)) as pool:
-        try:
-            if args.run:
-                run_dir = resolve_run(args.run, args.runs)
-                info = run_info(run_dir, pool, check=not args.no_check)
-                if info.get("error"):  # a damaged run: said by path and field, exit 2 as --help says
-                    if args.json:
-                        print(json.dumps(info, indent=2, default=str))
-                    print(f"taehv-console status: {info['error']}", file=sys.stderr)
-                    return ExitCode.USAGE
-                bad = _verify(run_dir.path, info) if args.verify else 0
-                _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
-                return ExitCode.FAILED if bad else ExitCode.DONE
-            runs = list_runs(args.runs)
-        except (RunNotFoundError, StateError) as err:
-            print(f"taehv-console status: {err}", file=sys.stderr)
-            return ExitCode.USAGE
+        if args.run:
+            run_dir = resolve_run(args.run, args.runs)
+            info = run_info(run_dir, pool, check=not args.no_check)
+            if info.get("error"):  # a damaged run: said by path and field, exit 2 as --help says
+                if args.json:
+                    print(json.dumps(info, indent=2, default=str))
+                print(f"taehv-console status: {info['error']}", file=sys.stderr)
+                return ExitCode.USAGE
+            bad = _verify(run_dir.path, info) if args.verify else 0
+            _print_one(info) if not args.json else print(json.dumps(info, indent=2, default=str))
+            return ExitCode.FAILED if bad else ExitCode.DONE
+        runs = list_runs(args.runs)
         infos = [_listed(r, pool, check=not args.no_check) for r in runs]
     for i in infos:
         if i.get("error"):  # one damaged run never takes the list down

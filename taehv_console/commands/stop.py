@@ -16,13 +16,9 @@ from taehv_console.commands.options import add_option, ssh_settings
 from taehv_console.commands.status import add_run_arguments
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.runs import newest_unended_run
-from taehv_console.core.run.outcome import ControlError
 from taehv_console.core.run.requests import request_stop
-from taehv_console.core.run.rundir import RunNotFoundError
-from taehv_console.core.run.state import StateError
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from taehv_console.follow import make_view
-from trainer.config import ConfigError
 
 EXIT_CODES = {
     ExitCode.DONE: "stopped (or it had already ended), and nothing of it is left on any node",
@@ -31,6 +27,7 @@ EXIT_CODES = {
         "process could not be proven the run's (it was sent no signal; state.json's attention names it)"
     ),
     ExitCode.USAGE: "wrong command line, no such run (no running run without RUN), or a damaged run (its state.json or run.toml)",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) while waiting; the stop may still go on",
 }
 
@@ -41,23 +38,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    try:
-        target = newest_unended_run(
-            args.run, args.runs, on_skip=lambda note: print(f"taehv-console stop: {note}", file=sys.stderr)
-        )
-    except RunNotFoundError as err:
-        print(f"taehv-console stop: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    # no such run, a damaged run (named by file and field; nothing signalled) 2, a stop that could
+    # not be carried out (ControlError) 1: cli.main says them (errors.py)
+    target = newest_unended_run(
+        args.run, args.runs, on_skip=lambda note: print(f"taehv-console stop: {note}", file=sys.stderr)
+    )
     view = make_view(args.json)
     try:
         with SshPool(ssh_settings(args)) as pool:
             state = request_stop(target, pool, grace_s=args.grace, on_update=view.update, say=view.note)
-    except (StateError, ConfigError) as err:  # a damaged run: named by file and field, nothing signalled
-        print(f"taehv-console stop: {err}", file=sys.stderr)
-        return ExitCode.USAGE
-    except ControlError as err:
-        print(f"taehv-console stop: {err}", file=sys.stderr)
-        return ExitCode.FAILED
     finally:
         view.close()
     s = state.stop

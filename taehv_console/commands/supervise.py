@@ -6,14 +6,13 @@ over when that console goes, and exits with the run's exit code once the run has
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.supervisor import Supervisor
-from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-from taehv_console.exit_codes import ExitCode, exit_code_for
+from taehv_console.core.run.rundir import resolve_run
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode, exit_code_for
 
 EXIT_CODES = {
     ExitCode.DONE: "the run ended done",
@@ -21,6 +20,7 @@ EXIT_CODES = {
     ExitCode.USAGE: "wrong command line, no such run, or the run directory went away",
     ExitCode.STOPPED: "the run was stopped",
     ExitCode.FAILED_FINAL: "the run failed in a way another try would repeat, or its restarts gave up",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the run keeps running, unsupervised until a console opens it",
 }
 
@@ -36,11 +36,7 @@ def say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    try:
-        target = resolve_run(args.run, args.runs)
-    except RunNotFoundError as err:
-        print(f"taehv-console supervise: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    target = resolve_run(args.run, args.runs)  # RunNotFoundError: 2, said by cli.main (errors.py)
     with SshPool(ssh_settings(args)) as pool:
         outcome = Supervisor(target, pool, say).serve()
     if outcome is None:

@@ -9,15 +9,16 @@ import argparse
 import sys
 
 from taehv_console.commands.options import add_option, add_ssh_options, ssh_settings
-from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError, read_hostfile, validate_host
+from taehv_console.core.cluster.hosts import read_hostfile, validate_host
 from taehv_console.core.cluster.ssh import SshError, SshSettings, sha256_fingerprint
 from taehv_console.core.flow.trust import TrustOutcome, offer_host_key, trust_offered_key
-from taehv_console.exit_codes import ExitCode
+from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "every host's key is trusted (added, or already there)",
     ExitCode.FAILED: "a key was not added: refused (it changed), not confirmed, or the host did not answer",
     ExitCode.USAGE: "wrong command line, no host, or a bad host name or hostfile",
+    ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -82,14 +83,11 @@ def trust_one(host: str, settings: SshSettings, *, yes: bool, replace: bool) -> 
 
 def run(args: argparse.Namespace) -> ExitCode:
     hosts = list(args.host)
-    try:
-        if args.hosts:
-            hosts += [n.host for n in read_hostfile(args.hosts)]
-        for h in hosts:
-            validate_host(h)
-    except (HostfileError, InvalidHostError) as err:
-        print(f"taehv-console trust: {err}", file=sys.stderr)
-        return ExitCode.USAGE
+    # a bad hostfile or host name: 2, said by cli.main (errors.py)
+    if args.hosts:
+        hosts += [n.host for n in read_hostfile(args.hosts)]
+    for h in hosts:
+        validate_host(h)
     if not hosts:
         print("taehv-console trust: name at least one host (or --hosts FILE)", file=sys.stderr)
         return ExitCode.USAGE

@@ -74,7 +74,7 @@ def test_bad_input_exits_2_naming_the_file(setup, capsys, args, named):
         argv += ["--data", str(root / "clips")]
     assert main(argv) == ExitCode.USAGE
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and named.format(root=root, run=run) in err, err
+    assert err.startswith("taehv-console eval: ") and named.format(root=root, run=run) in err, err
 
 
 def test_eval_help_imports_no_torch():

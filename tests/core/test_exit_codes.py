@@ -77,8 +77,9 @@ def test_each_command_documents_its_codes_as_exit_code_members(command):
     codes = module.EXIT_CODES
     assert codes and all(isinstance(c, ExitCode) for c in codes), codes
     assert all(isinstance(m, str) and m for m in codes.values())
-    # argparse's own errors exit 2, and main turns Ctrl-C into 130: every command can return them
-    assert {ExitCode.USAGE, ExitCode.INTERRUPTED} <= set(codes)
+    # argparse's own errors exit 2, main turns Ctrl-C into 130 and a bug into 70 (CRASHED): every
+    # command can return them
+    assert {ExitCode.USAGE, ExitCode.INTERRUPTED, ExitCode.CRASHED} <= set(codes)
     # every code the module names is documented (EXIT_CODES itself names them all, so look elsewhere)
     source = Path(module.__file__)
     tree = ast.parse(source.read_text())
@@ -130,3 +131,84 @@ def test_preflight_with_a_missing_data_directory_exits_preflight_failed(tmp_path
     report = json.loads(capsys.readouterr().out)
     assert code == ExitCode.PREFLIGHT_FAILED == 3
     assert any(f["id"] == "data-missing" and f["severity"] == "error" for f in report["findings"])
+
+
+# ------------------------------------------------------------------ errors.py: one mapping, no traceback
+
+
+def test_each_error_maps_by_its_nearest_class():
+    from taehv_console.core.run.outcome import ControlError, NothingToResumeError, RunLiveError
+    from taehv_console.core.values import InputError
+    from taehv_console.errors import exit_code_for_error
+    from trainer.config import ConfigError
+    from trainer.errors import WeightsError
+
+    assert exit_code_for_error(RunLiveError("live")) == ExitCode.BUSY  # not ControlError's FAILED
+    assert exit_code_for_error(ControlError("x")) == ExitCode.FAILED
+    assert exit_code_for_error(NothingToResumeError("x")) == ExitCode.USAGE
+    assert exit_code_for_error(InputError("x")) == ExitCode.USAGE
+    assert exit_code_for_error(WeightsError("x")) == ExitCode.USAGE
+    assert exit_code_for_error(type("Sub", (ConfigError,), {})("x")) == ExitCode.USAGE
+    assert exit_code_for_error(ValueError("x")) is None  # not the project's: a bug
+    assert exit_code_for_error(KeyError("x")) is None
+
+
+def test_an_unexpected_error_is_one_line_naming_its_crash_log(tmp_path, monkeypatch, capsys):
+    import taehv_console.commands.presets as presets
+
+    def boom(args):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setenv("TAEHV_CRASH_DIR", str(tmp_path / "crashes"))
+    monkeypatch.setattr(presets, "run", boom)
+    code = main(["presets"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.CRASHED == 70  # not 1, which platforms retry
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    (log,) = (tmp_path / "crashes").iterdir()
+    assert str(log) in err and "TypeError: unsupported operand" in err
+    text = log.read_text()
+    assert "Traceback" in text and "in boom" in text and "'presets'" in text
+
+
+def test_a_known_error_from_any_command_is_its_code_and_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TAEHV_CRASH_DIR", str(tmp_path / "crashes"))
+    code = main(["resume", "no-such-run", "--runs", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert err.startswith("taehv-console resume: ") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "crashes").exists()
+
+
+def test_the_headless_flow_says_an_unexpected_error_in_its_json_result(tmp_path, monkeypatch, capsys):
+    import taehv_console.headless as headless
+
+    def boom(options, pool):
+        raise RuntimeError("odd")
+
+    monkeypatch.setenv("TAEHV_CRASH_DIR", str(tmp_path / "crashes"))
+    monkeypatch.setattr(headless, "detect", boom)
+    code = main(["--no-tui", "--json", "--runs", str(tmp_path / "runs")])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert code == ExitCode.CRASHED
+    assert lines[-1]["kind"] == "result" and lines[-1]["exit_code"] == 70, lines[-1]
+    assert "crash" in lines[-1]["error"] and "RuntimeError: odd" in lines[-1]["error"]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["preflight", "--master-port", "70000"], "port 70000: must be 1-65535"),
+        (["plan", "--nodes", "0"], "at least 1"),
+        (["plan", "--preset", "8gpu-h100", "--price", "-1"], "at least 0"),
+        (["detect", "--parallel", "0"], "at least 1"),
+        (["detect", "--connect-timeout", "-1"], "more than 0"),
+        (["eval", "w.safetensors", "--data", "d", "--clips", "-1"], "at least 0"),
+        (["render", "--preset", "cpu-smoke", "--out", "x", "--port", "0"], "must be 1-65535"),
+    ],
+)
+def test_values_out_of_range_are_named_where_they_enter(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == ExitCode.USAGE
+    assert words in capsys.readouterr().err

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from taehv_console.core.plan.footprint import parameter_count
 from taehv_console.core.plan.memory import GB, MB, model_state_bytes
+from taehv_console.core.values import InputError
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision
 
@@ -82,7 +83,7 @@ def cluster_mtbf_s(failures_per_gpu_hour: float, gpus: int) -> float:
     """The run's mean time between failures in seconds: 3600 / (rate per GPU-hour x GPUs). One
     failing GPU stops a synchronous run, so the rate grows with the number of GPUs."""
     if failures_per_gpu_hour <= 0 or gpus < 1:
-        raise ValueError(
+        raise InputError(
             f"failure rate {failures_per_gpu_hour:g} per GPU-hour on {gpus} GPU(s): both more than 0"
         )
     return 3600 / (failures_per_gpu_hour * gpus)

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from taehv_console.core.plan.memory import GB, value_bytes
+from taehv_console.core.values import InputError
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision
 
@@ -33,13 +34,13 @@ def parse_bandwidth(text: str) -> float:
     """
     m = _BANDWIDTH.match(text)
     if not m:
-        raise ValueError(f"bandwidth {text!r}: expected a number and a unit, e.g. 25Gbit, 10Gbps, 2GB/s")
+        raise InputError(f"bandwidth {text!r}: expected a number and a unit, e.g. 25Gbit, 10Gbps, 2GB/s")
     number, prefix, unit = m.groups()
     value = float(number) * _PREFIX[prefix.lower()]
     if unit in ("B", "Bps", "B/s"):
         value *= 8
     if value <= 0:
-        raise ValueError(f"bandwidth {text!r}: must be more than 0")
+        raise InputError(f"bandwidth {text!r}: must be more than 0")
     return value
 
 

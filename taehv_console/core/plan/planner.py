@@ -86,6 +86,7 @@ from taehv_console.core.plan.throughput import (
 )
 from taehv_console.core.plan.timeouts import explain_collective_timeout
 from taehv_console.core.plan.zero import ZeroSizing, deepspeed_lines, size_zero, size_zero_for
+from taehv_console.core.values import InputError
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision, zero1_runs_bf16_optimizer
 
@@ -197,7 +198,7 @@ def make_plan(
     interruptions per GPU-hour (None: Llama 3's, LLAMA3_FAILURES_PER_GPU_HOUR).
     """
     if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency {efficiency}: must be in (0, 1]")
+        raise InputError(f"efficiency {efficiency}: must be in (0, 1]")
     assumptions: list[str] = []
     t = cfg.topology
     params = parameter_count(cfg.model).total

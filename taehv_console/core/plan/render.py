@@ -24,6 +24,7 @@ import yaml
 
 from taehv_console.core.hostnames import validate_host
 from taehv_console.core.plan.flight_recorder import FR_DIR, flight_recorder_env
+from taehv_console.core.values import InputError
 from taehv_console.exit_codes import ExitCode
 from trainer.checkpoint import COMPLETE
 from trainer.config import ENV_NAME_RE, TrainConfig, config_to_toml
@@ -39,8 +40,9 @@ CHECKPOINTS = "checkpoints"  # the trainer's checkpoint root in a run directory 
 
 # Exit codes of the console that another try would repeat: the command line, a config or the
 # environment is wrong, preflight found errors, or the failure is final (a trainer error, bad data,
-# a full disk; or the console's own restarts gave up). A platform must not retry them.
-FINAL_EXIT_CODES = (ExitCode.USAGE, ExitCode.PREFLIGHT_FAILED, ExitCode.FAILED_FINAL)
+# a full disk; or the console's own restarts gave up), or the console crashed (a bug, which another
+# try would meet again). A platform must not retry them.
+FINAL_EXIT_CODES = (ExitCode.USAGE, ExitCode.PREFLIGHT_FAILED, ExitCode.FAILED_FINAL, ExitCode.CRASHED)
 K8S_CONTAINER = "taehv"  # the pod's one container: the failure policy matches its exit codes
 # Kubernetes' own default backoffLimit, granted here per node: see k8s_manifests
 K8S_RETRIES_PER_NODE = 6
@@ -80,7 +82,7 @@ class RenderOptions:
     def resolved_hosts(self, nodes: int) -> tuple[str, ...]:
         if self.hosts:
             if len(self.hosts) != nodes:
-                raise ValueError(
+                raise InputError(
                     f"{len(self.hosts)} host(s) given for a {nodes}-node config; give one host per node"
                 )
             for host in self.hosts:  # they are written into hostfiles and launch commands
@@ -202,7 +204,7 @@ def export_lines(env: Mapping[str, str]) -> list[str]:
     lines = []
     for key, value in sorted(env.items()):
         if not ENV_NAME_RE.fullmatch(key):
-            raise ValueError(
+            raise InputError(
                 f"environment variable name {key!r} is not a POSIX name; refused in a launch script"
             )
         lines.append(f"export {key}={shlex.quote(value)}")

@@ -213,5 +213,5 @@ def test_user_errors_are_one_message_and_exit_2(argv, message, tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2
-    assert message in proc.stderr and proc.stderr.startswith("error: ")
+    assert message in proc.stderr and proc.stderr.startswith(f"taehv-console {argv[0]}: ")
     assert "Traceback" not in proc.stderr

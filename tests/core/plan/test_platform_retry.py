@@ -22,8 +22,8 @@ from taehv_console.core.plan.render import (
 )
 from taehv_console.exit_codes import ExitCode
 
-# what exit_codes.py says a platform must not retry: usage, preflight, a final failure
-FINAL = {ExitCode.USAGE, ExitCode.PREFLIGHT_FAILED, ExitCode.FAILED_FINAL}
+# what exit_codes.py says a platform must not retry: usage, preflight, a final failure, a crash
+FINAL = {ExitCode.USAGE, ExitCode.PREFLIGHT_FAILED, ExitCode.FAILED_FINAL, ExitCode.CRASHED}
 ACTIONS = {"FailJob", "FailIndex", "Ignore", "Count"}  # the Job API's PodFailurePolicyRule actions
 
 
