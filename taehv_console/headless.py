@@ -36,7 +36,7 @@ from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.outcome import LaunchError, settled
-from taehv_console.core.run.rundir import RunDir, resolve_run
+from taehv_console.core.run.rundir import RunDir, RunsDirError, resolve_run, runs_dir_problem
 from taehv_console.core.run.state import StateError
 from taehv_console.errors import describe_error
 from taehv_console.exit_codes import ExitCode
@@ -97,6 +97,9 @@ def _run(options: FlowOptions, view: View) -> ExitCode:
         backend = backend_for(options, topology)
         if backend is None:
             raise TopologyError(NOT_PER_PROCESS)
+        runs_problem = runs_dir_problem(options.runs)  # before demo clips or a run are written there
+        if runs_problem:
+            raise RunsDirError(runs_problem)
         # 1. a run that is already live: attach to it, never launch it twice
         if backend is not BackendKind.PLATFORM:
             lost = existing.lost_state() if existing is not None else None

@@ -129,7 +129,17 @@ def render(topology: Topology, probes: Sequence[ProbeResult]) -> None:
         if p.clock_offset_s:
             extra.append(f"clock {p.clock_offset_s:+.1f}s")
         for path in f.paths:
-            state = "ok" if path.exists and path.readable else "missing" if not path.exists else "unreadable"
+            state = (
+                "missing"
+                if not path.exists
+                else "unreadable"
+                if not path.readable
+                else "not a directory"
+                if path.label == "runs" and not path.is_dir
+                else "not writable"
+                if path.label == "runs" and not path.writable
+                else "ok"
+            )
             free = f", {path.free_gb:.0f} GB free" if path.free_gb is not None else ""
             extra.append(f"{path.label} {path.path} ({state}{free})")
         console.print(f"[bold]{p.host}[/]: " + "; ".join(extra))

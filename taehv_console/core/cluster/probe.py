@@ -193,7 +193,8 @@ def describe_path(label: str, path: str) -> PathInfo:
             next(iter(os.scandir(p)), None)
         except OSError:
             readable = False
-    writable = os.access(p if exists else probe_at, os.W_OK)
+    # a runs path under a file (--runs FILE/x) is not writable, though the file itself may be
+    writable = os.access(p if exists else probe_at, os.W_OK) and (exists or probe_at.is_dir())
     return PathInfo(
         label=label,
         path=str(p),

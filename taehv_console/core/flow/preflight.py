@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from taehv_console.core.cluster.preflight import PreflightOptions, first_free_port, run_preflight
-from taehv_console.core.cluster.ssh import SshPool
+from taehv_console.core.cluster.ssh import SshError, SshPool
 from taehv_console.core.flow.config import ChosenConfig
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.models import BackendKind, PreflightReport, ProbeResult, Topology, TopologySource
@@ -47,7 +47,10 @@ def free_port(topology: Topology, pool: SshPool, first: int | None = None) -> in
     node 0 does not answer (preflight reports an unreachable node properly) or none is free."""
     port = first or topology.master_port
     host = topology.hosts[0] if topology.uses_ssh else "localhost"
-    found = first_free_port(pool.runner(host), port)
+    try:
+        found = first_free_port(pool.runner(host), port)
+    except SshError:  # node 0 refused, did not resolve, or timed out: its probe's finding says so
+        return port
     return port if found is None else found
 
 

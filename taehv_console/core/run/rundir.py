@@ -18,6 +18,7 @@ from taehv_console.core.run.state import (
     read_state,
     write_state,
 )
+from taehv_console.core.values import InputError
 from trainer.config import TrainConfig, load_config
 
 RUN_TOML = "run.toml"
@@ -127,20 +128,47 @@ class RunDir:
         return load_config(self.run_toml)
 
 
+class RunsDirError(InputError):
+    """The runs path cannot hold runs: a file, or a folder this user cannot write."""
+
+
+def runs_dir_problem(runs_dir: str | Path) -> str | None:
+    """Why runs_dir cannot hold runs on this machine (it, or the nearest existing folder above it,
+    is a file, or cannot be written), else None. Asked before anything is written under it."""
+    root = Path(runs_dir).expanduser().absolute()
+    at = root
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    if not at.is_dir():
+        return f"runs path {root}: {at} is a file, not a directory; choose another --runs"
+    if not os.access(at, os.W_OK | os.X_OK):
+        return (
+            f"runs directory {at} cannot be written (a read-only file system or its permissions); "
+            "choose a writable --runs"
+        )
+    return None
+
+
 def create_run_dir(runs_dir: str | Path, preset: str, now: float | None = None) -> RunDir:
     """A new, empty run directory under runs_dir. mkdir without exist_ok is the uniqueness check:
-    two consoles starting the same preset in the same second get -2, -3 ... instead of sharing."""
+    two consoles starting the same preset in the same second get -2, -3 ... instead of sharing.
+    RunsDirError when runs_dir cannot hold it."""
     root = Path(runs_dir).absolute()
-    root.mkdir(parents=True, exist_ok=True)
     base = new_run_id(preset, now)
-    for n in range(1, 1000):
-        path = root / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        (path / "logs").mkdir()
-        return RunDir(path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            path = root / (base if n == 1 else f"{base}-{n}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            (path / "logs").mkdir()
+            return RunDir(path)
+    except OSError as err:  # a file in the way, a read-only file system, permissions
+        raise RunsDirError(
+            runs_dir_problem(root) or f"{root}: cannot create a run directory: {err.strerror or err}"
+        ) from None
     raise RuntimeError(f"{root}: could not find a free run id for {base}")
 
 

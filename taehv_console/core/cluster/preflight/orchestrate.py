@@ -27,7 +27,12 @@ from taehv_console.core.cluster.preflight.network import (
     check_master_port,
     check_reachability,
 )
-from taehv_console.core.cluster.preflight.software import check_clock_skew, check_nccl_env, check_version_skew
+from taehv_console.core.cluster.preflight.software import (
+    check_clock_skew,
+    check_nccl_env,
+    check_notify,
+    check_version_skew,
+)
 from taehv_console.core.cluster.preflight.storage import check_disk, check_runs_shared
 from taehv_console.core.cluster.ssh import NodeRunner, SshPool, SshSettings, resolve_target
 from taehv_console.core.models import (
@@ -285,6 +290,7 @@ def _run(
     findings += check_nccl_env(facts, cfg.distributed.nccl_env, cfg.topology.device)
     findings += check_memory_fit(cfg, facts)
     findings += check_compile(cfg)
+    findings += check_notify(cfg.notify.command)
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
 
 

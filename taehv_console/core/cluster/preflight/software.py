@@ -3,7 +3,10 @@ and gloo settings against the node's network hardware, and clocks that agree."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+import shlex
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 
 from taehv_console.core.cluster.preflight.findings import E, W
 from taehv_console.core.models import Finding, NodeFacts, ProbeResult, Severity
@@ -159,3 +162,31 @@ def check_clock_skew(probes: Sequence[ProbeResult], limit_s: float = CLOCK_SKEW_
             )
         ]
     return []
+
+
+def check_notify(command: str, which: Callable[[str], str | None] = shutil.which) -> list[Finding]:
+    """`notify.command` runs on this machine (the console's or the supervisor's) when a run is
+    launched, fails or ends: a program that is not there, or cannot run, would be found only then."""
+    if not command:
+        return []
+    fix = "set notify.command to a program this machine can run (the event is its stdin), or ''"
+    try:
+        argv = shlex.split(command)
+    except ValueError as err:  # an unclosed quote
+        return [Finding("notify-command-unusable", E, f"notify.command {command!r}: {err}", fix)]
+    if not argv:
+        return []
+    program = argv[0]
+    if os.sep in program:
+        why = (
+            "does not exist"
+            if not os.path.exists(program)
+            else "is not an executable file"
+            if not (os.path.isfile(program) and os.access(program, os.X_OK))
+            else ""
+        )
+    else:
+        why = "" if which(program) else "is not on PATH"
+    if not why:
+        return []
+    return [Finding("notify-command-unusable", E, f"notify.command: {program} {why}", fix)]

@@ -47,7 +47,17 @@ def check_disk(facts: Mapping[str, NodeFacts], cfg: TrainConfig) -> list[Finding
         p = f.path("runs")
         if p is None or p.free_gb is None:
             continue
-        if not p.writable:
+        if p.exists and not p.is_dir:
+            out.append(
+                Finding(
+                    "runs-not-a-directory",
+                    E,
+                    f"{host}: runs path {p.path} is a file, not a directory",
+                    "choose another --runs (a directory on storage every node sees)",
+                    host,
+                )
+            )
+        elif not p.writable:
             out.append(
                 Finding(
                     "runs-not-writable",
