@@ -121,3 +121,13 @@ def test_free_port_keeps_the_port_when_node_0_cannot_be_reached():
     )
     assert issubclass(SshConnectError, SshError)
     assert free_port(topology, _Unreachable()) == 29511  # type: ignore[arg-type]
+
+
+def test_a_warm_up_as_long_as_the_run_is_a_warning():
+    from taehv_console.core.cluster.preflight.software import check_schedule
+    from trainer.config import OptimSection
+
+    assert check_schedule(OptimSection(warmup_steps=10, max_steps=100)) == []
+    (f,) = check_schedule(OptimSection(warmup_steps=100, max_steps=40))
+    assert f.id == "warmup-exceeds-max-steps" and f.severity.value == "warning"
+    assert "optim.warmup_steps=4" in f.fix

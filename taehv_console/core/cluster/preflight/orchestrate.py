@@ -31,6 +31,7 @@ from taehv_console.core.cluster.preflight.software import (
     check_clock_skew,
     check_nccl_env,
     check_notify,
+    check_schedule,
     check_version_skew,
 )
 from taehv_console.core.cluster.preflight.storage import check_disk, check_runs_shared
@@ -291,6 +292,7 @@ def _run(
     findings += check_memory_fit(cfg, facts)
     findings += check_compile(cfg)
     findings += check_notify(cfg.notify.command)
+    findings += check_schedule(cfg.optim)
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from taehv_console.core.cluster.preflight.findings import E, W
 from taehv_console.core.models import Finding, NodeFacts, ProbeResult, Severity
+from trainer.config import OptimSection
 
 CLOCK_SKEW_LIMIT_S = 2.0
 
@@ -190,3 +191,19 @@ def check_notify(command: str, which: Callable[[str], str | None] = shutil.which
     if not why:
         return []
     return [Finding("notify-command-unusable", E, f"notify.command: {program} {why}", fix)]
+
+
+def check_schedule(optim: OptimSection) -> list[Finding]:
+    """A warm-up as long as the run or longer: the learning rate never reaches optim.lr (a short
+    --set optim.max_steps over a preset's warm-up, most often)."""
+    if optim.warmup_steps < optim.max_steps:
+        return []
+    return [
+        Finding(
+            "warmup-exceeds-max-steps",
+            W,
+            f"optim.warmup_steps {optim.warmup_steps} >= optim.max_steps {optim.max_steps}: the "
+            f"learning rate never reaches optim.lr ({optim.lr:g})",
+            f"--set optim.warmup_steps={max(optim.max_steps // 10, 0)}",
+        )
+    ]
