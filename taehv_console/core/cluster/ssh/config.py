@@ -4,9 +4,12 @@ the socket (or ProxyCommand) that connects to where the alias goes."""
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import socket
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,26 +133,102 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
+# Name lookups run on threads of their own, because getaddrinfo cannot be interrupted: the pool's
+# worker waits for one no longer than its connection's deadline and then gives up on it. A lookup
+# given up on keeps its (daemon) thread until the resolver answers (seconds, for a name no server
+# knows), so at most _LOOKUP_THREADS run at once: past that a lookup waits for a slot, still within
+# its own deadline, and the process never waits for them at exit.
+_LOOKUP_THREADS = 128
+_lookup_slots = threading.BoundedSemaphore(_LOOKUP_THREADS)
+
+
+def resolve_address(alias: str, hostname: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+    """getaddrinfo(hostname, port) for a TCP connection, answered within `timeout` seconds or an
+    SshTimeoutError naming the lookup (an address literal answers at once, with no lookup)."""
+    try:  # an address (IPv4 or IPv6 literal): no resolver involved
+        return socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass
+    deadline = time.monotonic() + timeout
+    answer: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM))
+        except OSError as err:
+            answer.append(err)
+        finally:
+            _lookup_slots.release()
+            done.set()
+
+    if _lookup_slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        threading.Thread(target=lookup, name=f"taehv-lookup-{hostname}", daemon=True).start()
+        done.wait(max(0.0, deadline - time.monotonic()))
+    if not answer:
+        raise SshTimeoutError(
+            alias,
+            f"{alias}: the name {hostname} did not resolve within {timeout:g} s",
+            "check the name (hostfile, ~/.ssh/config HostName) and the DNS servers; or give an address",
+        )
+    if isinstance(answer[0], OSError):
+        err = answer[0]
+        raise SshConnectError(
+            alias,
+            f"{alias}: cannot connect to {hostname}:{port}: the name does not resolve "
+            f"({err.strerror or err})",
+            "check the name in the hostfile or ~/.ssh/config (HostName), or give an address",
+        )
+    return list(answer[0])
+
+
 def open_socket(target: HostTarget, timeout: float) -> socket.socket | paramiko.ProxyCommand:
-    """A TCP connection to the target, or its ProxyCommand started; nothing SSH spoken yet."""
+    """A TCP connection to the target, or its ProxyCommand started; nothing SSH spoken yet. The
+    name's lookup and the connection share one deadline, `timeout` seconds from now."""
     import paramiko
 
     if target.proxy_command:
         return paramiko.ProxyCommand(target.proxy_command)
-    try:
-        return socket.create_connection((target.hostname, target.port), timeout=timeout)
-    except TimeoutError:
+    deadline = time.monotonic() + timeout
+    where = f"{target.hostname}:{target.port}"
+    addresses = resolve_address(target.alias, target.hostname, target.port, timeout)
+    error: OSError | None = None
+    for family, kind, proto, _name, address in addresses:  # as socket.create_connection does
+        left = deadline - time.monotonic()
+        if left <= 0:
+            error = TimeoutError()
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(address)  # the socket keeps a timeout, as create_connection's did
+            return sock
+        except OSError as err:
+            sock.close()
+            error = err
+    if isinstance(error, TimeoutError):
         raise SshTimeoutError(
             target.alias,
-            f"{target.alias}: no TCP connection to {target.hostname}:{target.port} within {timeout:g} s",
+            f"{target.alias}: no TCP connection to {where} within {timeout:g} s",
             "check the address, the port and firewalls",
-        ) from None
-    except OSError as err:
-        raise SshConnectError(
-            target.alias,
-            f"{target.alias}: cannot connect to {target.hostname}:{target.port}: {err.strerror or err}",
-            "check that the node is up and sshd listens on that address",
-        ) from None
+        )
+    detail = (error.strerror or str(error)) if error is not None else "no address"
+    raise SshConnectError(
+        target.alias,
+        f"{target.alias}: cannot connect to {where}: {detail}",
+        "check that the node is up and sshd listens on that address",
+    )
+
+
+def quiet_paramiko() -> None:
+    """Keep paramiko's log off the terminal. Its transport thread logs a failed handshake with a
+    30-line traceback at ERROR, which Python prints to stderr when no handler is configured; the
+    console reports the same failure as one line (runners._handshake_error). A handler someone configured
+    on the "paramiko" logger on purpose is left alone."""
+    log = logging.getLogger("paramiko")
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())
+        log.propagate = False
 
 
 def master_address(first_host: str, settings: SshSettings) -> str:

@@ -10,7 +10,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
-from taehv_console.core.cluster.ssh.config import HostTarget, SshSettings, open_socket, resolve_target
+from taehv_console.core.cluster.ssh.config import (
+    HostTarget,
+    SshSettings,
+    open_socket,
+    quiet_paramiko,
+    resolve_target,
+)
 from taehv_console.core.cluster.ssh.errors import HostKeyUnknownError, SshConnectError
 
 if TYPE_CHECKING:
@@ -28,6 +34,7 @@ def fetch_host_key(alias: str, settings: SshSettings) -> tuple[HostTarget, param
     import paramiko
 
     target = resolve_target(alias, settings)
+    quiet_paramiko()
     sock = open_socket(target, settings.connect_timeout_s)
     transport = paramiko.Transport(sock)
     try:

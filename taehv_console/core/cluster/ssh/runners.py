@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 from taehv_console.core.cluster.nodecall import ChannelStream, NodeStream, PipeStream, SshError
 from taehv_console.core.cluster.ssh.calls import HelperCalls, build_command
-from taehv_console.core.cluster.ssh.config import HostTarget, SshSettings, open_socket, resolve_target
+from taehv_console.core.cluster.ssh.config import (
+    HostTarget,
+    SshSettings,
+    open_socket,
+    quiet_paramiko,
+    resolve_target,
+)
 from taehv_console.core.cluster.ssh.errors import (
     CommandTimeoutError,
     HostKeyChangedError,
@@ -174,6 +180,41 @@ class SshConnection(HelperCalls):
         self._client.close()
 
 
+def _handshake_error(
+    alias: str, target: HostTarget, err: BaseException, elapsed: float, timeout: float
+) -> SshError:
+    """What a failed SSH handshake means, said with the time it really took: a port that accepted
+    TCP and stayed silent for the whole timeout, one that closed the connection at once (not an SSH
+    server, or sshd turning the client away before its banner: MaxStartups, tcp wrappers), or
+    another SSH-level failure."""
+    where = f"{target.hostname}:{target.port}"
+    text = str(err) or type(err).__name__
+    if elapsed >= 0.9 * timeout or isinstance(err, TimeoutError) or "timeout" in text.lower():
+        return SshTimeoutError(
+            alias,
+            f"{alias}: no SSH handshake within {timeout:g} s: {where} accepts TCP but no SSH server answered",
+            "check sshd on the node (wedged, overloaded) or what else holds the port",
+        )
+    # paramiko's words for a peer that closed before or while sending its banner; "No existing
+    # session" is what connect says when its transport thread died of that first
+    if (
+        isinstance(err, EOFError)
+        or "banner" in text.lower()
+        or "no existing session" in text.lower()
+        or isinstance(err, ConnectionResetError)
+    ):
+        return SshConnectError(
+            alias,
+            f"{alias}: {where} accepted TCP and closed the connection after {elapsed:.2f} s without "
+            "an SSH banner",
+            "check that sshd listens on that port (not another service), and its MaxStartups and "
+            "access rules",
+        )
+    return SshConnectError(
+        alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right"
+    )
+
+
 def connect(
     alias: str, settings: SshSettings, on_unreachable: Callable[[str, str], None] | None = None
 ) -> SshConnection:
@@ -181,6 +222,7 @@ def connect(
     import paramiko
 
     target = resolve_target(alias, settings)
+    quiet_paramiko()
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(refusing_policy(alias, str(settings.known_hosts)))
     if settings.system_known_hosts_path and os.path.isfile(settings.system_known_hosts_path):
@@ -224,28 +266,9 @@ def connect(
             f"{alias}: authentication as {target.user} failed ({err})",
             "check User/IdentityFile in ~/.ssh/config, or the key in the node's authorized_keys",
         ) from None
-    except (TimeoutError, EOFError) as err:
+    except (TimeoutError, EOFError, paramiko.SSHException, OSError) as err:
         client.close()
-        raise SshTimeoutError(
-            alias,
-            f"{alias}: no SSH handshake within {t:g} s ({type(err).__name__})",
-            "the port answers but sshd does not: check the node's sshd and load",
-        ) from None
-    except (paramiko.SSHException, OSError) as err:
-        client.close()
-        text = str(err) or type(err).__name__
-        # A port that accepts TCP but never speaks SSH surfaces as a banner error or, when the
-        # transport thread died first, as paramiko's "No existing session": say what happened.
-        if time.monotonic() - t0 >= 0.9 * t or "banner" in text.lower() or "timeout" in text.lower():
-            raise SshTimeoutError(
-                alias,
-                f"{alias}: no SSH handshake within {t:g} s: {target.hostname}:"
-                f"{target.port} accepts TCP but no SSH server answered ({text})",
-                "check sshd on the node (wedged, overloaded) or what else holds the port",
-            ) from None
-        raise SshConnectError(
-            alias, f"{alias}: {text}", "check that sshd runs on the node and the address is right"
-        ) from None
+        raise _handshake_error(alias, target, err, time.monotonic() - t0, t) from None
     transport = client.get_transport()
     if transport is not None:
         transport.set_keepalive(settings.keepalive_s)
