@@ -71,6 +71,7 @@ class StepReporter:
             nonfinite_guard=learner.nonfinite_guard,
             skipped_checkpoints=[f"{s.path.name}: {'; '.join(s.problems)}" for s in ckpts.skipped],
             abandoned=str(ckpts.abandoned) if ckpts.abandoned else None,
+            startup=rt.startup,
             **recipe,
         )
         rt.events.heartbeat(state.step)

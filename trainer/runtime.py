@@ -11,11 +11,12 @@ import socket
 import sys
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
@@ -99,6 +100,22 @@ class StopRequest:
     def _handler(self, signum: int, _frame: object) -> None:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
+
+
+# DeepSpeed's ZeRO optimizer check (`is_zero_supported_optimizer`) imports its Muon optimizer on
+# every engine's creation, and that module applies torch.compile when it is imported, which loads
+# all of Inductor: 1-2 s of every rank's start for an optimizer this trainer never builds (it builds
+# AdamW). A None in sys.modules makes that import an ImportError, which DeepSpeed's check passes
+# over; a compiled run loads Inductor for its own graphs anyway.
+DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def skip_deepspeed_muon() -> bool:
+    """Keep DeepSpeed's Muon module from being imported; False where it already is."""
+    if sys.modules.get(DEEPSPEED_MUON) is not None:
+        return False
+    sys.modules[DEEPSPEED_MUON] = None  # type: ignore[assignment]  # Python's import block
+    return True
 
 
 def set_single_process_env() -> None:
@@ -280,6 +297,12 @@ class Runtime:
     faults: FaultPlan
     log: RankLogger
     stop: StopRequest
+    # where this rank's start went: its process's creation (`created_at`, epoch seconds) and the
+    # seconds from it to each stage's end, told in the start event (benchmarks/smoke_start.py)
+    startup: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, stage: str) -> None:
+        self.startup[stage] = round(time.time() - psutil.Process().create_time(), 3)
 
     @property
     def is_main(self) -> bool:
@@ -290,7 +313,12 @@ class Runtime:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
 
     @classmethod
-    def start(cls, run_dir: Path, cfg: TrainConfig) -> Runtime:
+    def start(cls, run_dir: Path, cfg: TrainConfig, imported_at: float | None = None) -> Runtime:
+        """`imported_at`: when the rank's imports were done (its start event says how long they took)."""
+        created = psutil.Process().create_time()
+        startup = {"created_at": round(created, 3)}
+        if imported_at:
+            startup["imports"] = round(imported_at - created, 3)
         device_kind = cfg.topology.device
         if device_kind == "cuda" and not torch.cuda.is_available():
             raise SetupError(f"{run_dir}/run.toml: topology.device is cuda but no CUDA device is visible")
@@ -305,6 +333,7 @@ class Runtime:
                 )
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        skip_deepspeed_muon()
         set_single_process_env()
         if device_kind == "cuda":
             # clip shapes are fixed for a run, so cuDNN's per-shape algorithm search pays off
@@ -320,6 +349,7 @@ class Runtime:
             backend="gloo" if device_kind == "cpu" else "nccl",
             timeout=timedelta(seconds=cfg.distributed.collective_timeout_s),
         )
+        startup["process_group"] = round(time.time() - created, 3)
         ds_config = build_deepspeed_config(cfg, device_kind)
         accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
         rank, world = accelerator.process_index, accelerator.num_processes
@@ -346,6 +376,7 @@ class Runtime:
             faults=FaultPlan(rank),
             log=RankLogger(rank),
             stop=StopRequest(),
+            startup=startup,
         )
         rt.stop.install()
         return rt

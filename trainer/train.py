@@ -86,6 +86,7 @@ class Trainer:
         self.cached = latent_cache is not None
         self.batches = Batches(rt, cfg, state, latent_cache, self.ckpts.rescale_data_from)
         self.loss = RecipeLoss(cfg, self.learner)
+        rt.mark("engine")  # the model built, DeepSpeed's engine made, a resume loaded
         self.validator = Validator(rt, cfg, self.learner, self.batches)
         self.reporter = StepReporter(rt, cfg)
         state.last_saved_step = state.step if self.ckpts.resume_from else -1
@@ -249,6 +250,7 @@ class Trainer:
 
 def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = False) -> int:
     """Entry for one rank. Config and data problems are reported before any process group starts."""
+    imported_at = time.time()
     run_dir = Path(run_dir)
     log = RankLogger(int(os.environ.get("RANK", "0")))
     try:
@@ -262,7 +264,7 @@ def run(run_dir: str | Path, resume: str | None = None, weights_only: bool = Fal
     rt: Runtime | None = None
     state = TrainState()
     try:
-        rt = Runtime.start(run_dir, cfg)
+        rt = Runtime.start(run_dir, cfg, imported_at)
         return Trainer(rt, cfg, state, resume, weights_only, teacher=teacher, latent_cache=cache).train()
     except (ckpt.CheckpointError, DataSourceError, SetupError) as err:
         _report_error(rt, log, state, err)
