@@ -1,17 +1,72 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests need where it can (scripts/system-deps.sh), runs the
 # checks, then the whole test suite; pytest's summary (-ra) lists every skip with its reason.
-set -euo pipefail
+#
+# With no arguments the suite runs as two pytest sessions at once, so that the cores one leaves
+# idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the other's work on
+# a 2-core machine: the `trainer` tier (tests/trainer and tests/slurm: the trainer's DeepSpeed runs
+# and the SLURM cluster), printed as it goes, and the `console` tier (everything else: the console's
+# units, its e2e runs over sshd, the TUI; mypy beside it), printed when it ends. Alone, each took
+# about 25 minutes of the 50 on a 2-core AMD EPYC. Each keeps its own temp dir and sshd.
+# Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
+# At the end: the suite's wall time, its ten slowest tests, one closing count line for both tiers,
+# and test-output/durations.txt (the slowest 30 tests, the time per directory).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export DS_ACCELERATOR=cpu
-bash scripts/system-deps.sh
+bash scripts/system-deps.sh || exit 1
+started=$SECONDS
 SOURCES=(taehv_console trainer tests benchmarks scripts)
+TRAINER_TIER=(tests/trainer tests/slurm)
+export TAEHV_TEST_OUTPUT=${TAEHV_TEST_OUTPUT:-$PWD/test-output}
+rm -rf "$TAEHV_TEST_OUTPUT"
+mkdir -p "$TAEHV_TEST_OUTPUT"
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+
 echo "== ruff format --check"
-.venv/bin/ruff format --check -q "${SOURCES[@]}"
+.venv/bin/ruff format --check -q "${SOURCES[@]}" || exit 1
 echo "== ruff check"
-.venv/bin/ruff check -q "${SOURCES[@]}"
-echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
-.venv/bin/mypy
-echo "== pytest"
-# the slowest tests are listed at the end: where the suite's time goes (aim: 25 min in CI)
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=60 "$@" tests
+.venv/bin/ruff check -q "${SOURCES[@]}" || exit 1
+
+if [ $# -gt 0 ]; then
+    echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
+    .venv/bin/mypy || exit 1
+    echo "== pytest $*"
+    "${PYTEST[@]}" --durations=30 "$@"
+    rc=$?
+    .venv/bin/python scripts/test_report.py --dir "$TAEHV_TEST_OUTPUT" --wall-s $((SECONDS - started))
+    exit $rc
+fi
+
+base=$(mktemp -d "${TMPDIR:-/tmp}/taehv-tests.XXXXXX")
+ignore=()
+for p in "${TRAINER_TIER[@]}"; do ignore+=(--ignore="$p"); done
+echo "== mypy and the console tier (tests, less ${TRAINER_TIER[*]}) in the background"
+(
+    echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
+    .venv/bin/mypy
+    echo "mypy exit $?"
+) > "$TAEHV_TEST_OUTPUT/mypy.log" 2>&1 &
+mypy_pid=$!
+TAEHV_TEST_TIER=console "${PYTEST[@]}" --basetemp="$base/console" "${ignore[@]}" tests \
+    > "$TAEHV_TEST_OUTPUT/console.log" 2>&1 &
+console_pid=$!
+echo "== pytest, trainer tier: ${TRAINER_TIER[*]}"
+TAEHV_TEST_TIER=trainer "${PYTEST[@]}" --basetemp="$base/trainer" "${TRAINER_TIER[@]}"
+trainer_rc=$?
+wait "$console_pid"
+console_rc=$?
+wait "$mypy_pid"
+cat "$TAEHV_TEST_OUTPUT/mypy.log"
+mypy_rc=1
+grep -q "^mypy exit 0$" "$TAEHV_TEST_OUTPUT/mypy.log" && mypy_rc=0
+echo "== pytest, console tier (ran beside the trainer tier)"
+cat "$TAEHV_TEST_OUTPUT/console.log"
+if [ "$trainer_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]; then
+    rm -rf "$base"
+else
+    echo "== the failed tests' directories are kept under $base"
+fi
+echo "== mypy exit $mypy_rc, trainer tier exit $trainer_rc, console tier exit $console_rc"
+.venv/bin/python scripts/test_report.py --dir "$TAEHV_TEST_OUTPUT" --wall-s $((SECONDS - started))
+[ "$mypy_rc" -eq 0 ] && [ "$trainer_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]

@@ -602,6 +602,9 @@ def pytest_configure(config):
     os.environ[SESSION_MARK] = REAPER.marker  # everything started from here carries it
     subprocess.Popen = ReapedPopen  # type: ignore[misc]
     config.pluginmanager.register(_FixtureOwners(), "taehv-reaper-fixtures")
+    from tests import timing  # here: this file also runs as a script (the guardian, _guard)
+
+    config.pluginmanager.register(timing, "taehv-timing")
 
 
 @pytest.hookimpl(trylast=True)
