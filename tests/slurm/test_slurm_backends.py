@@ -202,3 +202,42 @@ def test_a_node_is_down_when_slurm_says_so_not_when_ssh_does_not_answer(slurm_cl
         finally:
             slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
             _wait(slurm_cluster._all_idle, 60, "n2 idle again")
+
+
+ODD = "my runs/ünï cödé 5%new"  # a space, non-ASCII letters and SLURM's pattern character (issue 44)
+
+
+def test_the_rendered_output_directive_is_read_by_sbatch_under_a_path_with_a_space_and_non_ascii(
+    slurm_cluster, backend, tmp_path
+):
+    """The real sbatch parses the rendered #SBATCH lines (before: 'Invalid directive found in batch
+    script' for the unquoted --output); the body is replaced by an echo, so nothing trains."""
+    from taehv_console.core.plan.presets import load_preset
+    from taehv_console.core.plan.render import RenderOptions, render_sbatch
+
+    run = create_run_dir(tmp_path / ODD, "cpu-smoke")
+    cfg = load_preset("cpu-smoke", user_dir=None, overrides=["topology.nodes=2"]).config
+    header = [
+        ln
+        for ln in render_sbatch(cfg, RenderOptions(run_dir=str(run.path))).splitlines()
+        if ln.startswith("#")
+    ]
+    (run.path / "sbatch.sh").write_text("\n".join([*header, 'echo "hello from $SLURM_JOB_ID"', ""]))
+    started = backend.start(run, [_cmd(run)], 1)
+    assert not started.errors and started.slurm_job, started.errors
+    a = Attempt(1, 0.0, slurm_job=started.slurm_job)
+    _wait(lambda: backend.processes(run, a) == {-1: ()}, 60, "the job's end")
+    assert backend.job_exit_code(a) == 0
+    out = run.logs / f"slurm-{started.slurm_job}.out"
+    assert f"hello from {started.slurm_job}" in out.read_text()
+
+
+def test_srun_writes_each_nodes_log_under_a_path_with_a_space_non_ascii_and_percent(slurm_cluster, tmp_path):
+    from taehv_console.core.cluster.ssh import SshPool, SshSettings
+
+    run = create_run_dir(tmp_path / ODD, "cpu-smoke")
+    with SshPool(SshSettings.from_env()) as pool:
+        argv = SrunBackend(pool).srun_argv(run, _probe_commands(run, tmp_path, ["n1", "n2"]), 1)
+    _srun_in_allocation(slurm_cluster, argv)
+    for n in (0, 1):
+        assert f"node {n} attempt 1 on" in run.node_log(n).read_text()

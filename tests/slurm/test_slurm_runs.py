@@ -222,6 +222,20 @@ def test_sbatch_preflight_error_stops_the_job_before_training(slurm_cluster, tmp
     assert slurm_cluster.job_field(job, "ExitCode") == "3:0"
 
 
+def test_sbatch_launches_under_a_runs_path_with_a_space_and_non_ascii_letters(slurm_cluster, tmp_path):
+    """Issue 44: `#SBATCH --output=` under `my runs/ünï cödé` was unquoted; sbatch refused the
+    script ('Invalid directive found in batch script') and the run was reported training_failed.
+    One short run (one step) through preflight and training to its final weights."""
+    work = tmp_path / "my runs" / "ünï cödé"
+    work.mkdir(parents=True)
+    console = Console(*_args(work, 1, "--backend", "sbatch"), env=slurm_cluster.client_env(), cwd=work)
+    run = _run_dir(console, work)
+    rc = console.wait(420)
+    _finished_with_weights(rc, console, run)
+    job = run_state(run)["attempts"][-1]["slurm_job"]
+    assert (run / "logs" / f"slurm-{job}.out").is_file()  # where the quoted directive said
+
+
 # ------------------------------------------------------------------------------- in an allocation
 
 

@@ -221,6 +221,31 @@ PREFLIGHT_DIR = "preflight"
 NODE_MODULE = "taehv_console.core.run.node"
 
 
+def slurm_filename(path: str) -> str:
+    """A path as srun's and sbatch's --output take it: SLURM reads `%` there as a filename pattern
+    (%j the job id, %n the node), so a `%` of the path itself is written `%%`. A backslash would
+    turn every pattern off (SLURM then keeps the name as written), so it is refused."""
+    if "\\" in path:
+        raise InputError(f"path {path!r}: a backslash turns off SLURM's output file patterns; rename it")
+    return path.replace("%", "%%")
+
+
+def sbatch_directive_value(value: str, what: str) -> str:
+    """A value for an `#SBATCH` line. sbatch reads those lines itself, not bash: whitespace ends an
+    argument, an unquoted `#` starts a comment, '...' or "..." group (the quotes are removed) and a
+    backslash keeps the next character, inside quotes too. So the value goes in double quotes with
+    `\\` and `"` escaped; a line break cannot be written at all."""
+    if any(c in value for c in "\n\r\0"):
+        raise InputError(f"{what} {value!r}: a line break cannot be written in an #SBATCH line")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def comment_text(text: str) -> str:
+    """Text for a `# ...` line of a script: a control character (a line break above all, which
+    would end the comment and make the rest a command) is written as `?`."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
+
+
 def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on_bad_exit: bool) -> list[str]:
     """One srun step with one task per node, each under the node wrapper: it records the task's
     identity and exit status in `status` (`{node}` filled from SLURM_NODEID, as for the in-allocation
@@ -228,7 +253,7 @@ def _srun_node_step(run_dir: str, nodes: int, status: str, command: str, kill_on
     q = shlex.quote
     flags = "--kill-on-bad-exit=1 " if kill_on_bad_exit else ""
     return [
-        f"srun {flags}--nodes={nodes} --ntasks-per-node=1 --output={q(run_dir + '/logs/node-%n.log')} --open-mode=append \\",
+        f"srun {flags}--nodes={nodes} --ntasks-per-node=1 --output={q(slurm_filename(run_dir) + '/logs/node-%n.log')} --open-mode=append \\",
         f'  "$PYTHON" -m {NODE_MODULE} launch --status {q(status)} --node-env SLURM_NODEID --attempt "$ATTEMPT" -- \\',
         f"  {command}",
     ]
@@ -306,12 +331,13 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
         "#SBATCH --exclusive",
         # requeued when a node fails or the job is preempted (see "Retries" below)
         "#SBATCH --requeue",
-        f"#SBATCH --output={run_dir}/logs/slurm-%j.out",
+        # quoted for sbatch's own parser: a space or `#` in the path would end the directive
+        f"#SBATCH --output={sbatch_directive_value(slurm_filename(run_dir) + '/logs/slurm-%j.out', 'run directory')}",
         # a requeued job keeps its id: append, or its output file starts over and the first try's is lost
         "#SBATCH --open-mode=append",
         "",
         (
-            f"# {cfg.run.preset}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
+            f"# {comment_text(cfg.run.preset)}: {t.nodes} node(s) x {t.gpus_per_node} {'GPUs' if t.device == 'cuda' else 'CPU processes'}"
             f" = {t.world_size} processes"
         ),
         "set -euo pipefail",
@@ -482,13 +508,27 @@ def render_k8s_job(cfg: TrainConfig, opts: RenderOptions) -> str:
     return header + yaml.safe_dump_all(k8s_manifests(cfg, opts), sort_keys=False)
 
 
+UNSUBMITTABLE = "# taehv-console: this run cannot be submitted to SLURM: "
+
+
+def render_sbatch_or_refusal(cfg: TrainConfig, opts: RenderOptions) -> str:
+    """The sbatch script, or, for a run directory SLURM cannot write its output to (a line break or
+    a backslash in the path), a script that says why and exits 2: the other backends do not need
+    it, so the run is not refused for them; the sbatch backend refuses it before submitting."""
+    try:
+        return render_sbatch(cfg, opts)
+    except InputError as err:
+        why = comment_text(str(err))
+        return f"#!/bin/bash\n{UNSUBMITTABLE}{why}\necho {shlex.quote(why)} >&2\nexit {int(ExitCode.USAGE)}\n"
+
+
 def render_all(cfg: TrainConfig, opts: RenderOptions) -> dict[str, str]:
     """File name (relative to the run directory) -> content, for every launch file."""
     files = {
         RUN_TOML: render_run_toml(cfg),
         DEEPSPEED_JSON: render_deepspeed_json(cfg),
         HOSTFILE: render_hostfile(cfg, opts),
-        SBATCH: render_sbatch(cfg, opts),
+        SBATCH: render_sbatch_or_refusal(cfg, opts),
         K8S_JOB: render_k8s_job(cfg, opts),
     }
     for node in range(cfg.topology.nodes):

@@ -29,7 +29,13 @@ from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.ssh import LocalRunner, NodeRunner, SshError, SshPool, fan_out, is_unreachable
 from taehv_console.core.models import BackendKind
 from taehv_console.core.plan.flight_recorder import prepare_dirs
-from taehv_console.core.plan.render import NODE_MODULE, SBATCH, flight_recorder_launch_env
+from taehv_console.core.plan.render import (
+    NODE_MODULE,
+    SBATCH,
+    UNSUBMITTABLE,
+    flight_recorder_launch_env,
+    slurm_filename,
+)
 from taehv_console.core.run import node
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import Attempt, NodeLauncher, NodeStatus, read_node_status
@@ -380,7 +386,7 @@ class SrunBackend(LaunchBackend):
             "--kill-on-bad-exit=1",
             *self._where(ordered),
             "--ntasks-per-node=1",
-            f"--output={run.logs}/node-%n.log",
+            f"--output={slurm_filename(str(run.logs))}/node-%n.log",  # argv: no shell, but % is a pattern
             "--open-mode=append",
             self.pool.settings.python,
             "-m",
@@ -538,6 +544,9 @@ class SbatchBackend(LaunchBackend):
         script = run.path / SBATCH
         if not script.is_file():
             return Started((), {-1: f"{script} is missing: render the run's files first"})
+        first = script.read_text(errors="replace").splitlines()[1:2]
+        if first and first[0].startswith(UNSUBMITTABLE):  # render_sbatch_or_refusal's stand-in
+            return Started((), {-1: first[0].removeprefix("# taehv-console: ")})
         c0 = commands[0]
         resume = {"TAEHV_RESUME": "", "TAEHV_WEIGHTS_ONLY": ""}  # never inherited from this console's env
         if "--resume" in c0.argv:  # the script passes these on to taehv-train
