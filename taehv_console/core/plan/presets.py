@@ -21,6 +21,13 @@ from taehv_console.core.toml_compat import tomllib
 from trainer.config import ConfigError, TrainConfig, config_from_dict, format_validation_error
 
 SECTIONS = tuple(TrainConfig.model_fields)  # run, topology, model, data, optim, ...
+# Sections a user's preset file (or a base it names) must have: their schema defaults are no
+# choice anyone made (one H100; LR 1e-4 for 1,000 steps), so a file without them was planned and
+# trained as something it never said. Shipped presets name them all; --set changes a value on top.
+REQUIRED_SECTIONS = {
+    "topology": "which machines it runs on (without it: one H100)",
+    "optim": "the learning rate and the steps (without it: LR 1e-4 for 1,000 steps)",
+}
 
 
 class PresetMeta(BaseModel):
@@ -204,6 +211,14 @@ def load_preset(
         # the trainer's `start` event names the preset; default it to the file's name
         data = {**data, "run": {**run, "preset": name}}
     cfg = validate_sections(data, str(path))
+    missing = [s for s in REQUIRED_SECTIONS if s not in data] if source != "shipped" else []
+    if missing:
+        said = "; ".join(f"[{s}] says {REQUIRED_SECTIONS[s]}" for s in missing)
+        raise ConfigError(
+            f"{path}: no {' and no '.join(f'[{s}]' for s in missing)} table ({said}); add "
+            f"{'them' if len(missing) > 1 else 'it'}, or build on a shipped preset: "
+            '[preset] base = "8gpu-h100"'
+        )
     overrides = list(overrides)
     if overrides:
         try:
