@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainer.families import CUSTOM, DEFAULT_FAMILY, FAMILIES, families_with_shapes
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -41,7 +43,25 @@ class TopologySection(_Section):
         return self.nodes * self.gpus_per_node
 
 
+SHAPE_KNOBS = ("latent_channels", "patch_size", "encoder_time_downscale", "decoder_time_upscale")
+
+
+def _as_tuple(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 class ModelSection(_Section):
+    family: str = Field(
+        DEFAULT_FAMILY,
+        description=f"the TAE family to train ({', '.join(FAMILIES)}); it sets every shape knob below. "
+        f"'{CUSTOM}': shapes of no family, from the knobs as written (exported under taehv's name)",
+    )
     latent_channels: int = Field(16, ge=1)
     patch_size: int = Field(1, ge=1, le=8)
     encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False)
@@ -59,6 +79,38 @@ class ModelSection(_Section):
         "which lets a convolution's ReLU fuse into it (compiling takes minutes longer). No CUDA-graph "
         "modes: untried under DeepSpeed, and with steps of ~200 ms kernel launches are not what limits",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_sets_the_shapes(cls, data: object) -> object:
+        """Fill the shape knobs from the family; a knob given that contradicts it is an error naming
+        both. A `[model]` written before families existed (no `family`) takes the first family whose
+        shapes its knobs match, so an old run.toml reads as it always did (taehv by default)."""
+        if not isinstance(data, dict):
+            return data
+        given = {k: _as_tuple(data[k]) for k in SHAPE_KNOBS if k in data}
+        name = data.get("family")
+        if name is None or name == CUSTOM:
+            # every knob, the unset ones at their (taehv) defaults: the family they spell, if any
+            knobs = {**FAMILIES[DEFAULT_FAMILY].shape_knobs(), **given}
+            matching = families_with_shapes(**knobs, super_decoder=False)
+            if name is None and matching:
+                return {**data, "family": matching[0]}
+            return {**data, "family": CUSTOM}  # shapes of no family: the knobs stand as written
+        if not isinstance(name, str) or name not in FAMILIES:
+            known = ", ".join([*FAMILIES, CUSTOM])
+            raise ValueError(f"model.family: unknown family {name!r}; known: {known}")
+        own = FAMILIES[name].shape_knobs()
+        wrong = [k for k, v in given.items() if v != own[k]]
+        if wrong:
+            shown = "; ".join(
+                f"model.{k} = {_toml(given[k])} contradicts model.family = {name}, which has {_toml(own[k])}"
+                for k in wrong
+            )
+            fits = families_with_shapes(**{**own, **given})
+            hint = f"; the families with those shapes: {', '.join(fits)}" if fits else ""
+            raise ValueError(f"{shown} (leave the knob out: the family sets it{hint})")
+        return {**data, **own}
 
     @model_validator(mode="after")
     def _time_scales_agree(self) -> ModelSection:

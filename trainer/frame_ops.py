@@ -111,6 +111,15 @@ def drop_leading_frames(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return x.unflatten(0, (n, -1))[:, k:].flatten(0, 1).contiguous()
 
 
+def keep_frames(x: torch.Tensor, n: int, index: list[int]) -> torch.Tensor:
+    """(N*T, C, H, W) of n videos -> (N*len(index), C, H, W): the frames at `index` of each video, in
+    x's layout (one copy). For a decoder whose warm-up frames are not only the first ones (H3's chunks)."""
+    if is_channels_last(x):
+        nhwc = x.permute(0, 2, 3, 1).unflatten(0, (n, -1))[:, index].flatten(0, 1)
+        return nhwc.permute(0, 3, 1, 2)  # the gathered NHWC copy: channels_last
+    return x.unflatten(0, (n, -1))[:, index].flatten(0, 1)
+
+
 # CUDA's nearest-upsample kernels index with 32-bit integers and refuse a tensor of 2**31 elements
 # or more: at 480x720 that is 64 channels over more than 96 frames, a batch of 9 twelve-frame clips.
 _MAX_KERNEL_NUMEL = 2**31 - 1

@@ -1,12 +1,16 @@
-"""TAEHV: a tiny causal video autoencoder (8x space, 4x time, 16 latent channels).
+"""TAEHV: a tiny causal video autoencoder (8x space, 4x time, 16 latent channels), and the other TAE
+families the author publishes (trainer/families.py): other widths, patch sizes, time scales, frame
+conventions and the wider `_super` decoder.
 
-Built from the published description with the published parameter names, so the author's
-`taehv.pth` / `.safetensors` weights load into a default-constructed model. Video tensors are
-N×T×C×H×W in [0, 1]; every layer runs on all frames at once (time folded into the batch).
+Built from the published description with the published parameter names, so the author's weights
+(`taehv.pth`, `taew2_2.pth`, ...) load into the model of their family (TAEHV.for_family, or
+TAEHV.from_file, which tells the family from the file). Video tensors are N×T×C×H×W in [0, 1];
+every layer runs on all frames at once (time folded into the batch).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +24,21 @@ if TYPE_CHECKING:
     from trainer.config import ModelSection
 
 from trainer.errors import WeightsError
+from trainer.families import (
+    FAMILIES,
+    FamilyError,
+    FrameChunks,
+    Strides,
+    families_with_shapes,
+    family_from_name,
+    get_family,
+)
 from trainer.frame_ops import (
     CatPast,
     channels_to_frames,
     drop_leading_frames,
     frames_to_channels,
+    keep_frames,
     same_layout,
     shift_one_frame,
     upsample_nearest,
@@ -61,6 +75,29 @@ class MemBlock(nn.Module):
         return self.act(self.conv(xp) + self.skip(x))
 
 
+class SuperMemBlock(nn.Module):
+    """The `_super` decoder's block: on (x, past), a 7x7 depthwise conv, a 1x1 widening to 4n with a
+    ReLU, a 1x1 back to n, plus x (no activation after the sum)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(2 * n, 2 * n, 7, padding=3, groups=2 * n, bias=False),
+            nn.Conv2d(2 * n, 4 * n, 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(4 * n, n, 1, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None, n: int = 1) -> torch.Tensor:
+        """past=None: each frame's past is its predecessor in x, frames (N*T, ...) of n videos."""
+        xp = CatPast.apply(x, n) if past is None else torch.cat([x, past], 1)
+        return self.conv(xp) + x
+
+
+# Blocks that see the previous frame: every path (parallel, published, streaming) feeds them alike.
+MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
+
+
 class TPool(nn.Module):
     """Merge `stride` consecutive frames into one by a 1x1 conv over their stacked channels."""
 
@@ -89,7 +126,7 @@ def apply_parallel(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n: 
     """Apply layers to frames folded into the batch (N*T, C, H, W); MemBlocks see the previous frame,
     and nearest upsampling keeps the activations' dtype (frame_ops.upsample_nearest)."""
     for layer in layers:
-        if isinstance(layer, MemBlock):
+        if isinstance(layer, MEMORY_BLOCKS):
             x = layer(x, n=n)
         elif (scale := _integer_nearest_scale(layer)) is not None:
             x = upsample_nearest(x, scale)
@@ -114,7 +151,7 @@ def apply_published(layers: nn.Sequential | list[nn.Module], x: torch.Tensor, n:
     reshape (plus a copy back to channels_last). What the faster run must equal, and the baseline of
     benchmarks/memory_traffic.py."""
     for layer in layers:
-        if isinstance(layer, MemBlock):
+        if isinstance(layer, MEMORY_BLOCKS):
             x = layer(x, shift_one_frame(x, n))
         elif isinstance(layer, TPool):
             _nt, c, h, w = x.shape
@@ -144,7 +181,7 @@ def run_order(layers: list[nn.Module]) -> list[nn.Module]:
 
 def _per_frame(layers: list[nn.Module]) -> bool:
     """True when every layer acts on each frame alone (no memory of past frames, no frames merged)."""
-    return not any(isinstance(layer, (MemBlock, TPool, TGrow)) for layer in layers)
+    return not any(isinstance(layer, (*MEMORY_BLOCKS, TPool, TGrow)) for layer in layers)
 
 
 def cache_custom_autograd_graphs() -> None:
@@ -184,10 +221,24 @@ class TAEHV(nn.Module):
         decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True),
         decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True),
         activation_checkpointing: bool = False,
+        super_decoder: bool = False,
+        untrimmed_even_latents: bool = False,
+        chunks: FrameChunks | None = None,
+        family: str | None = None,
+        preview: bool = False,
     ):
+        """The knobs of the published class, plus a family's conventions (TAEHV.for_family sets them
+        all from the family table). preview=True allows a decoder that upscales time less than the
+        encoder downscales it: the author's cheaper previews, for decoding only."""
         super().__init__()
-        if sum(encoder_time_downscale) != sum(decoder_time_upscale):
+        if sum(encoder_time_downscale) != sum(decoder_time_upscale) and not (
+            preview and sum(decoder_time_upscale) < sum(encoder_time_downscale)
+        ):
             raise ValueError("encoder time downscale and decoder time upscale must match")
+        self.family = family
+        self.super_decoder = super_decoder
+        self.untrimmed_even_latents = untrimmed_even_latents
+        self.chunks = chunks
         self.latent_channels = latent_channels
         self.patch_size = patch_size
         self.t_downscale = 2 ** sum(encoder_time_downscale)
@@ -218,37 +269,138 @@ class TAEHV(nn.Module):
             MemBlock(64, 64),
             conv(64, latent_channels),
         )
-        n_f = (256, 128, 64, 64)
-        self.decoder = nn.Sequential(
-            Clamp(),
-            conv(latent_channels, n_f[0]),
-            nn.ReLU(inplace=True),
-            MemBlock(n_f[0], n_f[0]),
-            MemBlock(n_f[0], n_f[0]),
-            MemBlock(n_f[0], n_f[0]),
-            nn.Upsample(scale_factor=2 if decoder_space_upscale[0] else 1),
-            TGrow(n_f[0], 2 if decoder_time_upscale[0] else 1),
-            conv(n_f[0], n_f[1], bias=False),
-            MemBlock(n_f[1], n_f[1]),
-            MemBlock(n_f[1], n_f[1]),
-            MemBlock(n_f[1], n_f[1]),
-            nn.Upsample(scale_factor=2 if decoder_space_upscale[1] else 1),
-            TGrow(n_f[1], 2 if decoder_time_upscale[1] else 1),
-            conv(n_f[1], n_f[2], bias=False),
-            MemBlock(n_f[2], n_f[2]),
-            MemBlock(n_f[2], n_f[2]),
-            MemBlock(n_f[2], n_f[2]),
-            nn.Upsample(scale_factor=2 if decoder_space_upscale[2] else 1),
-            TGrow(n_f[2], 2 if decoder_time_upscale[2] else 1),
-            conv(n_f[2], n_f[3], bias=False),
-            nn.ReLU(inplace=True),
-            conv(n_f[3], 3 * p2),
+        self.decoder = (
+            self._super_decoder(latent_channels, p2, decoder_time_upscale, decoder_space_upscale)
+            if super_decoder
+            else self._base_decoder(latent_channels, p2, decoder_time_upscale, decoder_space_upscale)
         )
         self.init_weights()
         self._encoder_stages: list[_Stage] = []
         self._decoder_stages: list[_Stage] = []
         self._trim_before_last_stage = False
         self.use_published_order(False)
+
+    @staticmethod
+    def _base_decoder(latent_channels: int, p2: int, time_up: Strides, space_up: Strides) -> nn.Sequential:
+        n_f = (256, 128, 64, 64)
+        return nn.Sequential(
+            Clamp(),
+            conv(latent_channels, n_f[0]),
+            nn.ReLU(inplace=True),
+            MemBlock(n_f[0], n_f[0]),
+            MemBlock(n_f[0], n_f[0]),
+            MemBlock(n_f[0], n_f[0]),
+            nn.Upsample(scale_factor=2 if space_up[0] else 1),
+            TGrow(n_f[0], 2 if time_up[0] else 1),
+            conv(n_f[0], n_f[1], bias=False),
+            MemBlock(n_f[1], n_f[1]),
+            MemBlock(n_f[1], n_f[1]),
+            MemBlock(n_f[1], n_f[1]),
+            nn.Upsample(scale_factor=2 if space_up[1] else 1),
+            TGrow(n_f[1], 2 if time_up[1] else 1),
+            conv(n_f[1], n_f[2], bias=False),
+            MemBlock(n_f[2], n_f[2]),
+            MemBlock(n_f[2], n_f[2]),
+            MemBlock(n_f[2], n_f[2]),
+            nn.Upsample(scale_factor=2 if space_up[2] else 1),
+            TGrow(n_f[2], 2 if time_up[2] else 1),
+            conv(n_f[2], n_f[3], bias=False),
+            nn.ReLU(inplace=True),
+            conv(n_f[3], 3 * p2),
+        )
+
+    @staticmethod
+    def _super_decoder(latent_channels: int, p2: int, time_up: Strides, space_up: Strides) -> nn.Sequential:
+        """No Clamp; a bias-free 1x1 to 512; per stage 3 SuperMemBlocks, a 3x3 conv to the next width
+        times s², a ReLU, PixelShuffle(s) and the TGrow; the 3x3 head. About twice the base decoder."""
+        layers: list[nn.Module] = [nn.Conv2d(latent_channels, 512, 1, bias=False)]
+        for n, nxt, t_up, s_up in zip((512, 256, 128), (256, 128, 64), time_up, space_up):
+            s = 2 if s_up else 1
+            layers += [SuperMemBlock(n) for _ in range(3)]
+            layers += [
+                conv(n, nxt * s * s),
+                nn.ReLU(inplace=True),
+                nn.PixelShuffle(s),
+                TGrow(nxt, 2 if t_up else 1),
+            ]
+        layers.append(conv(64, 3 * p2))
+        return nn.Sequential(*layers)
+
+    @classmethod
+    def for_family(
+        cls,
+        name: str,
+        activation_checkpointing: bool = False,
+        decoder_time_upscale: Strides | None = None,
+        decoder_space_upscale: Strides = (True, True, True),
+    ) -> TAEHV:
+        """The model of a published family (trainer/families.py), untrained. A decoder_time_upscale
+        or decoder_space_upscale with strides switched off builds the author's cheaper preview."""
+        fam = get_family(name)
+        time_up = fam.decoder_time_upscale if decoder_time_upscale is None else decoder_time_upscale
+        return cls(
+            latent_channels=fam.latent_channels,
+            patch_size=fam.patch_size,
+            encoder_time_downscale=fam.encoder_time_downscale,
+            decoder_time_upscale=time_up,
+            decoder_space_upscale=decoder_space_upscale,
+            activation_checkpointing=activation_checkpointing,
+            super_decoder=fam.super_decoder,
+            untrimmed_even_latents=fam.untrimmed_even_latents,
+            chunks=fam.chunks,
+            family=fam.name,
+            preview=time_up != fam.decoder_time_upscale,
+        )
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | Path,
+        family: str | None = None,
+        decoder_time_upscale: Strides | None = None,
+        decoder_space_upscale: Strides = (True, True, True),
+    ) -> TAEHV:
+        """A model of the weight file's family with its weights, loaded strictly. The family is
+        `family` when given, else the one the file's metadata records (written at export), else the
+        one its name says (the author's substring rules), else the one its tensors' shapes fit; a file
+        that fits several is an error listing them."""
+        path = Path(path)
+        sd, meta = read_weights(path)
+        name = family or meta.get("family") or family_from_name(path.name)
+        if name is None:
+            candidates = families_with_shapes(**shape_knobs(sd, path))
+            if len(candidates) != 1:
+                found = ", ".join(candidates) if candidates else "none"
+                raise WeightsError(
+                    f"{path}: cannot tell the family: no family in its metadata or name, and its shapes fit "
+                    f"{'several' if candidates else 'no family'} ({found}); rename it to its family's name "
+                    "(e.g. taew2_1.pth) or name the family"
+                )
+            name = candidates[0]
+        try:
+            model = cls.for_family(
+                name, decoder_time_upscale=decoder_time_upscale, decoder_space_upscale=decoder_space_upscale
+            )
+        except FamilyError as err:
+            raise WeightsError(f"{path}: {err}") from None
+        load_state(model, sd, path, strict=True)
+        return model
+
+    @property
+    def frame_quantum(self) -> int:
+        """Clips are padded at the end to a multiple of this many frames."""
+        return self.chunks.frames if self.chunks else self.t_downscale
+
+    def kept_frames(self, k: int) -> slice | list[int]:
+        """Which of the decoder's t_upscale·k frames for k latents decode() returns: all but the
+        warm-up ones. H3 drops the first `lead` frames of each chunk; CogVideoX keeps all of an even
+        number of latents' frames."""
+        if self.chunks:
+            period = self.chunks.frames + self.chunks.lead
+            return [i for i in range(self.t_upscale * k) if i % period >= self.chunks.lead]
+        if self.untrimmed_even_latents and k % 2 == 0:
+            return slice(0, None)
+        return slice(self.frames_to_trim, None)
 
     def init_weights(self) -> None:
         """An init under which the signal survives 40 convolutions from the first step.
@@ -266,11 +418,12 @@ class TAEHV(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         for m in self.modules():
-            if isinstance(m, MemBlock):
+            if isinstance(m, MEMORY_BLOCKS):
                 last = m.conv[-1]
-                assert isinstance(last, nn.Conv2d) and last.bias is not None  # conv(n_out, n_out)
+                assert isinstance(last, nn.Conv2d)  # conv(n_out, n_out); bias-free in SuperMemBlock
                 nn.init.zeros_(last.weight)
-                nn.init.zeros_(last.bias)
+                if last.bias is not None:
+                    nn.init.zeros_(last.bias)
         # The output head starts at a tenth of Kaiming: at full scale the decoded frames start with
         # a spatial std of 2-6 around the 0.5 bias (training MSE 30+, measured at 64x64), and the
         # first steps only undo that; at 0.1 they start inside [0, 1] with their structure intact.
@@ -294,7 +447,7 @@ class TAEHV(nn.Module):
         for i, layer in enumerate(layers):
             current.append(layer)
             nxt = layers[i + 1] if i + 1 < len(layers) else None
-            if isinstance(layer, MemBlock) and not isinstance(nxt, MemBlock):
+            if isinstance(layer, MEMORY_BLOCKS) and not isinstance(nxt, MEMORY_BLOCKS):
                 stages.append(_Stage(current, published))
                 current = []
         grows = [i for i, layer in enumerate(current) if isinstance(layer, TGrow)]
@@ -359,15 +512,28 @@ class TAEHV(nn.Module):
         return x
 
     def pad_frames(self, x: torch.Tensor) -> torch.Tensor:
-        """Pad N×T×C×H×W at the end, repeating the last frame, to a multiple of the time downscale."""
-        rem = x.shape[1] % self.t_downscale
+        """Pad N×T×C×H×W at the end, repeating the last frame, to a multiple of frame_quantum (the
+        time downscale, or H3's chunk)."""
+        q = self.frame_quantum
+        rem = x.shape[1] % q
         if rem:
-            x = torch.cat([x, x[:, -1:].expand(-1, self.t_downscale - rem, -1, -1, -1)], 1)
+            x = torch.cat([x, x[:, -1:].expand(-1, q - rem, -1, -1, -1)], 1)
         return x
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """N×T×3×H×W in [0, 1] -> N×(T/4)×latent×(H/8)×(W/8)."""
+        """N×T×3×H×W in [0, 1] -> N×(T/4)×latent×(H/8)×(W/8) (8·patch in space; LTX: T/8; H3: 5 per
+        17 frames, less 3)."""
         x = self.pad_frames(x)
+        if self.chunks:  # each chunk a video of its own, behind its zero frames: memory resets
+            c = self.chunks
+            n, t = x.shape[:2]
+            parts = x.reshape(n * (t // c.frames), c.frames, *x.shape[2:])
+            lead = parts.new_zeros(parts.shape[0], c.lead, *parts.shape[2:])
+            z = self._encode(torch.cat([lead, parts], 1))
+            return z.reshape(n, -1, *z.shape[2:])[:, : -c.dropped_latents]
+        return self._encode(x)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
         n, t = x.shape[:2]
         flat = x.reshape(n * t, *x.shape[2:])
         if self.patch_size > 1:
@@ -378,7 +544,8 @@ class TAEHV(nn.Module):
         return z.reshape(n, z.shape[0] // n, *z.shape[1:])
 
     def decode(self, z: torch.Tensor, trim: bool = True, clamp: bool = True) -> torch.Tensor:
-        """N×K×latent×h×w -> N×(4K−3)×3×8h×8w in [0, 1] (the first 3 warm-up frames dropped).
+        """N×K×latent×h×w -> N×(4K−3)×3×8h×8w in [0, 1] (the first 3 warm-up frames dropped; other
+        families by their rule, kept_frames).
 
         clamp=False is for the training loss: the clamp to [0, 1] has zero gradient outside, so a
         pixel that overshoots would never be pulled back by the loss.
@@ -388,9 +555,15 @@ class TAEHV(nn.Module):
         if self.channels_last:
             flat = flat.contiguous(memory_format=torch.channels_last)
         stages = self._decoder_stages
+        kept = self.kept_frames(k)
         early = trim and self._trim_before_last_stage
         if early:  # the last stage's work on the warm-up frames would only be thrown away
-            x = drop_leading_frames(self._run(stages[:-1], flat, n), n, self.frames_to_trim)
+            x = self._run(stages[:-1], flat, n)
+            x = (
+                drop_leading_frames(x, n, kept.start or 0)
+                if isinstance(kept, slice)
+                else keep_frames(x, n, kept)
+            )
             x = self._run(stages[-1:], x, n)
         else:
             x = self._run(stages, flat, n)
@@ -399,7 +572,7 @@ class TAEHV(nn.Module):
         if clamp:
             x = x.clamp(0, 1)
         x = x.reshape(n, x.shape[0] // n, *x.shape[1:])
-        return x[:, self.frames_to_trim :] if trim and not early else x
+        return x[:, kept] if trim and not early else x
 
     def forward(self, x: torch.Tensor, clamp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.encode(x)
@@ -417,15 +590,21 @@ def reconstruction_target(video: torch.Tensor, n_decoded: int) -> torch.Tensor:
 
 
 def build_model(model_cfg: ModelSection) -> TAEHV:
-    """A TAEHV from the `[model]` section of the run config (trainer.config.ModelSection)."""
-    model = TAEHV(
-        latent_channels=model_cfg.latent_channels,
-        patch_size=model_cfg.patch_size,
-        encoder_time_downscale=model_cfg.encoder_time_downscale,
-        decoder_time_upscale=model_cfg.decoder_time_upscale,
-        decoder_space_upscale=model_cfg.decoder_space_upscale,
-        activation_checkpointing=model_cfg.activation_checkpointing,
-    )
+    """A TAEHV from the `[model]` section of the run config (trainer.config.ModelSection): its
+    family's model, or for `custom` the knobs as written."""
+    if model_cfg.family in FAMILIES:
+        model = TAEHV.for_family(
+            model_cfg.family, activation_checkpointing=model_cfg.activation_checkpointing
+        )
+    else:
+        model = TAEHV(
+            latent_channels=model_cfg.latent_channels,
+            patch_size=model_cfg.patch_size,
+            encoder_time_downscale=model_cfg.encoder_time_downscale,
+            decoder_time_upscale=model_cfg.decoder_time_upscale,
+            decoder_space_upscale=model_cfg.decoder_space_upscale,
+            activation_checkpointing=model_cfg.activation_checkpointing,
+        )
     if model_cfg.init_weights:
         load_weights(model, model_cfg.init_weights, strict=model_cfg.init_strict)
     if model_cfg.channels_last:
@@ -433,15 +612,20 @@ def build_model(model_cfg: ModelSection) -> TAEHV:
     return model
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A weight file's state dict and its metadata (a .safetensors file's header; {} for .pth)."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
+    meta: dict[str, str] = {}
     try:
         if path.suffix == ".safetensors":
+            from safetensors import safe_open
             from safetensors.torch import load_file
 
-            return load_file(str(path))
+            with safe_open(str(path), framework="pt") as f:
+                meta = dict(f.metadata() or {})
+            return load_file(str(path)), meta
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any decoder failure is a user-facing file problem
         raise WeightsError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from None
@@ -449,12 +633,62 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         sd = sd["state_dict"]
     if not isinstance(sd, dict):
         raise WeightsError(f"{path}: expected a state dict, found {type(sd).__name__}")
-    return sd
+    return sd, meta
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    return read_weights(path)[0]
+
+
+def _time_stride(sd: dict[str, torch.Tensor], key: str, path: Path, grow: bool) -> bool:
+    shape = tuple(sd[key].shape)  # TPool: (n, n·stride, 1, 1); TGrow: (n·stride, n, 1, 1)
+    stride = shape[0] // shape[1] if grow else shape[1] // shape[0]
+    if stride not in (1, 2):
+        raise WeightsError(f"{path}: {key} has shape {shape}: not a TAEHV time stride of 1 or 2")
+    return stride == 2
+
+
+def shape_knobs(sd: dict[str, torch.Tensor], path: Path) -> dict[str, object]:
+    """The shape knobs (and the decoder kind) a TAEHV state dict implies: latent width, patch size,
+    time strides. The super decoder opens with a bias-free 1x1 conv (decoder.0), the base one with a
+    parameter-free Clamp."""
+    wide = "decoder.0.weight" in sd
+    grows = (7, 14, 21) if wide else (7, 13, 19)
+    needed = ["encoder.0.weight", "encoder.17.weight"] + [f"encoder.{i}.conv.weight" for i in (2, 7, 12)]
+    needed += [f"decoder.{i}.conv.weight" for i in grows]
+    missing = [k for k in needed if k not in sd]
+    if missing:
+        some = ", ".join(sorted(sd)[:5]) or "none"
+        raise WeightsError(f"{path}: not TAEHV weights: no {missing[0]} (its keys begin: {some})")
+    return {
+        "latent_channels": int(sd["encoder.17.weight"].shape[0]),
+        "patch_size": math.isqrt(sd["encoder.0.weight"].shape[1] // 3),
+        "encoder_time_downscale": tuple(
+            _time_stride(sd, f"encoder.{i}.conv.weight", path, False) for i in (2, 7, 12)
+        ),
+        "decoder_time_upscale": tuple(
+            _time_stride(sd, f"decoder.{i}.conv.weight", path, True) for i in grows
+        ),
+        "super_decoder": wide,
+    }
 
 
 def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> None:
-    sd = read_state_dict(path)
+    load_state(model, read_state_dict(path), path, strict)
+
+
+def load_state(model: nn.Module, sd: dict[str, torch.Tensor], path: str | Path, strict: bool = True) -> None:
+    """Load a state dict read from `path` into `model`, naming any mismatch. A TGrow the file holds
+    with more frames than the model's (time upscaling switched off for a preview) keeps its
+    last-timestep channels, as the author's class does."""
     own = model.state_dict()
+    sd = dict(sd)
+    for name, module in model.named_modules():
+        key = f"{name}.conv.weight"
+        if isinstance(module, TGrow) and key in sd and key in own:
+            have, want = sd[key].shape[0], own[key].shape[0]
+            if have > want and have % want == 0:
+                sd[key] = sd[key][-want:]
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     wrong_shape = sorted(k for k in set(own) & set(sd) if tuple(own[k].shape) != tuple(sd[k].shape))

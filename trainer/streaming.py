@@ -10,13 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.model import TAEHV, MemBlock, TGrow, TPool
+from trainer.model import MEMORY_BLOCKS, TAEHV, TGrow, TPool
 
 
 class LayerStream:
     """A sequence of TAEHV layers fed frame by frame (N×C×H×W each). A MemBlock remembers its last
     input (zeros before the first frame, as the parallel path's shift gives), a TPool gathers
-    `stride` frames before it emits one, a TGrow emits `stride` frames for each it takes."""
+    `stride` frames before it emits one, a TGrow emits `stride` frames for each it takes. A
+    SuperMemBlock remembers as a MemBlock does."""
 
     def __init__(self, layers: Iterable[nn.Module]):
         self.layers = list(layers)
@@ -31,7 +32,7 @@ class LayerStream:
         if i == len(self.layers):
             return [x]
         layer = self.layers[i]
-        if isinstance(layer, MemBlock):
+        if isinstance(layer, MEMORY_BLOCKS):
             past = self.memory[i]
             self.memory[i] = x
             return self._feed(i + 1, layer(x, torch.zeros_like(x) if past is None else past))
@@ -52,21 +53,33 @@ class LayerStream:
 
 def stream_encode(model: TAEHV, x: torch.Tensor) -> torch.Tensor:
     """N×T×3×H×W in [0, 1] -> N×(T/4)×latent×(H/8)×(W/8), frame by frame; padded at the end like
-    TAEHV.encode (the last frame repeated to a multiple of the time downscale)."""
+    TAEHV.encode (the last frame repeated to a multiple of the time downscale). H3: each 17-frame
+    chunk streams into a fresh encoder behind its 3 zero frames; the last 3 latents are dropped."""
     x = model.pad_frames(x)
-    stream = LayerStream(model.encoder)
+    if model.chunks is None:
+        return torch.stack(_stream_frames(model, LayerStream(model.encoder), x.unbind(1)), 1)
+    c = model.chunks
+    zeros = [torch.zeros_like(x[:, 0])] * c.lead
     latents: list[torch.Tensor] = []
-    for t in range(x.shape[1]):
-        frame = x[:, t]
+    for start in range(0, x.shape[1], c.frames):
+        latents += _stream_frames(
+            model, LayerStream(model.encoder), zeros + list(x[:, start : start + c.frames].unbind(1))
+        )
+    return torch.stack(latents[: -c.dropped_latents], 1)
+
+
+def _stream_frames(model: TAEHV, stream: LayerStream, frames: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for frame in frames:
         if model.patch_size > 1:
             frame = F.pixel_unshuffle(frame, model.patch_size)
-        latents += stream.push(frame)
-    return torch.stack(latents, 1)
+        out += stream.push(frame)
+    return out
 
 
 def stream_decode(model: TAEHV, z: torch.Tensor, clamp: bool = True) -> torch.Tensor:
     """N×K×latent×h×w -> N×(4K−3)×3×8h×8w, latent by latent; the warm-up frames dropped as
-    TAEHV.decode drops them."""
+    TAEHV.decode drops them (its family's kept_frames)."""
     stream = LayerStream(model.decoder)
     frames: list[torch.Tensor] = []
     for k in range(z.shape[1]):
@@ -74,7 +87,8 @@ def stream_decode(model: TAEHV, z: torch.Tensor, clamp: bool = True) -> torch.Te
             if model.patch_size > 1:
                 frame = F.pixel_shuffle(frame, model.patch_size)
             frames.append(frame.clamp(0, 1) if clamp else frame)
-    return torch.stack(frames[model.frames_to_trim :], 1)
+    kept = model.kept_frames(z.shape[1])
+    return torch.stack(frames[kept] if isinstance(kept, slice) else [frames[i] for i in kept], 1)
 
 
 def stream_forward(model: TAEHV, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

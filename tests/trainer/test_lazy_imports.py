@@ -26,6 +26,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("trainer/config.py", "tomli_w"): "the console reads configs at start-up; writing one is rarer",
     ("trainer/ds_config.py", "deepspeed.runtime.zero"): "the console builds DeepSpeed configs without torch",
     ("trainer/model.py", "safetensors.torch"): "only where weights are read from a file",
+    ("trainer/model.py", "safetensors"): "only where a weight file's metadata is read",
     ("trainer/compile_cache.py", "torch._dynamo.utils"): "a second's import; only compiled runs count graphs",
     # optional extras: a run that does not use them must not need them installed
     ("trainer/synthetic.py", "skimage.data"): "the `photos` extra, only for --photos clips",

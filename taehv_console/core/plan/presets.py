@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from taehv_console.core.toml_compat import tomllib
-from trainer.config import ConfigError, TrainConfig, config_from_dict, format_validation_error
+from trainer.config import SHAPE_KNOBS, ConfigError, TrainConfig, config_from_dict, format_validation_error
 
 SECTIONS = tuple(TrainConfig.model_fields)  # run, topology, model, data, optim, ...
 # Sections a user's preset file (or a base it names) must have: their schema defaults are no
@@ -169,9 +169,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Apply --set overrides to a dict of sections (validation happens after, on the whole)."""
+    parsed = [parse_override(text) for text in overrides]
     out = data
-    for text in overrides:
-        parts, value = parse_override(text)
+    if any(parts == ["model", "family"] for parts, _ in parsed) and isinstance(out.get("model"), dict):
+        # the shapes the data holds are the old family's: the new one sets its own (a knob --set
+        # gives as well still meets the family's check)
+        out = {**out, "model": {k: v for k, v in out["model"].items() if k not in SHAPE_KNOBS}}
+    for parts, value in parsed:
         patch: dict[str, Any] = {}
         cursor = patch
         for part in parts[:-1]:
