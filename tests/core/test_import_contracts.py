@@ -41,7 +41,9 @@ def test_a_cycle_or_a_core_module_importing_the_ui_breaks_them(tmp_path):
         f.write("\n\ndef _cycle():\n    from taehv_console.core.plan import derive  # noqa: F401\n")
     r = lint_imports(tmp_path)
     assert r.returncode != 0
-    assert "core never imports the front ends (ui, commands, headless, follow, cli, errors) BROKEN" in r.stdout
+    assert (
+        "core never imports the front ends (ui, commands, headless, follow, cli, errors) BROKEN" in r.stdout
+    )
     assert "taehv_console.core.models -> taehv_console.ui.app" in r.stdout
     assert "no import cycles between sibling modules or packages BROKEN" in r.stdout
     assert "nothing below ui imports ui (cli only lazily, on the TUI path) BROKEN" in r.stdout
