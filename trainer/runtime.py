@@ -4,13 +4,15 @@ and the collectives every shared decision goes through."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -102,19 +104,48 @@ class StopRequest:
         self.signal_name = signal.Signals(signum).name
 
 
-# DeepSpeed's ZeRO optimizer check (`is_zero_supported_optimizer`) imports its Muon optimizer on
-# every engine's creation, and that module applies torch.compile when it is imported, which loads
-# all of Inductor: 1-2 s of every rank's start for an optimizer this trainer never builds (it builds
-# AdamW). A None in sys.modules makes that import an ImportError, which DeepSpeed's check passes
-# over; a compiled run loads Inductor for its own graphs anyway.
+# DeepSpeed imports its Muon optimizer on every engine's creation (its ZeRO optimizer check) and in
+# ZeRO-1/2's gradient reduction, and that module decorates three functions with DeepSpeed's
+# `compiler.compile()`, i.e. torch.compile, whose decoration alone loads all of Inductor: 1-2.5 s
+# of every eager rank's start, for an optimizer this trainer never builds (it builds AdamW). So the
+# runtime imports it first with that decorator made lazy: torch.compile is applied at the first call
+# (which never comes here), as torch.compile itself compiles only then. A compiled run loads
+# Inductor for its own graphs anyway.
 DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
-def skip_deepspeed_muon() -> bool:
-    """Keep DeepSpeed's Muon module from being imported; False where it already is."""
-    if sys.modules.get(DEEPSPEED_MUON) is not None:
+def import_deepspeed_muon_lazily() -> bool:
+    """Import DeepSpeed's Muon module without loading Inductor; False where it was already imported
+    or DeepSpeed has no such module or decorator (another version): then nothing is changed."""
+    if DEEPSPEED_MUON in sys.modules:
         return False
-    sys.modules[DEEPSPEED_MUON] = None  # type: ignore[assignment]  # Python's import block
+    from deepspeed.runtime import compiler
+
+    eager_compile = getattr(compiler, "compile", None)
+    if eager_compile is None:
+        return False
+
+    def lazy_compile() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            compiled: list[Callable[..., Any]] = []
+
+            @functools.wraps(fn)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if not compiled:
+                    compiled.append(eager_compile()(fn))
+                return compiled[0](*args, **kwargs)
+
+            return call
+
+        return decorate
+
+    compiler.compile = lazy_compile
+    try:
+        importlib.import_module(DEEPSPEED_MUON)
+    except ImportError:
+        return False
+    finally:
+        compiler.compile = eager_compile
     return True
 
 
@@ -333,7 +364,7 @@ class Runtime:
                 )
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
-        skip_deepspeed_muon()
+        import_deepspeed_muon_lazily()
         set_single_process_env()
         if device_kind == "cuda":
             # clip shapes are fixed for a run, so cuDNN's per-shape algorithm search pays off

@@ -8,27 +8,42 @@ import textwrap
 
 from tests.trainer.runs import free_port
 
-CHECK = textwrap.dedent(
+# One rank's ZeRO-2 engine and step, as DeepSpeed runs them: its ZeRO optimizer check and its
+# gradient reduction both import the Muon module
+STEP = textwrap.dedent(
     """
     import os, sys
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], DS_ACCELERATOR="cpu")
     import torch, deepspeed
-    from trainer.runtime import skip_deepspeed_muon
-    skip_deepspeed_muon()
+    from trainer.runtime import DEEPSPEED_MUON, import_deepspeed_muon_lazily
+    assert import_deepspeed_muon_lazily()
     deepspeed.init_distributed(dist_backend="gloo")
-    from deepspeed.runtime.zero.utils import is_zero_supported_optimizer
-    supported = is_zero_supported_optimizer(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()))
-    print(supported, "torch._inductor.compile_fx" in sys.modules)
+    model = torch.nn.Linear(4, 4)
+    config = {"train_batch_size": 1, "zero_optimization": {"stage": 2}}
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
+    before = model.weight.detach().clone()
+    engine.backward(engine(torch.ones(1, 4)).sum())
+    engine.step()
+    muon = sys.modules[DEEPSPEED_MUON]
+    print("zero-optimizer", type(engine.optimizer).__name__)
+    print("moved", not torch.equal(before, model.weight.detach()))
+    print("inductor", "torch._inductor.compile_fx" in sys.modules)
+    print("muon", hasattr(muon, "MuonWithAuxAdam"))
     """
 )
 
 
-def test_deepspeeds_zero_check_loads_no_inductor_and_still_accepts_adamw():
-    # DeepSpeed's check imports its Muon optimizer, whose module calls torch.compile at import:
-    # all of Inductor, 1-2 s of every eager rank's start
+def test_a_zero2_step_loads_deepspeeds_muon_module_but_not_inductor():
+    # the Muon module decorates its functions with torch.compile, whose decoration loads all of
+    # Inductor: 1-2.5 s of every eager rank's start (trainer/runtime.py: import_deepspeed_muon_lazily)
     done = subprocess.run(
-        [sys.executable, "-c", CHECK, str(free_port())], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", STEP, str(free_port())], capture_output=True, text=True, timeout=180
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-2:] == ["True", "False"], done.stdout + done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert said.get("zero-optimizer") == "DeepSpeedZeroOptimizer", done.stdout
+    assert said.get("moved") == "True", done.stdout
+    assert said.get("muon") == "True", done.stdout
+    assert said.get("inductor") == "False", done.stdout
