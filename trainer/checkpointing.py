@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,14 +19,24 @@ from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.discriminator import WEIGHTS as DISC_WEIGHTS
 from trainer.events import atomic_write_json
+from trainer.families import exported_files
 from trainer.master_weights import MasterEMA
 from trainer.runtime import Runtime
 from trainer.state import TrainState
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from trainer.learner import Learner
+
+
+def write_exported(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """`path` (.safetensors, with `meta` in its header) and the same weights as a torch.save'd state
+    dict beside it (.pth, the author's format: his class reads only torch.load files and tells the
+    family by the file's name). Each appears whole or not at all."""
+    pth = path.with_suffix(".pth")
+    save_file(tensors, str(path.parent / f".{path.name}.tmp"), metadata=meta)
+    torch.save({k: v.contiguous() for k, v in tensors.items()}, path.parent / f".{pth.name}.tmp")
+    os.replace(path.parent / f".{path.name}.tmp", path)
+    os.replace(path.parent / f".{pth.name}.tmp", pth)
 
 
 class CheckpointManager:
@@ -108,7 +119,13 @@ class CheckpointManager:
                 tmp / ckpt.rank_state_name(rt.rank),
             )
             if rt.is_main:
-                save_file(weights, str(tmp / ckpt.WEIGHTS))
+                # weights.safetensors keeps its name (resume and eval read it); the family and run
+                # go in its header, and <family>.pth beside it loads into the author's class by name
+                meta = {"family": self.cfg.model.family, "run": rt.run_dir.name, "step": str(step)}
+                save_file(weights, str(tmp / ckpt.WEIGHTS), metadata=meta)
+                torch.save(
+                    weights, tmp / exported_files(self.cfg.model.family)[0].replace(".safetensors", ".pth")
+                )
                 if ema_weights is not None:
                     save_file(ema_weights, str(tmp / "weights_ema.safetensors"))
                 if learner.adversary is not None:
@@ -168,17 +185,18 @@ class CheckpointManager:
         return done
 
     def export(self, name: str, info: dict[str, Any], learner: Learner) -> None:
-        """Consolidated weights (and the EMA's) to RUN/<name>/taehv.safetensors. Collective."""
+        """Consolidated weights (and the EMA's) to RUN/<name>/<family>.safetensors, with the family and
+        the run in its metadata, and <family>.pth beside it. Collective."""
         weights = learner.full_weights()
         ema = learner.full_weights(use_ema=True) if learner.ema is not None else None
         if not self.rt.is_main:
             return
         out = self.rt.run_dir / name
         out.mkdir(exist_ok=True)
-        for tensors, file in ((weights, "taehv.safetensors"), (ema, "taehv_ema.safetensors")):
+        meta = {"family": self.cfg.model.family, "run": self.rt.run_dir.name, "preset": self.cfg.run.preset}
+        for tensors, file in zip((weights, ema), exported_files(self.cfg.model.family)):
             if tensors is not None:
-                save_file(tensors, str(out / f".{file}.tmp"))
-                os.replace(out / f".{file}.tmp", out / file)
+                write_exported(tensors, out / file, meta)
         atomic_write_json(out / "info.json", {**info, "preset": self.cfg.run.preset})
 
     # ---------------------------------------------------------------- loading

@@ -4,7 +4,6 @@ of weights and as a decoder of the teacher's latents. `taehv-console eval` is it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +16,32 @@ from trainer.checkpoint import WEIGHTS
 from trainer.config import DataSection, ModelSection, format_validation_error, load_config
 from trainer.data import DataSourceError, VideoClipDataset, find_videos, read_frames
 from trainer.errors import EvalError
+from trainer.families import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    all_exported_files,
+    exported_files,
+    families_with_shapes,
+    family_from_name,
+)
 from trainer.metrics import psnr_from_mse, ssim_per_frame
 from trainer.model import (
     TAEHV,
     WeightsError,
     build_model,
     load_weights,
-    read_state_dict,
+    read_weights,
     reconstruction_target,
+    shape_knobs,
 )
 from trainer.streaming import stream_decode, stream_forward
 from trainer.teacher import encode as teacher_encode
 from trainer.teacher import load_teacher
 
-EXPORTED = "taehv.safetensors"  # final/ and best/ hold the exported weights under this name
-# beside them when the run kept an EMA: the weights its validation chose best/ by and its samples show
-EXPORTED_EMA = "taehv_ema.safetensors"
+# final/ and best/ hold the exported weights as <family>.safetensors (trainer.families.exported_files),
+# and beside them, when the run kept an EMA, <family>_ema.safetensors: the weights its validation
+# chose best/ by and its samples show. taehv's names, the ones runs before families wrote:
+EXPORTED, EXPORTED_EMA = exported_files(DEFAULT_FAMILY)
 CHECKPOINT_EMA = "weights_ema.safetensors"  # a checkpoint's step-<N>/ EMA weights
 DEFAULT_FRAMES = 12
 
@@ -62,22 +71,24 @@ def resolve_weights(target: str | Path, best: bool = False, ema: bool = True) ->
         p = p.parent
     if p.is_dir() and (p / "run.toml").is_file():
         sub = "best" if best else "final"
-        weights = p / sub / EXPORTED
+        exported, exported_ema = exported_files(load_config(p / "run.toml").model.family)
+        weights = p / sub / exported
         if not weights.is_file():
             other = "final" if best else "best"
-            hint = f"; {p / other / EXPORTED} exists (use {'no ' if best else ''}--best)"
-            hint = hint if (p / other / EXPORTED).is_file() else "; the run has exported no weights yet"
+            hint = f"; {p / other / exported} exists (use {'no ' if best else ''}--best)"
+            hint = hint if (p / other / exported).is_file() else "; the run has exported no weights yet"
             raise EvalError(f"{weights}: no {sub} weights in run {p}{hint}")
-        if ema and (p / sub / EXPORTED_EMA).is_file():
-            return WeightsSource(p / sub / EXPORTED_EMA, f"{sub}-ema", p)
+        if ema and (p / sub / exported_ema).is_file():
+            return WeightsSource(p / sub / exported_ema, f"{sub}-ema", p)
         return WeightsSource(weights, sub, p)
     if best:
         raise EvalError(f"{p}: --best needs a run directory (one holding run.toml)")
     if p.is_dir():
-        names = (EXPORTED_EMA, CHECKPOINT_EMA, EXPORTED, WEIGHTS) if ema else (EXPORTED, WEIGHTS)
-        for name in names:
+        emas = (*all_exported_files()[: len(FAMILIES)], CHECKPOINT_EMA)
+        plain = (*all_exported_files()[len(FAMILIES) :], WEIGHTS)
+        for name in (*emas, *plain) if ema else plain:
             if (p / name).is_file():
-                label = f"{p.name}-ema" if name in (EXPORTED_EMA, CHECKPOINT_EMA) else p.name
+                label = f"{p.name}-ema" if name in emas else p.name
                 return WeightsSource(p / name, label, _run_above(p / name))
         raise EvalError(
             f"{p}: no weights here (expected a run directory, its final/ or best/, a checkpoint "
@@ -89,37 +100,20 @@ def resolve_weights(target: str | Path, best: bool = False, ema: bool = True) ->
     return WeightsSource(p, p.parent.name if in_run else p.stem, in_run)
 
 
-def _stride(sd: dict[str, torch.Tensor], key: str, path: Path, grow: bool) -> bool:
-    shape = tuple(sd[key].shape)  # TPool: (n, n·stride, 1, 1); TGrow: (n·stride, n, 1, 1)
-    stride = shape[0] // shape[1] if grow else shape[1] // shape[0]
-    if stride not in (1, 2):
-        raise WeightsError(f"{path}: {key} has shape {shape}: not a TAEHV time stride of 1 or 2")
-    return stride == 2
-
-
-def infer_model_section(sd: dict[str, torch.Tensor], path: Path) -> ModelSection:
-    """The architecture a TAEHV state dict implies (latent width, patch size, time scales), for
-    weights that come without their run.toml. Spatial upscaling has no weights: the default."""
-    needed = ["encoder.0.weight", "encoder.17.weight", "decoder.1.weight"]
-    needed += [f"encoder.{i}.conv.weight" for i in (2, 7, 12)] + [
-        f"decoder.{i}.conv.weight" for i in (7, 13, 19)
-    ]
-    missing = [k for k in needed if k not in sd]
-    if missing:
-        some = ", ".join(sorted(sd)[:5]) or "none"
-        raise WeightsError(f"{path}: not TAEHV weights: no {missing[0]} (its keys begin: {some})")
-    patch = math.isqrt(sd["encoder.0.weight"].shape[1] // 3)
+def infer_model_section(
+    sd: dict[str, torch.Tensor], path: Path, meta: dict[str, str] | None = None
+) -> ModelSection:
+    """The architecture of weights that come without their run.toml: the family their metadata or
+    name records (TAEHV.from_file's order), else the first family their shapes fit (the author's
+    default, taehv, among the shapes several share), else their knobs as `custom`. Spatial
+    upscaling has no weights: the default."""
+    knobs = shape_knobs(sd, path)
+    wide = knobs.pop("super_decoder")
+    named = (meta or {}).get("family") or family_from_name(path.name)
+    fits = families_with_shapes(**knobs, super_decoder=wide)
+    family = named if named in fits else (fits[0] if fits else "custom")
     try:
-        return ModelSection(
-            latent_channels=int(sd["encoder.17.weight"].shape[0]),
-            patch_size=patch,
-            encoder_time_downscale=tuple(
-                _stride(sd, f"encoder.{i}.conv.weight", path, False) for i in (2, 7, 12)
-            ),
-            decoder_time_upscale=tuple(
-                _stride(sd, f"decoder.{i}.conv.weight", path, True) for i in (7, 13, 19)
-            ),
-        )
+        return ModelSection.model_validate({"family": family, **({} if family in FAMILIES else knobs)})
     except ValidationError as err:
         raise WeightsError(format_validation_error(err, str(path))) from None
 
@@ -131,9 +125,10 @@ def architecture(source: WeightsSource) -> tuple[ModelSection, DataSection | Non
         cfg = load_config(source.run_dir / "run.toml")
         model = cfg.model.model_copy(update={"init_weights": "", "activation_checkpointing": False})
         return model, cfg.data, f"architecture and clip size from {source.run_dir / 'run.toml'}"
-    model = infer_model_section(read_state_dict(source.path), source.path)
+    sd, meta = read_weights(source.path)
+    model = infer_model_section(sd, source.path, meta)
     note = (
-        f"no run.toml: architecture inferred from {source.path.name} (latent_channels="
+        f"no run.toml: architecture inferred from {source.path.name} (family {model.family}, latent_channels="
         f"{model.latent_channels}, patch_size={model.patch_size}, time strides: encoder "
         f"{tuple(2 if b else 1 for b in model.encoder_time_downscale)}, decoder "
         f"{tuple(2 if b else 1 for b in model.decoder_time_upscale)})"

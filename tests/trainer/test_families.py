@@ -310,3 +310,43 @@ def test_time_upscaling_off_keeps_the_last_timestep_channels(tmp_path):
         assert torch.equal(kept, full.decoder[i].conv.weight[-kept.shape[0] :])
     with torch.no_grad():
         assert preview.decode(torch.randn(1, 3, 16, 2, 2)).shape[1] == 3  # one frame per latent
+
+
+@pytest.mark.parametrize("name", ["taew2_2_super", "taeh3"])
+def test_faster_run_and_channels_last_equal_the_published_order(name):
+    """The super decoder and H3's chunks run on the same stages as the base model: the reordered,
+    channels_last run gives the published order's outputs and gradients."""
+    fast = _random_weights(TAEHV.for_family(name)).double().train().use_channels_last()
+    plain = TAEHV.for_family(name).double().train().use_published_order()
+    plain.load_state_dict(fast.state_dict())
+    size = 8 * fast.patch_size
+    x = torch.rand(2, 17 if fast.chunks else 8, 3, size, size, dtype=torch.float64)
+    grads = []
+    for m in (fast, plain):
+        m.zero_grad()
+        z, y = m(x, clamp=False)
+        ((y - x[:, : y.shape[1]]) ** 2).mean().backward()
+        grads.append((z.detach(), y.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}))
+    (z1, y1, g1), (z2, y2, g2) = grads
+    torch.testing.assert_close(z1, z2, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(y1, y2, rtol=1e-9, atol=1e-9)
+    for k in g1:
+        torch.testing.assert_close(g1[k], g2[k], rtol=1e-8, atol=1e-9, msg=k)
+
+
+def test_exported_files_load_by_name_into_the_authors_class(tmp_path):
+    from trainer.checkpointing import write_exported
+    from trainer.families import exported_files
+
+    assert exported_files("taehv") == ("taehv.safetensors", "taehv_ema.safetensors")  # as before families
+    assert exported_files("custom")[0] == "taehv.safetensors"
+    for name in ("taew2_2_super", "taeltx_2"):
+        src = _random_weights(TAEHV.for_family(name))
+        weights, _ema = exported_files(name)
+        assert weights == f"{name}.safetensors"
+        write_exported(src.state_dict(), tmp_path / weights, {"family": name, "run": "r1"})
+        pth = tmp_path / f"{name}.pth"
+        ref = AuthorTAE(str(pth))  # torch.load(weights_only=True), strict, shapes from the name alone
+        assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), src.state_dict().values()))
+        (tmp_path / weights).rename(tmp_path / "renamed.safetensors")  # the metadata still says it
+        assert TAEHV.from_file(tmp_path / "renamed.safetensors").family == name

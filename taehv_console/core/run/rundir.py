@@ -19,7 +19,8 @@ from taehv_console.core.run.state import (
     write_state,
 )
 from taehv_console.core.values import InputError
-from trainer.config import TrainConfig, load_config
+from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.families import DEFAULT_FAMILY, exported_files
 
 RUN_TOML = "run.toml"
 STATE_JSON = "state.json"
@@ -81,7 +82,13 @@ class RunDir:
 
     @property
     def final_weights(self) -> Path:
-        return self.path / "final" / "taehv.safetensors"
+        """final/<family>.safetensors, named by the run's model.family (taehv.safetensors for runs
+        from before families, and where run.toml cannot be read)."""
+        try:
+            family = load_config(self.run_toml).model.family
+        except (ConfigError, OSError):
+            family = DEFAULT_FAMILY
+        return self.path / "final" / exported_files(family)[0]
 
     def node_log(self, node: int) -> Path:
         return self.logs / f"node-{node}.log"
