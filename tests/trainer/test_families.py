@@ -350,3 +350,28 @@ def test_exported_files_load_by_name_into_the_authors_class(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), src.state_dict().values()))
         (tmp_path / weights).rename(tmp_path / "renamed.safetensors")  # the metadata still says it
         assert TAEHV.from_file(tmp_path / "renamed.safetensors").family == name
+
+
+def test_the_family_sets_the_shapes_and_a_contradiction_names_both():
+    from trainer.config import ConfigError, ModelSection, config_from_dict
+
+    assert ModelSection().family == "taehv"
+    ltx = ModelSection(family="taeltx_2")
+    assert (ltx.latent_channels, ltx.patch_size, ltx.encoder_time_downscale) == (128, 4, (True, True, True))
+    assert (
+        ModelSection(latent_channels=48, patch_size=2).family == "taew2_2"
+    )  # a [model] from before families
+    assert ModelSection(latent_channels=32).family == "custom"  # shapes of no family stand as written
+    with pytest.raises(
+        ConfigError, match=r"model.latent_channels = 16 contradicts model.family = taew2_2, which has 48"
+    ):
+        config_from_dict({"model": {"family": "taew2_2", "latent_channels": 16}})
+    with pytest.raises(ConfigError, match="unknown family 'taew3'; known: taehv, taew2_1, .*taeh3"):
+        config_from_dict({"model": {"family": "taew3"}})
+
+
+def test_set_family_replaces_the_presets_shapes():
+    from taehv_console.core.plan.presets import load_preset
+
+    cfg = load_preset("cpu-smoke", overrides=["model.family=taehv1_5"], user_dir=None).config
+    assert (cfg.model.family, cfg.model.latent_channels, cfg.model.patch_size) == ("taehv1_5", 32, 2)
