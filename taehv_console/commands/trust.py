@@ -86,8 +86,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     # a bad hostfile or host name: 2, said by cli.main (errors.py)
     if args.hosts:
         hosts += [n.host for n in read_hostfile(args.hosts)]
-    for h in hosts:
-        validate_host(h)
+    hosts = [validate_host(h) for h in hosts]  # '[::1]' is the address ::1
     if not hosts:
         print("taehv-console trust: name at least one host (or --hosts FILE)", file=sys.stderr)
         return ExitCode.USAGE

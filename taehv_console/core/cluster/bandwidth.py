@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from taehv_console.core.cluster.nodecall import NodeReply
 from taehv_console.core.cluster.ssh import SshError, fan_out
+from taehv_console.core.hostnames import host_port
 from taehv_console.core.models import BandwidthResult
 
 MODULE = "taehv_console.core.cluster.bandwidth"
@@ -66,7 +67,7 @@ def worker(
 
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{master}:{port}",
+        init_method=f"tcp://{host_port(master, port)}",  # [v6]:port, as URLs spell it
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),

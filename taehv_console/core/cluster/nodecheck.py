@@ -55,11 +55,31 @@ def token_remove(runs_dir: str, token: str) -> dict:
         return {"ok": False, "error": str(err)}
 
 
+def _any_address_socket() -> tuple[socket.socket, str]:
+    """A TCP socket for every address of this node: IPv6 and IPv4 on one (dual-stack, as the
+    rendezvous store listens, so a master named by an IPv6 address is checked as it will be
+    reached), or IPv4 alone where the kernel has no IPv6."""
+    if socket.has_ipv6:
+        try:
+            s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            pass
+        else:
+            try:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            except OSError:
+                s.close()
+            else:
+                return s, "::"
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM), "0.0.0.0"
+
+
 def port_free(port: int) -> dict:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s, anywhere = _any_address_socket()
+    with s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("0.0.0.0", port))
+            s.bind((anywhere, port))
         except OSError as err:
             return {"free": False, "error": err.strerror or str(err)}
     return {"free": True}
@@ -68,10 +88,10 @@ def port_free(port: int) -> dict:
 def listen(port: int, seconds: float) -> int:
     """Hold the port, answer each connection with a banner, stop when stdin closes (the console
     went away) or after `seconds`. Prints {"listening": ...} first so the caller knows when."""
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv, anywhere = _any_address_socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        srv.bind(("0.0.0.0", port))
+        srv.bind((anywhere, port))
         srv.listen(64)
     except OSError as err:
         print(json.dumps({"listening": False, "error": err.strerror or str(err)}), flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from taehv_console.core.cluster.preflight.findings import E, I, W
+from taehv_console.core.hostnames import host_port
 from taehv_console.core.models import BandwidthResult, Finding, ProbeResult
 
 
@@ -38,7 +39,7 @@ def check_master_port(
                 Finding(
                     "master-port-unreachable",
                     E,
-                    f"{host}: cannot reach the master {master}:{port} ({why})",
+                    f"{host}: cannot reach the master {host_port(master, port)} ({why})",
                     f"open TCP {port} on {master} to the other nodes (firewall, security group), "
                     "or check that the master address resolves to an address they can route to",
                     host,

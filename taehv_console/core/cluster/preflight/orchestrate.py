@@ -36,6 +36,7 @@ from taehv_console.core.cluster.preflight.software import (
 )
 from taehv_console.core.cluster.preflight.storage import check_disk, check_runs_shared
 from taehv_console.core.cluster.ssh import NodeRunner, SshPool, SshSettings, resolve_target
+from taehv_console.core.hostnames import host_port
 from taehv_console.core.models import (
     BandwidthResult,
     Finding,
@@ -201,13 +202,13 @@ def _run(
                 Finding(
                     "master-port-not-checked",
                     I,
-                    f"master port {topology.master_addr}:{port} is checked on node 0, not here",
+                    f"master port {host_port(topology.master_addr, port)} is checked on node 0, not here",
                 )
             )
         else:
             if topology.uses_ssh and not is_local_host(master):
                 master_addr = resolve_target(master, pool.settings).hostname
-            say(f"checking master port {master_addr}:{port}")
+            say(f"checking master port {host_port(master_addr, port)}")
             findings += _check_port(
                 pool,
                 master,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from taehv_console.core.cluster.hosts import InvalidHostError, validate_host
 from taehv_console.core.cluster.ssh.errors import SshConfigError, SshConnectError, SshTimeoutError
+from taehv_console.core.hostnames import host_port
 
 if TYPE_CHECKING:
     import paramiko
@@ -108,7 +109,7 @@ def resolve_target(alias: str, settings: SshSettings) -> HostTarget:
         )
     hostname = cfg.get("hostname", alias)
     try:
-        validate_host(hostname)
+        hostname = validate_host(hostname)  # '[::1]' is the address ::1
     except InvalidHostError as err:
         raise SshConfigError(alias, f"{settings.config}: HostName for {alias}: {err}") from None
     try:
@@ -175,7 +176,7 @@ def resolve_address(alias: str, hostname: str, port: int, timeout: float) -> lis
         err = answer[0]
         raise SshConnectError(
             alias,
-            f"{alias}: cannot connect to {hostname}:{port}: the name does not resolve "
+            f"{alias}: cannot connect to {host_port(hostname, port)}: the name does not resolve "
             f"({err.strerror or err})",
             "check the name in the hostfile or ~/.ssh/config (HostName), or give an address",
         )
@@ -190,7 +191,7 @@ def open_socket(target: HostTarget, timeout: float) -> socket.socket | paramiko.
     if target.proxy_command:
         return paramiko.ProxyCommand(target.proxy_command)
     deadline = time.monotonic() + timeout
-    where = f"{target.hostname}:{target.port}"
+    where = host_port(target.hostname, target.port)
     addresses = resolve_address(target.alias, target.hostname, target.port, timeout)
     error: OSError | None = None
     for family, kind, proto, _name, address in addresses:  # as socket.create_connection does

@@ -32,6 +32,7 @@ from taehv_console.core.cluster.ssh.errors import (
     SshUnreachableError,
 )
 from taehv_console.core.cluster.ssh.hostkeys import refusing_policy, sha256_fingerprint
+from taehv_console.core.hostnames import host_port
 from taehv_console.core.models import CommandResult
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def _handshake_error(
     TCP and stayed silent for the whole timeout, one that closed the connection at once (not an SSH
     server, or sshd turning the client away before its banner: MaxStartups, tcp wrappers), or
     another SSH-level failure."""
-    where = f"{target.hostname}:{target.port}"
+    where = host_port(target.hostname, target.port)
     text = str(err) or type(err).__name__
     if elapsed >= 0.9 * timeout or isinstance(err, TimeoutError) or "timeout" in text.lower():
         return SshTimeoutError(
