@@ -154,7 +154,7 @@ def test_each_error_maps_by_its_nearest_class():
 
 
 def test_an_unexpected_error_is_one_line_naming_its_crash_log(tmp_path, monkeypatch, capsys):
-    import taehv_console.commands.presets as presets
+    from taehv_console.commands import presets
 
     def boom(args):
         raise TypeError("unsupported operand")
@@ -181,7 +181,7 @@ def test_a_known_error_from_any_command_is_its_code_and_one_line(tmp_path, monke
 
 
 def test_the_headless_flow_says_an_unexpected_error_in_its_json_result(tmp_path, monkeypatch, capsys):
-    import taehv_console.headless as headless
+    from taehv_console import headless
 
     def boom(options, pool):
         raise RuntimeError("odd")
