@@ -37,7 +37,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from taehv_console.commands.options import SPEC, add_top_level_options, flow_options, settle
+from taehv_console.commands.options import SPEC, add_top_level_options, flow_options, option_warnings, settle
 from taehv_console.core.flow.options import EnvError, FlowOptions
 from taehv_console.errors import describe_error
 from taehv_console.exit_codes import EXIT_CODES_HELP, ExitCode, command_epilog
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(chosen_command(argv)).parse_args(argv)
     prog = f"taehv-console {args.command}" if getattr(args, "command", None) else "taehv-console"
+    for warning in option_warnings(args):  # on stderr: --json's stdout stays JSON
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from taehv_console.core.cluster.ssh import SshSettings
-from taehv_console.core.flow.options import FlowOptions, parse_env
+from taehv_console.core.flow.options import FlowOptions, parse_env, repeated_keys
 from taehv_console.core.models import BackendKind
 from taehv_console.core.values import InputError, checked_float, checked_int, checked_port
 
@@ -206,6 +206,16 @@ def ssh_settings(args: argparse.Namespace) -> SshSettings:
     )
 
 
+def option_warnings(args: argparse.Namespace) -> tuple[str, ...]:
+    """What the line gives twice (a --set or --env key, --data over --set data.source): cli.main
+    prints each before the command runs, the TUI shows them (FlowOptions.warnings)."""
+    return repeated_keys(
+        list(getattr(args, "overrides", None) or ()),
+        list(getattr(args, "launch_env", None) or ()),
+        getattr(args, "data", None) or None,
+    )
+
+
 def flow_options(args: argparse.Namespace) -> FlowOptions:
     """The flow's options from whichever of them this command line has. EnvError for a bad --env."""
     backend = getattr(args, "backend", "auto") or "auto"
@@ -222,4 +232,5 @@ def flow_options(args: argparse.Namespace) -> FlowOptions:
         backend=None if backend == "auto" else BackendKind(backend),
         grace_s=getattr(args, "grace", None),
         ssh=ssh_settings(args),
+        warnings=option_warnings(args),
     )

@@ -138,6 +138,8 @@ class TaehvConsole(App):
             self.set_keymap(self.console_config.keys)
         for err in self.themes.errors:
             self.notify(err, title="theme file skipped", severity="warning", timeout=10)
+        for warning in self.options.warnings:  # cli.main printed them too, hidden by this screen
+            self.notify(warning, title="an option given twice", severity="warning", timeout=10)
         self.call_after_refresh(self._first_frame)
         if self.startup == "auto":
             if self.options.run:

@@ -3,7 +3,7 @@ the TUI keeps one and replaces it as the user edits (a hostfile typed in, say)."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from taehv_console.core.cluster.ssh import SshSettings
@@ -26,6 +26,36 @@ def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+def repeated_keys(overrides: Sequence[str], env: Sequence[str], data: str | None = None) -> tuple[str, ...]:
+    """One warning per key given more than once in --set or --env, naming every value in order and
+    the one used (the last, as for any dict); and for --data beside a --set data.source, which
+    --data overrides. Items without '=' are passed over: their own check names them later."""
+    said = []
+    sets = _values(overrides, lambda key: ".".join(part.strip() for part in key.strip().split(".")))
+    for key, values in sets.items():
+        if data and key == "data.source":
+            given = ", then ".join(repr(v) for v in values)
+            said.append(f"--set data.source ({given}) is overridden by --data: {data!r} is used")
+        elif len(values) > 1:
+            said.append(_repeated("--set", key, values))
+    said += [_repeated("--env", key, values) for key, values in _values(env, str).items() if len(values) > 1]
+    return tuple(said)
+
+
+def _values(items: Sequence[str], key_of: Callable[[str], str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep:
+            out.setdefault(key_of(key), []).append(value)
+    return out
+
+
+def _repeated(flag: str, key: str, values: list[str]) -> str:
+    given = ", then ".join(repr(v) for v in values)
+    return f"{flag} {key} is given {len(values)} times ({given}): the last, {values[-1]!r}, is used"
+
+
 @dataclass(frozen=True)
 class FlowOptions:
     """The flow's inputs. `backend` None means auto (from the detected topology); `run` names an
@@ -43,3 +73,4 @@ class FlowOptions:
     backend: BackendKind | None = None
     grace_s: float | None = None
     ssh: SshSettings = field(default_factory=SshSettings.from_env)
+    warnings: tuple[str, ...] = ()  # about the options themselves (a key given twice): shown first
