@@ -87,6 +87,9 @@ class NodeFacts:
 
     hostname: str
     addresses: tuple[str, ...] = ()
+    # this boot's random id ("" where unreadable): with the hostname, which machine answered, so two
+    # names for one machine in a hostfile are told apart from two machines
+    boot_id: str = ""
     gpus: tuple[GpuInfo, ...] = ()
     gpu_reason: str = ""
     driver_version: str = ""

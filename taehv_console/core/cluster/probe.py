@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from taehv_console.core.cluster.spawn import boot_id
 from taehv_console.core.models import GpuInfo, NetInterface, NodeFacts, PathInfo
 
 # Environment a launch inherits that decides how collectives talk; recorded so preflight can check it.
@@ -250,6 +251,7 @@ def probe_node(
         cpus = os.cpu_count() or 0
     facts = NodeFacts(
         hostname=socket.gethostname(),
+        boot_id=boot_id(),
         addresses=tuple(a for i in interfaces if i.is_up and i.name != "lo" for a in i.addresses),
         gpus=gpus,
         gpu_reason=reason,

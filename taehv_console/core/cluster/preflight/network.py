@@ -18,6 +18,49 @@ def check_reachability(probes: Sequence[ProbeResult]) -> list[Finding]:
     ]
 
 
+def check_one_machine_twice(probes: Sequence[ProbeResult]) -> list[Finding]:
+    """Entries of one node list that reached the same machine (the same boot id and hostname:
+    `localhost` and `127.0.0.1`, a name and its address). Two nodes on one machine's GPUs would
+    put two ranks on each (NCCL refuses that): an error. Without a GPU in common they only share
+    its CPUs and memory, which is how a cluster is tested on one machine: a warning."""
+    machines: dict[tuple[str, str], list[ProbeResult]] = {}
+    for p in probes:
+        if p.facts is not None and p.facts.boot_id:
+            machines.setdefault((p.facts.boot_id, p.facts.hostname), []).append(p)
+    out = []
+    for (boot, hostname), same in machines.items():
+        if len(same) < 2:
+            continue
+        names = " and ".join(repr(p.host) for p in same)
+        where = f"{names} are one machine ({hostname}, boot id {boot[:8]})"
+        fix = "list the machine once, with all its slots"
+        shared = set.intersection(*(set(p.facts.visible_gpu_indices) for p in same if p.facts))
+        if shared:
+            gpus = ", ".join(str(i) for i in sorted(shared))
+            out.append(
+                Finding(
+                    "one-machine-twice",
+                    E,
+                    f"{where}: as {len(same)} nodes they would each start ranks on its GPU(s) {gpus}, "
+                    "and NCCL refuses two ranks on one GPU",
+                    fix,
+                    same[1].host,
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "one-machine-twice",
+                    W,
+                    f"{where}: as {len(same)} nodes they share its CPUs, memory and disks "
+                    "(a test of several nodes on one machine; on a cluster, rarely meant)",
+                    fix,
+                    same[1].host,
+                )
+            )
+    return out
+
+
 def check_master_port(
     port: int, master: str, free: tuple[bool, str] | None, reach: Mapping[str, tuple[bool, str]]
 ) -> list[Finding]:

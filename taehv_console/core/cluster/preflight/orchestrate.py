@@ -25,6 +25,7 @@ from taehv_console.core.cluster.preflight.findings import E, I, sort_findings
 from taehv_console.core.cluster.preflight.network import (
     bandwidth_finding,
     check_master_port,
+    check_one_machine_twice,
     check_reachability,
 )
 from taehv_console.core.cluster.preflight.software import (
@@ -155,6 +156,7 @@ def _run(
         probes = probe_hosts(hosts, pool, paths, timeout=options.probe_timeout_s)
     facts = _facts(probes)
     findings += check_reachability(probes)
+    findings += check_one_machine_twice(probes)
 
     # runs dir shared? node 0 writes a token, the others read it
     shared: dict[str, bool] | None = None
