@@ -11,9 +11,17 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from trainer.families import CUSTOM, DEFAULT_FAMILY, FAMILIES, families_with_shapes
+from trainer.families import CUSTOM, DEFAULT_FAMILY, FAMILIES, ClipRule, clip_rule, families_with_shapes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -125,7 +133,11 @@ class ModelSection(_Section):
 class DataSection(_Section):
     source: str = Field("", description="a directory of videos (recursive) or an annotation JSON")
     root: str = Field("", description="root for the annotation JSON's relative paths ('' = its folder)")
-    frames: int = Field(12, ge=4, description="T, frames per clip; a multiple of 4")
+    frames: int = Field(
+        12,
+        ge=4,
+        description="T, frames per clip: a multiple of the family's time scale (4; LTX 8), H3 of 17",
+    )
     height: int = Field(480, ge=8, description="training crop height: the clips the model sees")
     width: int = Field(720, ge=8, description="training crop width")
     frame_height: int = Field(
@@ -155,18 +167,25 @@ class DataSection(_Section):
         "must divide optim.batch_per_gpu",
     )
 
+    # The clip rule is the family's (model.family): config_from_dict passes it in the validation context,
+    # so a bad length is reported at data.frames beside every other error; TrainConfig checks it
+    # again for a config validated without one (a DataSection alone is checked only for what it is).
     @field_validator("frames")
     @classmethod
-    def _multiple_of_4(cls, v: int) -> int:
-        if v % 4:
-            raise ValueError(f"must be a multiple of 4 (the encoder downscales time 4x), got {v}")
+    def _family_encodes_the_clip(cls, v: int, info: ValidationInfo) -> int:
+        rule = (info.context or {}).get("clip_rule")
+        problem = rule.frames_problem(v) if isinstance(rule, ClipRule) else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("height", "width")
     @classmethod
-    def _multiple_of_8(cls, v: int) -> int:
-        if v % 8:
-            raise ValueError(f"must be a multiple of 8 (the encoder downscales space 8x), got {v}")
+    def _family_encodes_the_crop(cls, v: int, info: ValidationInfo) -> int:
+        rule = (info.context or {}).get("clip_rule")
+        problem = rule.size_problem(v) if isinstance(rule, ClipRule) else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
@@ -354,6 +373,27 @@ class TrainConfig(_Section):
     recovery: RecoverySection = RecoverySection()
     notify: NotifySection = NotifySection()
 
+    @property
+    def clip_rule(self) -> ClipRule:
+        m = self.model
+        return clip_rule(m.family, m.encoder_time_downscale, m.patch_size)
+
+    @model_validator(mode="after")
+    def _family_encodes_the_clip(self) -> TrainConfig:
+        rule = self.clip_rule
+        problems = [
+            f"data.{key}: {problem}"
+            for key, problem in (
+                ("frames", rule.frames_problem(self.data.frames)),
+                ("height", rule.size_problem(self.data.height)),
+                ("width", rule.size_problem(self.data.width)),
+            )
+            if problem
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @model_validator(mode="after")
     def _adversarial_has_frame_groups(self) -> TrainConfig:
         # T = 4k frames decode to T - 3, and the discriminator judges groups of 3 of them
@@ -397,11 +437,28 @@ def config_value(cfg: TrainConfig, dotted: str) -> object:
     return obj
 
 
+_KEYED = re.compile(r"[a-z_]+\.[a-z_]+: ")
+
+
+def _clip_context(data: dict) -> dict:
+    """The validation context that lets DataSection check the clip against its family: the rule of
+    the `[model]` as written, when that section is valid (its own errors are reported apart)."""
+    raw = data.get("model", {}) if isinstance(data, dict) else {}
+    try:
+        m = ModelSection.model_validate(raw if isinstance(raw, dict) else {})
+    except ValidationError:
+        return {}
+    return {"clip_rule": clip_rule(m.family, m.encoder_time_downscale, m.patch_size)}
+
+
 def format_validation_error(err: ValidationError, where: str) -> str:
     lines = [f"{where}: {err.error_count()} invalid value(s)"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
+        if not e["loc"] and _KEYED.match(msg):  # a whole-config rule that names its own key
+            lines.append(f"  {msg}")
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; unknown keys are never ignored)"
         given = e.get("input")
@@ -413,7 +470,7 @@ def format_validation_error(err: ValidationError, where: str) -> str:
 
 def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
     try:
-        return TrainConfig.model_validate(data)
+        return TrainConfig.model_validate(data, context=_clip_context(data))
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, where)) from None
 

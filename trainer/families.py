@@ -115,6 +115,73 @@ def all_exported_files() -> tuple[str, ...]:
     return tuple(ema for _, ema in names) + tuple(w for w, _ in names)
 
 
+@dataclass(frozen=True)
+class ClipRule:
+    """The clip lengths and crop sizes a student encodes exactly: frames in whole `frame_quantum`s
+    (4 or 8 latents' worth of time, or H3's 17-frame chunks), crops in whole `space_scale` pixels
+    (8 x patch). Anything else would be padded, and the padding would be trained on."""
+
+    family: str
+    frame_quantum: int
+    time_scale: int
+    space_scale: int
+    chunked: bool = False
+
+    def frames_problem(self, frames: int) -> str | None:
+        """None when a `frames`-frame clip fits; else what is wrong, with the nearest lengths that fit."""
+        q = self.frame_quantum
+        if frames >= q and frames % q == 0:
+            return None
+        below, above = frames // q * q, (frames // q + 1) * q
+        nearest = " or ".join(str(n) for n in (below, above) if n >= q)
+        why = (
+            f"{self.family} encodes {q}-frame chunks"
+            if self.chunked
+            else f"{self.family}'s encoder downscales time {self.time_scale}x"
+        )
+        return f"must be a multiple of {q} ({why}), got {frames}; the nearest lengths that work: {nearest}"
+
+    def size_problem(self, pixels: int) -> str | None:
+        """None when a crop side of `pixels` fits; else what is wrong, naming the family's 8·p."""
+        s = self.space_scale
+        if pixels >= s and pixels % s == 0:
+            return None
+        nearest = " or ".join(str(n) for n in (pixels // s * s, (pixels // s + 1) * s) if n >= s)
+        patch = f": 8 x patch {s // 8}" if s > 8 else ""
+        return (
+            f"must be a multiple of {s} ({self.family}'s encoder downscales space {s}x{patch}), "
+            f"got {pixels}; the nearest that work: {nearest}"
+        )
+
+
+def clip_rule(
+    family: str, encoder_time_downscale: Strides | None = None, patch_size: int | None = None
+) -> ClipRule:
+    """The rule for a family's clips; for `custom` shapes, from the knobs (taehv's conventions)."""
+    fam = FAMILIES.get(family)
+    if fam is not None:
+        q = fam.chunks.frames if fam.chunks else fam.time_scale
+        return ClipRule(family, q, fam.time_scale, fam.space_scale, chunked=fam.chunks is not None)
+    t = 2 ** sum(encoder_time_downscale or FAMILIES[DEFAULT_FAMILY].encoder_time_downscale)
+    return ClipRule(family, t, t, 8 * (patch_size or 1))
+
+
+def teacher_frames(family: str, frames: int, time_scale: int | None = None) -> int:
+    """How many leading frames of a `frames`-frame clip the family's teacher encodes, so that its
+    latents are as many as the student's and latent j of each stands for the same frames.
+
+    A causal 1 + t·k VAE (t = 4; LTX t = 8): the student's k latents of T = t·k frames match the
+    teacher's encode of frames [0, T - (t - 1)) = 1 + t·(k - 1) frames. H3's teacher chunks the clip as
+    the student does (17-frame chunks, 3 zero frames in front, the last 3 latents dropped), so it
+    encodes all T = 17·n frames into the same 5n - 3 latents. Either way the student's decode stands
+    for input frames [0, n_decoded): T - (t - 1), H3 T - 12, CogVideoX's even latent counts all T."""
+    fam = FAMILIES.get(family)
+    if fam is not None and fam.chunks is not None:
+        return frames
+    t = fam.time_scale if fam is not None else (time_scale or 4)
+    return frames - (t - 1)
+
+
 class FamilyError(ValueError):
     """A family name that is not in the table, or a file whose family cannot be told."""
 

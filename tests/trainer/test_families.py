@@ -8,6 +8,7 @@ ways of running layers (all frames at once with a zero-padded memory; a work que
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 import pytest
@@ -375,3 +376,53 @@ def test_set_family_replaces_the_presets_shapes():
 
     cfg = load_preset("cpu-smoke", overrides=["model.family=taehv1_5"], user_dir=None).config
     assert (cfg.model.family, cfg.model.latent_channels, cfg.model.patch_size) == ("taehv1_5", 32, 2)
+
+
+@pytest.mark.parametrize(
+    "family, data, words",
+    [
+        (
+            "taehv",
+            {"frames": 10},
+            "data.frames: must be a multiple of 4 .* got 10; the nearest lengths that work: 8 or 12",
+        ),
+        (
+            "taeh3",
+            {"frames": 16},
+            "data.frames: must be a multiple of 17 .*17-frame chunks.* 16; .*work: 17$",
+        ),
+        ("taeh3", {"frames": 12}, "data.frames: .* 12; the nearest lengths that work: 17$"),
+        ("taeltx_2", {"frames": 12}, "data.frames: must be a multiple of 8 .*time 8x.* 12; .*work: 8 or 16"),
+        ("taew2_2", {"height": 40}, "data.height: must be a multiple of 16 .*8 x patch 2.* 40; .*: 32 or 48"),
+        (
+            "taeltx2_3",
+            {"frames": 8, "width": 720},
+            "data.width: must be a multiple of 32 .*8 x patch 4.*: 704 or 736",
+        ),
+    ],
+)
+def test_a_clip_the_family_cannot_encode_exactly_names_the_lengths_that_work(family, data, words):
+    """The clip rule is the family's: taehv's multiple of 4 stands, H3 needs 17·n frames and LTX 8·n,
+    a crop is in whole 8·p pixels; the error says the nearest that work, beside any other error."""
+    from trainer.config import ConfigError, TrainConfig, config_from_dict
+
+    raw = {"model": {"family": family}, "data": {"height": 64, "width": 64, **data}, "optim": {"lr": -1}}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw, "run.toml")
+    lines = str(err.value).splitlines()
+    assert any(re.search(words, line) for line in lines), lines
+    assert any(line.startswith("  optim.lr:") for line in lines)  # collected, not first-only
+    with pytest.raises(ValueError, match=words.split(" .*")[0]):  # without the context too
+        TrainConfig.model_validate({**raw, "optim": {}})
+
+
+@pytest.mark.parametrize(
+    "family, frames, size", [("taehv", 8, 8), ("taeh3", 34, 32), ("taeltx_2", 16, 64), ("taecvx", 12, 24)]
+)
+def test_each_familys_own_lengths_and_crops_validate(family, frames, size):
+    from trainer.config import config_from_dict
+
+    cfg = config_from_dict(
+        {"model": {"family": family}, "data": {"frames": frames, "height": size, "width": size}}
+    )
+    assert (cfg.model.family, cfg.data.frames) == (family, frames)
