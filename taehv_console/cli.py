@@ -22,7 +22,7 @@ tests/core/test_lazy_imports.py):
   a host key handled or a connection made;
 - core/cluster/probe.py and core/watch/nvml.py: pynvml (a bare node may lack it, and they say so),
   and torch for the NCCL version;
-- core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, and the trainer's data,
+- core/cluster/bandwidth.py and nodecheck.py (node helpers): torch, PyAV, and the trainer's data,
   teacher and cache modules, only in the checks that use them;
 - core/watch/tbscalars.py: TensorBoard's reader, only when a logdir is followed;
 - commands/eval.py: the trainer's scoring (torch, PyAV) only once `eval` runs, so its `--help`

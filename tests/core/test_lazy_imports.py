@@ -30,6 +30,7 @@ LAZY: dict[tuple[str, str], str] = {
         "trainer.config",
     ): "pydantic models, only for the loader check",
     ("taehv_console/core/cluster/nodecheck.py", "trainer.data"): "torch and PyAV, only for the loader check",
+    ("taehv_console/core/cluster/nodecheck.py", "av"): "PyAV, only for the video scan",
     ("taehv_console/core/cluster/probe.py", "pynvml"): "a bare node may lack nvidia-ml-py: the probe says so",
     ("taehv_console/core/cluster/probe.py", "torch"): "the NCCL version, only where torch is installed",
     (

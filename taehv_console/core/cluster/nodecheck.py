@@ -163,21 +163,84 @@ def latent_cache(path: str) -> dict:
     }
 
 
-def loader(data_config: str, clips: int) -> dict:
+def loader(data_config: str, clips: int, scan_budget_s: float = 0.0) -> dict:
     """CPU-s per training clip on this node, measured on its own copy of the data with the run's
-    data settings (a JSON DataSection), exactly as the trainer's loader workers prepare clips."""
+    data settings (a JSON DataSection), exactly as the trainer's loader workers prepare clips. With
+    a scan budget, the videos are scanned first (scan_videos) and the answer holds it as `scan`:
+    one process, so the trainer's imports (torch) are paid once."""
     from trainer.bench_data import measure_loader
+    from trainer.config import DataSection
+    from trainer.data import DataSourceError, find_videos
+
+    scan = {"scan": scan_videos(data_config, scan_budget_s)} if scan_budget_s > 0 else {}
+    try:
+        data = DataSection.model_validate_json(data_config)
+        cost = measure_loader(find_videos(data.source, data.root), data, clips)
+    except DataSourceError as err:
+        return {"ok": False, "data_error": True, "error": str(err), **scan}
+    except ValueError as err:
+        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}", **scan}
+    return {"ok": True, **cost.to_dict(), **scan}
+
+
+SCAN_NAMED = 5  # unreadable videos named by path; the rest are counted
+
+
+def first_frame_problem(path: Path) -> str:
+    """Why `path` gives no first video frame ("" when it does): empty, not a container PyAV
+    opens, no video stream, or nothing decodes. Cheap: one open and one frame, never the whole
+    file, so a file damaged further in passes (the trainer skips it then, with a `data` event)."""
+    import av  # lazy: only the scan decodes, and a bare node's other checks need no PyAV
+
+    try:
+        if path.stat().st_size == 0:
+            return "empty file (0 bytes)"
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                return "no video stream"
+            for _frame in container.decode(video=0):
+                return ""
+            return "no frame decodes"
+    except (OSError, av.FFmpegError, ValueError, IndexError) as err:
+        why = getattr(err, "strerror", None) or str(err) or type(err).__name__  # strerror: without the path
+        return why.splitlines()[0][:200]
+
+
+def scan_videos(data_config: str, budget_s: float) -> dict:
+    """Every video of the data source opened once (first_frame_problem) until `budget_s` seconds
+    are spent: how many were scanned and readable, how many unreadable, the first few by path."""
     from trainer.config import DataSection
     from trainer.data import DataSourceError, find_videos
 
     try:
         data = DataSection.model_validate_json(data_config)
-        cost = measure_loader(find_videos(data.source, data.root), data, clips)
+        videos = find_videos(data.source, data.root)
     except DataSourceError as err:
-        return {"ok": False, "data_error": True, "error": str(err)}
+        return {"ok": False, "error": str(err)}
     except ValueError as err:
-        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}"}
-    return {"ok": True, **cost.to_dict()}
+        return {"ok": False, "error": f"bad data settings: {err}"}
+    t0 = time.monotonic()
+    readable, unreadable = 0, 0
+    named: list[dict[str, str]] = []
+    for path in videos:
+        if time.monotonic() - t0 > budget_s:
+            break
+        why = first_frame_problem(path)
+        if not why:
+            readable += 1
+            continue
+        unreadable += 1
+        if len(named) < SCAN_NAMED:
+            named.append({"path": str(path), "why": why})
+    return {
+        "ok": True,
+        "videos": len(videos),
+        "scanned": readable + unreadable,
+        "readable": readable,
+        "unreadable": unreadable,
+        "named": named,
+        "seconds": round(time.monotonic() - t0, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("loader")
     p.add_argument("--data-config", required=True, help="the run's [data] section as JSON")
     p.add_argument("--clips", type=int, default=3)
+    p.add_argument("--scan-budget", type=float, default=0.0, help="scan-videos first, for this long")
+    p = sub.add_parser("scan-videos")
+    p.add_argument("--data-config", required=True, help="the run's [data] section as JSON")
+    p.add_argument("--budget", type=float, default=20.0, help="seconds to spend opening videos")
     args = parser.parse_args(argv)
     if args.action == "listen":
         return listen(args.port, args.seconds)
@@ -221,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "port-free":
         out = port_free(args.port)
     elif args.action == "loader":
-        out = loader(args.data_config, args.clips)
+        out = loader(args.data_config, args.clips, args.scan_budget)
+    elif args.action == "scan-videos":
+        out = scan_videos(args.data_config, args.budget)
     else:
         out = connect(args.host, args.port, args.timeout)
     print(json.dumps(out))

@@ -50,6 +50,53 @@ def check_data(facts: Mapping[str, NodeFacts], data_source: str) -> list[Finding
     return out
 
 
+def check_videos(scans: Mapping[str, Mapping]) -> list[Finding]:
+    """Each node's scan of its videos (nodecheck `scan-videos`: each opened and its first frame
+    decoded, within a time budget): unreadable ones named, a warning while readable ones remain and
+    an error when none are; a scan the budget cut short says how far it got."""
+    out: list[Finding] = []
+    for host, s in scans.items():
+        if not s.get("ok"):
+            out.append(
+                Finding(
+                    "videos-not-scanned",
+                    W,
+                    f"{host}: the videos could not be scanned: {s.get('error') or 'no answer'}",
+                    "run `taehv-train bench-data DIR` on that node to see why",
+                    host,
+                )
+            )
+            continue
+        total, scanned, bad = int(s.get("videos", 0)), int(s.get("scanned", 0)), int(s.get("unreadable", 0))
+        named = [f"{v['path']} ({v['why']})" for v in s.get("named", ())]
+        if bad:
+            more = f" and {bad - len(named)} more" if bad > len(named) else ""
+            readable = int(s.get("readable", 0))
+            none_left = readable == 0 and scanned == total
+            out.append(
+                Finding(
+                    "videos-unreadable",
+                    E if none_left else W,
+                    f"{host}: {bad} of {scanned} video(s) scanned give no frame"
+                    + (": none is readable" if none_left else ", training skips them")
+                    + f": {'; '.join(named)}{more}",
+                    "replace or remove them (a re-encode: ffmpeg -i IN -c:v libx264 OUT.mp4)",
+                    host,
+                )
+            )
+        if scanned < total:
+            out.append(
+                Finding(
+                    "videos-scan-partial",
+                    I,
+                    f"{host}: scanned {scanned} of {total} videos within {s.get('seconds', 0)} s; "
+                    "the rest are checked as training reads them",
+                    node=host,
+                )
+            )
+    return out
+
+
 def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Finding]:
     """The teacher (or its latent cache) as each node answered nodecheck `teacher`/`latent-cache`:
     a dict, or the text of a failure to run it. A distilling run never starts without one."""

@@ -13,7 +13,7 @@ from taehv_console.core.cluster.bandwidth import measure_bandwidth
 from taehv_console.core.cluster.gather import node_path, probe_hosts
 from taehv_console.core.cluster.hosts import is_local_host
 from taehv_console.core.cluster.nodecall import helper_name, read_reply
-from taehv_console.core.cluster.preflight.data import check_data, check_loader, check_recipe
+from taehv_console.core.cluster.preflight.data import check_data, check_loader, check_recipe, check_videos
 from taehv_console.core.cluster.preflight.devices import (
     check_compile,
     check_gpu_homogeneity,
@@ -86,6 +86,7 @@ class PreflightOptions:
     port_check_timeout_s: float = 5.0
     loader_clips: int = 3  # clips each node prepares to measure its loader (0 = not measured)
     loader_timeout_s: float = 180.0
+    video_scan_s: float = 20.0  # seconds each node spends opening its videos (0 = no scan)
 
 
 def run_preflight(
@@ -287,8 +288,11 @@ def _run(
     findings += check_version_skew(facts, cfg.topology.device)
     findings += check_data(facts, data or "")
     if data and options.loader_clips > 0:
-        say("measuring the data loader on every node")
+        say("opening every video and measuring the data loader on every node")
         findings += _check_loader(pool, cfg, facts, data, options)
+    elif data and options.video_scan_s > 0:
+        say("opening every video on every node")
+        findings += _check_videos(pool, cfg, facts, data, options)
     findings += check_disk(facts, cfg)
     findings += check_clock_skew(probes)
     findings += check_nccl_env(facts, cfg.distributed.nccl_env, cfg.topology.device)
@@ -297,6 +301,24 @@ def _run(
     findings += check_notify(cfg.notify.command)
     findings += check_schedule(cfg.optim)
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
+
+
+def _check_videos(
+    pool: SshPool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str, options: PreflightOptions
+) -> list[Finding]:
+    hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
+    if not hosts:
+        return []
+    section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
+    answers = pool.call_all(
+        hosts,
+        NODECHECK,
+        ["scan-videos", "--data-config", section, "--budget", str(options.video_scan_s)],
+        timeout=options.video_scan_s + 60,  # the budget, plus the interpreter's start and the walk
+    )
+    return check_videos(
+        {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
+    )
 
 
 def _check_loader(
@@ -310,15 +332,18 @@ def _check_loader(
     answers = pool.call_all(
         hosts,
         NODECHECK,
-        ["loader", "--data-config", section, "--clips", str(options.loader_clips)],
-        timeout=options.loader_timeout_s,
+        ["loader", "--data-config", section, "--clips", str(options.loader_clips)]
+        + ["--scan-budget", str(options.video_scan_s)],
+        timeout=options.loader_timeout_s + options.video_scan_s,
     )
     measured = {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
+    scans = {h: scan for h, m in measured.items() if isinstance(scan := m.pop("scan", None), dict)}
+    findings = check_videos(scans) if options.video_scan_s > 0 else []
     targets = {}
     for h in hosts:
         gpus = facts[h].visible_gpus
         targets[h] = assumed_throughput(cfg, gpus[0].name if gpus else "")[0]
-    return check_loader(measured, cfg, targets, facts)
+    return findings + check_loader(measured, cfg, targets, facts)
 
 
 def _check_port(
