@@ -5,6 +5,7 @@ options are found from its real parser, so an option added later is checked too.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -48,6 +49,13 @@ def sample(dest: str) -> tuple[list[str], list[str], Any]:
         return [opt.flag, "7"], [opt.flag, "7"], 7
     if opt.type is float:
         return [opt.flag, "2.5"], [opt.flag, "2.5"], 2.5
+    if opt.type not in (None, str):  # a checked number (commands/options.py): a value it takes
+        for text in ("7", "2.5"):
+            try:
+                value = opt.type(text)
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                continue
+            return [opt.flag, text], [opt.flag, text], value
     if dest == "run":  # the commands take RUN as a positional argument, the top level as --run
         return ["--run", "some-run"], ["some-run"], "some-run"
     return [opt.flag, "/some/where"], [opt.flag, "/some/where"], "/some/where"
