@@ -224,7 +224,11 @@ class OptimSection(_Section):
 
 class LossSection(_Section):
     recon_weight: float = Field(1.0, ge=0)
-    teacher: str = Field("", description="a local diffusers AutoencoderKLHunyuanVideo directory ('' = none)")
+    teacher: str = Field(
+        "",
+        description="a local diffusers VAE directory of model.family's teacher class, read from its "
+        "config.json ('' = none)",
+    )
     teacher_subfolder: str = ""
     teacher_cache: str = Field(
         "",

@@ -332,7 +332,7 @@ def score(
     teacher_model = None
     if teacher:
         teacher_model = load_teacher(
-            teacher, latent_channels=model_cfg.latent_channels, where="--teacher"
+            teacher, latent_channels=model_cfg.latent_channels, where="--teacher", family=model_cfg.family
         ).to(dev)
     result = EvalResult(
         data, section, [], [], 0, [ModelScore(s, n) for s, n, _m in models], [], [], streaming, str(dev)
@@ -346,7 +346,7 @@ def score(
             result.clips.append(EvalClip(path, x[0].cpu() if keep else None))
             _score_clip(x, models, result, keep)
             if teacher_model is not None:
-                _score_teacher_latents(teacher_model, x, models, result)
+                _score_teacher_latents(teacher_model, x, models, result, model_cfg.family)
             progress(f"  {path.name}: " + "  ".join(f"{m.clips[-1].psnr:.2f} dB" for m in result.models))
     if not result.clips:
         reasons = "; ".join(f"{p}: {r}" for p, r in result.skipped[:3])
@@ -369,11 +369,15 @@ def _score_clip(
 
 
 def _score_teacher_latents(
-    teacher: Any, x: torch.Tensor, models: list[tuple[WeightsSource, str, TAEHV]], result: EvalResult
+    teacher: Any,
+    x: torch.Tensor,
+    models: list[tuple[WeightsSource, str, TAEHV]],
+    result: EvalResult,
+    family: str = "taehv",
 ) -> None:
     """TAEHV as the teacher's decoder: its decode of the teacher's latents against the teacher's own
     decode and against the input frames they stand for (the first T - 3)."""
-    latents = teacher_encode(teacher, x)
+    latents = teacher_encode(teacher, x, family)
     own = teacher.decode(latents.permute(0, 2, 1, 3, 4)).sample
     decoded = own.permute(0, 2, 1, 3, 4).float().add(1).div(2).clamp(0, 1)
     truth = x[:, : decoded.shape[1]]

@@ -46,8 +46,9 @@ from trainer.data import (
 )
 from trainer.errors import CacheError
 from trainer.events import atomic_write_text
+from trainer.families import DEFAULT_FAMILY
 from trainer.synthetic import parse_size
-from trainer.teacher import TeacherError, encode, load_teacher, teacher_identity
+from trainer.teacher import TeacherError, encode, load_teacher, student_latent_frames, teacher_identity
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
@@ -169,6 +170,12 @@ def open_cache(cache_dir: str | Path, cfg: TrainConfig) -> dict:
             f"its canvas is {spec['height']}x{spec['width']}, smaller than the training crop "
             f"data.height x data.width = {d.height}x{d.width}"
         )
+    family = manifest.get("family", DEFAULT_FAMILY)  # a cache from before families is taehv's
+    if family != cfg.model.family:
+        problems.append(
+            f"its latents are model.family = {family}'s (teacher {spec['teacher'].get('class')}), "
+            f"this run's family is {cfg.model.family}"
+        )
     if spec["latent_channels"] != cfg.model.latent_channels:
         problems.append(
             f"its latents have {spec['latent_channels']} channels, model.latent_channels is "
@@ -226,9 +233,10 @@ def _frame_count(path: Path) -> int:
 
 
 def encode_clip(
-    teacher: Any, path: Path, spec: CacheSpec, device: torch.device | str
+    teacher: Any, path: Path, spec: CacheSpec, device: torch.device | str, family: str = DEFAULT_FAMILY
 ) -> tuple[torch.Tensor, list[int]]:
-    """Latents [windows, T/4, C, H/8, W/8] of one clip and the windows' first frames."""
+    """Latents [windows, k, C, h, w] of one clip (k as the family's student gives) and the windows'
+    first frames."""
 
     starts = window_starts(_frame_count(path), spec)
     out = []
@@ -240,10 +248,15 @@ def encode_clip(
                 f"canvas {spec.height}x{spec.width} (sources are never upsampled)"
             )
         video = to_canvas(frames, spec.height, spec.width)[None].to(device).float().div_(255)
-        out.append(encode(teacher, video)[0].to("cpu", STORE_DTYPE))
+        out.append(encode(teacher, video, family)[0].to("cpu", STORE_DTYPE))
     if not out:
         return torch.zeros(
-            0, spec.frames // 4, spec.latent_channels, spec.height // 8, spec.width // 8, dtype=STORE_DTYPE
+            0,
+            student_latent_frames(family, spec.frames),
+            spec.latent_channels,
+            spec.height // 8,
+            spec.width // 8,
+            dtype=STORE_DTYPE,
         ), []
     return torch.stack(out), starts
 
@@ -286,7 +299,15 @@ def build_cache(
             "(--set loss.teacher=DIR)"
         )
     videos = find_videos(cfg.data.source, cfg.data.root)
-    teacher = load_teacher(cfg.loss.teacher, cfg.loss.teacher_subfolder, cfg.model.latent_channels)
+    rule = cfg.clip_rule
+    teacher = load_teacher(
+        cfg.loss.teacher,
+        cfg.loss.teacher_subfolder,
+        cfg.model.latent_channels,
+        family=cfg.model.family,
+        space_scale=rule.space_scale,
+        time_scale=rule.time_scale,
+    )
     dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     teacher = teacher.to(device, dtype)
     spec = CacheSpec(
@@ -312,7 +333,7 @@ def build_cache(
             kept += 1
             continue
         try:
-            latents, starts = encode_clip(teacher, videos[i], spec, device)
+            latents, starts = encode_clip(teacher, videos[i], spec, device, cfg.model.family)
         except (DataSourceError, OSError, ValueError) as err:
             # recorded as a clip without windows, so the manifest can still be complete and training
             # knows to leave it out rather than stopping at it
@@ -332,12 +353,17 @@ def build_cache(
             f"[cache-latents] rank {rank}: {encoded + kept}/{len(range(rank, len(videos), world))} "
             f"{videos[i].name}: {len(starts)} window(s), {time.time() - t0:.1f}s"
         )
-    done = _finish(cache_dir, spec, identities, digest, log)
+    done = _finish(cache_dir, spec, identities, digest, log, cfg.model.family)
     return {"encoded": encoded, "kept": kept, "manifest": done}
 
 
 def _finish(
-    cache_dir: Path, spec: CacheSpec, identities: list[dict], digest: str, log: Callable[[str], object]
+    cache_dir: Path,
+    spec: CacheSpec,
+    identities: list[dict],
+    digest: str,
+    log: Callable[[str], object],
+    family: str = DEFAULT_FAMILY,
 ) -> bool:
     """Write the manifest when every clip's latents are there (any rank may; the content is the same)."""
 
@@ -357,6 +383,8 @@ def _finish(
         "version": CACHE_VERSION,
         "spec": asdict(spec),
         "spec_digest": digest,
+        # beside the spec, not in it: a taehv cache written before families keeps its digest
+        "family": family,
         "created": time.time(),
         "clips": clips,
     }

@@ -38,7 +38,8 @@ class RecipeLoss:
         parts = {"recon_loss": recon.detach()}
         fake, cond = y, z
         if t_lat is None and learner.teacher is not None:
-            t_lat = encode(learner.teacher, x, learner.module.t_upscale).to(x.dtype)
+            family = self.cfg.model.family
+            t_lat = encode(learner.teacher, x, family, learner.module.t_upscale).to(x.dtype)
         if t_lat is not None:
             t_lat = t_lat.to(z.dtype)
             enc = F.mse_loss(z.float(), t_lat.float())

@@ -296,12 +296,20 @@ def _recipe_inputs(cfg: TrainConfig) -> tuple[torch.nn.Module | None, dict[str, 
         return None, open_cache(cfg.loss.teacher_cache, cfg)
     if not cfg.loss.teacher:
         return None, None
-    teacher = load_teacher(cfg.loss.teacher, cfg.loss.teacher_subfolder, cfg.model.latent_channels)
-    probe = probe_teacher(teacher, cfg.model.latent_channels)
+    rule, family = cfg.clip_rule, cfg.model.family
+    teacher = load_teacher(
+        cfg.loss.teacher,
+        cfg.loss.teacher_subfolder,
+        cfg.model.latent_channels,
+        family=family,
+        space_scale=rule.space_scale,
+        time_scale=rule.time_scale,
+    )
+    probe = probe_teacher(teacher, cfg.model.latent_channels, family, rule.time_scale, rule.space_scale)
     if not probe.ok:
         raise TeacherError(
             f"loss.teacher = {cfg.loss.teacher!r}: latents of shape {probe.latent_shape} for a "
-            f"test clip, the student needs {probe.expected} (T/4 x C x H/8 x W/8)"
+            f"test clip, the {family} student needs {probe.expected} (latents x C x h x w)"
         )
     return teacher, None
 

@@ -34,3 +34,21 @@ def save_tiny_teacher(directory: Path, latent_channels: int = 16, seed: int = 0)
 @pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
+
+
+def save_tiny_wan(directory: Path, z_dim: int = 16, seed: int = 0) -> Path:
+    """A small randomly initialised Wan VAE (diffusers AutoencoderKLWan, the taew2_1 teacher) saved
+    as a user would: 8x space, 4x time, z_dim latent channels."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 2, 2, 2], num_res_blocks=1).save_pretrained(
+        directory
+    )
+    return directory
+
+
+@pytest.fixture(scope="session")
+def wan_dir(tmp_path_factory) -> Path:
+    return save_tiny_wan(tmp_path_factory.mktemp("wan"))

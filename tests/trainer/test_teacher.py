@@ -33,6 +33,51 @@ def test_teacher_latents_align_with_taehv_latents(teacher_dir):
     assert y.shape[1] == 8 - model.frames_to_trim  # decoding teacher latents gives the aligned frames
 
 
+def test_each_familys_teacher_sees_the_frames_its_student_encodes():
+    """Which input frames the teacher encodes for a T-frame clip, per family: a 1 + 4k causal VAE the
+    first T - 3 (k latents, as the student's T = 4k), LTX's 1 + 8k the first T - 7, H3's chunked one
+    all T = 17n (it chunks and drops as the student does: 5n - 3 latents)."""
+    from trainer.families import teacher_frames
+    from trainer.teacher import student_latent_frames
+
+    assert [teacher_frames(f, 12) for f in ("taehv", "taew2_1", "taew2_2", "taehv1_5", "taecvx")] == [9] * 5
+    assert (teacher_frames("taeltx_2", 16), student_latent_frames("taeltx_2", 16)) == (9, 2)  # 1 + 8k
+    assert (teacher_frames("taeh3", 34), student_latent_frames("taeh3", 34)) == (34, 7)  # 5·2 - 3
+    assert (teacher_frames("custom", 16, time_scale=8), student_latent_frames("taew2_1", 12)) == (9, 3)
+
+
+def test_taew2_1_distils_from_the_wan_vae_and_a_teacher_of_another_family_says_which_fits(
+    wan_dir, teacher_dir
+):
+    """The class comes from config.json: a Wan VAE loads as AutoencoderKLWan, its latents of the first
+    T - 3 frames line up with taew2_1's; given to a run of another family it is an error naming taew2_1,
+    and HunyuanVideo's VAE given to taew2_1 names taehv."""
+    from trainer.model import TAEHV
+    from trainer.teacher import TeacherError, check_teacher, encode, load_teacher
+
+    teacher = load_teacher(wan_dir, family="taew2_1")
+    assert type(teacher).__name__ == "AutoencoderKLWan"
+    x = torch.rand(1, 12, 3, 32, 32)
+    with torch.no_grad():
+        assert (
+            encode(teacher, x, "taew2_1").shape
+            == TAEHV.for_family("taew2_1").encode(x).shape
+            == (1, 3, 16, 4, 4)
+        )
+    with pytest.raises(
+        TeacherError,
+        match=r"the teacher is AutoencoderKLWan with 16 latent.*family = taehv.*fits model.family = taew2_1",
+    ):
+        load_teacher(wan_dir, family="taehv")
+    with pytest.raises(
+        TeacherError, match="family = taew2_2 needs AutoencoderKLWan, 48 latent channels, 16x space"
+    ):
+        load_teacher(wan_dir, latent_channels=48, family="taew2_2")
+    answer = check_teacher(str(teacher_dir), family="taew2_1")
+    assert not answer["ok"] and "fits model.family = taehv" in answer["error"]
+    assert check_teacher(str(wan_dir), family="taew2_1")["identity"]["class"] == "AutoencoderKLWan"
+
+
 def test_distillation_run_reports_its_losses(teacher_dir, tmp_path, clip_dir):
     run = write_run(
         tmp_path / "run",
@@ -156,3 +201,21 @@ def test_adversarial_term_is_logged_checkpointed_and_resumed(teacher_dir, tmp_pa
     for s in starts:  # every rank starts again from the saved discriminator and its optimizer
         assert s["discriminator_digest"] == saved
         assert s["discriminator_steps"] == 3 * raw["optim"]["grad_accum"]
+
+
+def test_taew2_1_distils_from_a_wan_vae_on_2_ranks(wan_dir, tmp_path, clip_dir):
+    """The author's notebook's recipe: taew2_1 from the Wan 2.1 VAE (a small random one saved with
+    save_pretrained), online, on 2 DeepSpeed ranks; distill_loss is in every step event."""
+    raw = base_config(
+        clip_dir,
+        model={"family": "taew2_1"},
+        optim={"max_steps": 2},
+        loss={"teacher": str(wan_dir)},
+        schedule={"checkpoint_every": 100, "val_every": 100},
+    )
+    run = write_run(tmp_path / "run", raw)
+    _run_to_end(run, 2)
+    assert events(run, 0, "start")[0]["teacher"] == "online"
+    steps = events(run, 0, "step")
+    assert len(steps) == 2 and all(e["distill_loss"] > 0 for e in steps), steps
+    assert (run / "final" / "taew2_1.safetensors").is_file()
