@@ -25,6 +25,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import DeepSpeedPlugin
 from deepspeed import DeepSpeedEngine
 from deepspeed.comm import comm as ds_comm
+from deepspeed.runtime import compiler as ds_compiler
 
 from trainer.config import TrainConfig
 from trainer.ds_config import build_deepspeed_config, resolve_precision
@@ -119,9 +120,7 @@ def import_deepspeed_muon_lazily() -> bool:
     or DeepSpeed has no such module or decorator (another version): then nothing is changed."""
     if DEEPSPEED_MUON in sys.modules:
         return False
-    from deepspeed.runtime import compiler
-
-    eager_compile = getattr(compiler, "compile", None)
+    eager_compile = getattr(ds_compiler, "compile", None)
     if eager_compile is None:
         return False
 
@@ -139,13 +138,13 @@ def import_deepspeed_muon_lazily() -> bool:
 
         return decorate
 
-    compiler.compile = lazy_compile
+    ds_compiler.compile = lazy_compile
     try:
         importlib.import_module(DEEPSPEED_MUON)
     except ImportError:
         return False
     finally:
-        compiler.compile = eager_compile
+        ds_compiler.compile = eager_compile
     return True
 
 
