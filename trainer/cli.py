@@ -81,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from trainer.bench_data import default_target_clips_per_s, measure_loader, report_lines
-    from trainer.config import ConfigError, DataSection, load_config
+    from trainer.config import ConfigError, DataSection, TrainConfig, load_config
     from trainer.data import DataSourceError, find_videos
     from trainer.synthetic import parse_size
 
     try:
-        data = load_config(args.config).data if args.config else DataSection()
+        cfg = load_config(args.config) if args.config else TrainConfig()
+        data = cfg.data
     except ConfigError as err:
         parser.error(str(err))
     changes: dict = {"source": args.dir} if not args.config else {"source": args.dir, "root": data.root}
@@ -102,7 +103,10 @@ def _bench_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.crops_per_clip is not None:
         changes["crops_per_clip"] = args.crops_per_clip
     try:
-        data = DataSection.model_validate({**data.model_dump(), **changes})
+        # checked against the family's clip rule (model.family; taehv without --config), as a run is
+        data = DataSection.model_validate(
+            {**data.model_dump(), **changes}, context={"clip_rule": cfg.clip_rule}
+        )
     except ValueError as err:
         parser.error(f"bench-data settings: {err}")
     if args.clips < 1:
