@@ -19,7 +19,9 @@ from trainer.errors import EvalError
 from trainer.families import (
     DEFAULT_FAMILY,
     FAMILIES,
+    ClipRule,
     all_exported_files,
+    clip_rule,
     exported_files,
     families_with_shapes,
     family_from_name,
@@ -212,7 +214,11 @@ def _first_frame_size(paths: list[Path]) -> tuple[int, int] | None:
 
 
 def clip_section(
-    paths: list[Path], run_data: DataSection | None, frames: int | None, size: tuple[int, int] | None
+    paths: list[Path],
+    run_data: DataSection | None,
+    frames: int | None,
+    size: tuple[int, int] | None,
+    rule: ClipRule | None = None,
 ) -> DataSection:
     """How the clips are read: the run's data section (crop size, frame height, frame step) or,
     without a run, whole frames of the first video (rounded down to multiples of 8); --frames and
@@ -227,7 +233,8 @@ def clip_section(
     if size is not None:
         base["height"], base["width"] = size
     try:
-        return DataSection.model_validate(base)
+        # checked against the weights' family's clip rule (a clip it cannot encode exactly is refused)
+        return DataSection.model_validate(base, context={"clip_rule": rule or clip_rule(DEFAULT_FAMILY)})
     except ValidationError as err:
         raise EvalError(format_validation_error(err, "--frames/--size")) from None
 
@@ -325,7 +332,8 @@ def score(
             ) from None
         models.append((compare, f"the architecture of {primary.path.name}", b))
     paths = find_videos(data)
-    section = clip_section(paths, run_data, frames, size)
+    rule = clip_rule(model_cfg.family, model_cfg.encoder_time_downscale, model_cfg.patch_size)
+    section = clip_section(paths, run_data, frames, size, rule)
     progress(
         f"scoring {len(paths)} video(s): clips of {section.frames} frames at {section.height}x{section.width} on {dev}"
     )
