@@ -210,9 +210,21 @@ def run_state(run: Path) -> dict:
     return json.loads((run / "state.json").read_text())
 
 
-def tree_on(runner: Any, pgid: int, start_ticks: int | None = None) -> list[int]:
-    """Live pids of a launcher's tree on the runner's node, asked there (over SSH for a remote node)."""
+def tree_on(
+    runner: Any, pgid: int, start_ticks: int | None = None, node: dict | None = None, run_id: str = ""
+) -> list[int]:
+    """Live pids of a launcher's tree on the runner's node, asked there (over SSH for a remote node).
+    The node tool lists only a group it can prove the run's, so a recorded launcher is asked with
+    what state.json holds of it (`node`: the attempt's node entry, and the run's id): without it
+    every group reads as unproven and empty, and a check that nothing is left could not fail."""
     argv = [runner.python, "-m", "taehv_console.core.run.node", "pids", "--pgid", str(pgid)]
+    if node is not None:
+        start_ticks = node.get("start_ticks", start_ticks)
+        if node.get("boot_id"):
+            argv += ["--boot-id", node["boot_id"]]
+        argv += ["--node", str(node["index"])]
+    if run_id:
+        argv += ["--run-id", run_id]
     if start_ticks is not None:
         argv += ["--start-ticks", str(start_ticks)]
     res = runner.run(argv, timeout=60)

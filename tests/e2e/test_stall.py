@@ -123,7 +123,7 @@ def test_sigstopped_rank_is_named_by_headless_and_status_with_its_stack(tmp_path
         assert state["phase"] == "stopped" and state["stop"]["verified"], state["stop"]
         runner = LocalRunner("localhost")
         for n in state["attempts"][-1]["nodes"]:
-            assert tree_on(runner, n["pgid"]) == []
+            assert tree_on(runner, n["pgid"], node=n, run_id=state["run_id"]) == []
         for r in (0, 1):
             pid = _heartbeat(run, r)["pid"]
             assert (

@@ -77,7 +77,7 @@ def _nothing_left(pool: SshPool, run: Path, attempt: int = -1) -> dict[str, list
     left = {}
     for n in a["nodes"]:
         runner = pool.runner(n["host"])
-        left[n["host"]] = tree_on(runner, n["pgid"])
+        left[n["host"]] = tree_on(runner, n["pgid"], node=n, run_id=state["run_id"])
     for r in (0, 1):
         beat = run / "heartbeat" / f"rank-{r}.json"
         if beat.exists():
@@ -140,7 +140,7 @@ def lifecycle(sshd, tmp_path_factory):
         seen["attach_result"] = attach.result()
         seen["state_after_stop"] = run_state(run)
         seen["left_after_stop"] = _nothing_left(pool, run)
-        seen["sleeper_alive"] = tree_on(node1, sleeper.pgid) == [sleeper.pid]
+        seen["sleeper_alive"] = pid_alive_on(node1, sleeper.pid)
         node1.signal_group(sleeper.pgid, "KILL")
 
     from trainer import checkpoint as ckpt
