@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import sys
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -221,16 +220,7 @@ class RunnerBackend(LaunchBackend):
                 env={**fr_env, **c.env, node.RUN_ID_ENV: run.run_id},
                 timeout=self.timeout + 30,
             )
-            return NodeLauncher(
-                index=c.index,
-                host=c.host,
-                pid=p.pid,
-                pgid=p.pgid,
-                log=p.log,
-                started=time.time(),
-                start_ticks=p.start_ticks,
-                boot_id=p.boot_id,
-            )
+            return NodeLauncher.from_spawn(c.index, c.host, p)
 
         by_index = {c.index: c for c in commands}
         fr_env = flight_recorder_env_for(run)  # the command's own env wins
@@ -422,21 +412,7 @@ class SrunBackend(LaunchBackend):
             )
         except (SshError, OSError) as err:
             return Started((), {-1: _why(err)})
-        return Started(
-            (
-                NodeLauncher(
-                    index=-1,
-                    host="localhost",
-                    pid=p.pid,
-                    pgid=p.pgid,
-                    log=p.log,
-                    started=time.time(),
-                    start_ticks=p.start_ticks,
-                    boot_id=p.boot_id,
-                ),
-            ),
-            {},
-        )
+        return Started((NodeLauncher.from_spawn(-1, "localhost", p),), {})
 
     def _driver(self, attempt: Attempt) -> NodeLauncher | None:
         return next((n for n in attempt.nodes if n.index == -1), None)

@@ -14,11 +14,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from taehv_console.core.models import BackendKind
+
+if TYPE_CHECKING:
+    from taehv_console.core.cluster.ssh.calls import DetachedProcess
 
 STATE_VERSION = 1
 
@@ -57,6 +60,20 @@ class NodeLauncher:
     # (None / "": recorded before they were kept, or by a node helper too old to say)
     start_ticks: int | None = None
     boot_id: str = ""
+
+    @classmethod
+    def from_spawn(cls, index: int, host: str, p: DetachedProcess) -> NodeLauncher:
+        """The launcher a spawn just started, stamped now, with the identity the node read at spawn."""
+        return cls(
+            index=index,
+            host=host,
+            pid=p.pid,
+            pgid=p.pgid,
+            log=p.log,
+            started=time.time(),
+            start_ticks=p.start_ticks,
+            boot_id=p.boot_id,
+        )
 
 
 @dataclass(frozen=True)
