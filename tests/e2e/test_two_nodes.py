@@ -141,7 +141,7 @@ def lifecycle(sshd, tmp_path_factory):
         seen["state_after_stop"] = run_state(run)
         seen["left_after_stop"] = _nothing_left(pool, run)
         seen["sleeper_alive"] = pid_alive_on(node1, sleeper.pid)
-        node1.signal_group(sleeper.pgid, "KILL")
+        node1.signal_group(sleeper, "KILL")
 
     from trainer import checkpoint as ckpt
 

@@ -1,5 +1,6 @@
 """Start a process detached from the caller (own session, stdin from /dev/null, output to a log) and
-report its pid and process group; signal or list a process group. Run on a node as
+report its pid, process group and identity (start time, boot id); signal a group so started, its
+leader proven by that identity first; list a process group. Run on a node as
 `python -m taehv_console.core.cluster.spawn start|signal|pids ...`, each printing one JSON object.
 
 A dropped SSH channel does not stop a process started without a pty, and a process in its own
@@ -110,33 +111,53 @@ def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
     )
 
 
-def signal_group(pgid: int, sig: int | str) -> dict:
-    """Send a signal to a process group. {"pgid", "signal", "sent", "error"}."""
+def signal_group(pgid: int, sig: int | str, start_ticks: int | None, boot: str = "") -> dict:
+    """Send a signal to a process group started by `start_detached`, once its leader is proven the
+    one that was started: alive, with the start time (`start_ticks`) and boot id (`boot`, "" for
+    not recorded) read at spawn. Anything less fails closed, nothing sent: a pgid alone may by now
+    name someone else's group. {"pgid", "signal", "sent", "error"}."""
+    try:
+        signum = (
+            sig if isinstance(sig, int) else getattr(signal, sig if sig.startswith("SIG") else f"SIG{sig}")
+        )
+        name = signal.Signals(signum).name
+    except (AttributeError, ValueError):
+        return {"pgid": pgid, "signal": str(sig), "sent": False, "error": f"no signal {sig!r}"}
+
+    def refused(why: str) -> dict:
+        return {"pgid": pgid, "signal": name, "sent": False, "error": why}
+
     if pgid <= 1:
         # killpg(0) is our own group and killpg(1) init's: never what a caller meant.
-        return {"pgid": pgid, "signal": str(sig), "sent": False, "error": f"refusing to signal pgid {pgid}"}
-    signum = sig if isinstance(sig, int) else getattr(signal, sig if sig.startswith("SIG") else f"SIG{sig}")
-    if not group_pids(pgid):
+        return refused(f"refusing to signal pgid {pgid}")
+    if start_ticks is None:
+        return refused(f"refusing to signal pgid {pgid}: no start time of its leader to prove it")
+    here = boot_id()
+    if boot and here and boot != here:
+        return refused(f"pgid {pgid} was recorded on another boot (the node has restarted since)")
+    members = group_pids(pgid)
+    if not members:
         # Zombies still count for killpg (a container's init may never reap them), but nothing
         # is left that a signal could stop: report it as gone.
-        return {
-            "pgid": pgid,
-            "signal": signal.Signals(signum).name,
-            "sent": False,
-            "error": "no live process in the group",
-        }
+        return refused("no live process in the group")
+    leader = read_proc_one(pgid)
+    if leader is None or leader[3] == "Z" or leader[1] != pgid:
+        return refused(
+            f"refusing to signal pgid {pgid}: its leader is gone, so nothing proves pids {members[:5]} "
+            "are the group that was started"
+        )
+    if leader[4] != start_ticks:
+        return refused(
+            f"refusing to signal pgid {pgid}: pid {pgid} is another process (started at tick "
+            f"{leader[4]}, the recorded one at tick {start_ticks})"
+        )
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
-        return {
-            "pgid": pgid,
-            "signal": signal.Signals(signum).name,
-            "sent": False,
-            "error": "no such process group",
-        }
+        return refused("no such process group")
     except PermissionError as err:
-        return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": False, "error": str(err)}
-    return {"pgid": pgid, "signal": signal.Signals(signum).name, "sent": True, "error": ""}
+        return refused(str(err))
+    return {"pgid": pgid, "signal": name, "sent": True, "error": ""}
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
@@ -157,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cwd")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("command", nargs=argparse.REMAINDER)
-    p = sub.add_parser("signal", help="signal a process group")
+    p = sub.add_parser("signal", help="signal a process group it started, its leader proven first")
     p.add_argument("--pgid", type=int, required=True)
+    p.add_argument(
+        "--start-ticks", type=int, required=True, help="the leader's start time, as `start` reported it"
+    )
+    p.add_argument("--boot-id", default="", help="the node's boot id, as `start` reported it")
     p.add_argument("--signal", default="TERM")
     p = sub.add_parser("pids", help="list the live processes of a process group")
     p.add_argument("--pgid", type=int, required=True)
@@ -173,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
             return 127
     elif args.action == "signal":
-        out = signal_group(args.pgid, args.signal)
+        out = signal_group(args.pgid, args.signal, args.start_ticks, args.boot_id)
     else:
         out = {"pgid": args.pgid, "pids": group_pids(args.pgid)}
     print(json.dumps(out))

@@ -189,12 +189,12 @@ def test_detached_process_outlives_the_connection_and_stops_by_group(sshd, sshd_
         assert "started x" in log.read_text()
         members = runner.group_pids(proc.pgid)
         assert proc.pid in members and len(members) >= 2  # the shell and its sleep child
-        assert runner.signal_group(proc.pgid, "TERM")
+        assert runner.signal_group(proc, "TERM")
         deadline = time.monotonic() + 10
         while runner.group_pids(proc.pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert runner.group_pids(proc.pgid) == ()
-        assert not runner.signal_group(proc.pgid, "KILL")  # nothing left to signal
+        assert not runner.signal_group(proc, "KILL")  # nothing left to signal
 
 
 def test_pool_shares_one_connection_per_host_across_threads(sshd, sshd_hosts):
@@ -241,7 +241,7 @@ def test_local_runner_has_the_same_contract_without_ssh(tmp_path):
         runner.run(["sleep", "30"], timeout=0.5)
     proc = runner.start_detached(["sleep", "30"], log_path=str(tmp_path / "log"))
     assert proc.pgid == proc.pid and runner.group_pids(proc.pgid) == (proc.pid,)
-    assert runner.signal_group(proc.pgid, "KILL")
+    assert runner.signal_group(proc, "KILL")
     deadline = time.monotonic() + 10
     while runner.group_pids(proc.pgid) and time.monotonic() < deadline:
         time.sleep(0.05)

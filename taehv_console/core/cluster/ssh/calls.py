@@ -228,9 +228,15 @@ class HelperCalls:
             boot_id=str(out.get("boot_id") or ""),
         )
 
-    def signal_group(self, pgid: int, sig: str = "TERM", *, timeout: float | None = 30) -> bool:
-        """Signal a process group on the node; False when the group no longer exists."""
-        reply = self.call(SPAWN, ["signal", "--pgid", str(int(pgid)), "--signal", sig], timeout=timeout)
+    def signal_group(self, proc: DetachedProcess, sig: str = "TERM", *, timeout: float | None = 30) -> bool:
+        """Signal the process group of a process `start_detached` started on the node, once the node
+        has proven its leader is still that process (start time and boot id read at spawn); False
+        when the group is gone or cannot be proven (nothing is sent then)."""
+        if proc.start_ticks is None:
+            return False  # a node helper too old to say when it started: nothing to prove it by
+        args = ["signal", "--pgid", str(int(proc.pgid)), "--start-ticks", str(int(proc.start_ticks))]
+        args += ["--boot-id", proc.boot_id] if proc.boot_id else []
+        reply = self.call(SPAWN, [*args, "--signal", sig], timeout=timeout)
         return bool(reply.value().get("sent"))
 
     def group_pids(self, pgid: int, *, timeout: float | None = 30) -> tuple[int, ...]:
