@@ -139,6 +139,7 @@ class StepReporter:
                 self.cfg.topology.world_size,
                 self.peak_tflops,
                 teacher_decode=loss.distilling and loss.decoder_on_teacher_latents,
+                model=self.cfg.model,
             )
         rt.events.emit("step", **self.last)
         if self.tb is not None:
