@@ -24,12 +24,10 @@ from textual.worker import Worker, WorkerState
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.runs import find_live_run, list_run_entries
-from taehv_console.core.run.lock import RunBusyError
-from taehv_console.core.run.outcome import ControlError
-from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
-from taehv_console.core.run.state import StateError
+from taehv_console.core.run.rundir import resolve_run
 from taehv_console.ui.commands import ConsoleCommands
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
+from taehv_console.ui.errors import USER_ERRORS, error_text
 from taehv_console.ui.messages import (
     ClusterUpdated,
     ControlFailed,
@@ -259,8 +257,8 @@ class TaehvConsole(App):
         facts = {p.host: p.facts for p in self.wizard.probes if p.facts is not None}
         try:
             session = RunSession.launch(self.options, review, self.pool, facts)
-        except (ControlError, RunBusyError, OSError, ValueError) as err:
-            self.post_message(ControlFailed("launch", str(err)))
+        except USER_ERRORS as err:  # errors.py's one table: named in a dialog, the console goes on
+            self.post_message(ControlFailed("launch", error_text(err)))
             return
         self.post_message(RunAttached(session, "launched", session.describe()))
         self._watch_and_follow(session)
@@ -285,8 +283,8 @@ class TaehvConsole(App):
         try:
             run = resolve_run(path, self.options.runs)
             session, how = RunSession.attach(str(run.path), self.pool)
-        except (RunBusyError, RunNotFoundError, StateError, ControlError, OSError) as err:
-            self.post_message(ControlFailed("attach", str(err)))
+        except USER_ERRORS as err:  # a damaged state.json or run.toml, no such run, another console
+            self.post_message(ControlFailed("attach", error_text(err)))
             return
         if how == "live":
             self.post_message(RunAttached(session, "attached", session.describe()))
@@ -311,8 +309,8 @@ class TaehvConsole(App):
     def _resume(self, session: RunSession) -> None:
         try:
             point = session.resume()
-        except (ControlError, RunBusyError) as err:
-            self.post_message(ControlFailed("resume", str(err)))
+        except USER_ERRORS as err:
+            self.post_message(ControlFailed("resume", error_text(err)))
             return
         lines = (f"resumed from {point.path} (step {point.step})",) + tuple(
             f"not resuming from {s}" for s in point.skipped
@@ -415,14 +413,15 @@ class TaehvConsole(App):
         self.push_screen(MessageScreen(f"Could not {message.action}", message.message))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """Every worker's unexpected failure ends here, as a dialog naming what failed."""
-        if event.state is WorkerState.ERROR:
-            err = event.worker.error
-            self.push_screen(
-                MessageScreen(
-                    f"{event.worker.name or 'a background task'} failed", f"{type(err).__name__}: {err}"
-                )
-            )
+        """The app's own workers' failures that the worker did not catch (a screen's come through
+        ConsoleScreen: Worker.StateChanged does not bubble)."""
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            self.worker_failed(event.worker.name, event.worker.error)
+
+    def worker_failed(self, name: str | None, err: BaseException) -> None:
+        """A dialog naming what failed: a known error (errors.py's table) by its class and message,
+        anything else by the crash log that holds its traceback. The console goes on."""
+        self.push_screen(MessageScreen(f"{name or 'a background task'} failed", error_text(err)))
 
     async def on_unmount(self) -> None:
         session, self.session = self.session, None

@@ -12,12 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, ProgressBar, Static
 
 from taehv_console.commands.detect import gpu_summary as gpu_list
-from taehv_console.core.cluster.hosts import HostfileError, InvalidHostError
-from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshError
 from taehv_console.core.flow.detect import detect, hostfile_topology, probe_each, probe_paths
 from taehv_console.core.flow.trust import (
@@ -29,6 +26,7 @@ from taehv_console.core.flow.trust import (
 )
 from taehv_console.core.models import NodeFacts, ProbeResult, Topology
 from taehv_console.ui import formatting as f
+from taehv_console.ui.errors import USER_ERRORS
 from taehv_console.ui.messages import (
     DetectionFailed,
     DetectionFinished,
@@ -36,6 +34,7 @@ from taehv_console.ui.messages import (
     NodeProbed,
     TopologyDetected,
 )
+from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.dialogs import ConfirmScreen, MessageScreen
 from taehv_console.ui.screens.preflight import PreflightScreen
 from taehv_console.ui.widgets.steps import WizardSteps
@@ -116,7 +115,7 @@ def problems_text(probes: tuple[ProbeResult | None, ...]) -> Content:
     return Content("\n").join(lines)
 
 
-class DetectScreen(Screen):
+class DetectScreen(ConsoleScreen):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)
 
@@ -204,7 +203,7 @@ class DetectScreen(Screen):
             else:
                 found = detect(options)
                 topology, probes = found.topology, found.probes
-        except (TopologyError, InvalidHostError, HostfileError, OSError) as err:
+        except USER_ERRORS as err:  # errors.py's table: a bad hostfile, topology, host name
             self.post_message(DetectionFailed(str(err)))
             return
         self.post_message(DetectionFinished(topology, probes))

@@ -13,7 +13,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Log, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 from textual_plotext import PlotextPlot
@@ -21,6 +20,7 @@ from textual_plotext import PlotextPlot
 from taehv_console.core.watch.tail import Tailer
 from taehv_console.ui import formatting as f
 from taehv_console.ui.messages import LogChunk, LogRead
+from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.dialogs import MessageScreen
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class MetricPlot(PlotextPlot):
         self.refresh()
 
 
-class NodeScreen(Screen):
+class NodeScreen(ConsoleScreen):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)
 

@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.messages import NoteAdded, PreflightFinished
+from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.preset import PresetScreen
 from taehv_console.ui.widgets.steps import WizardSteps
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from taehv_console.ui.apptype import ConsoleApp
 
 
-class PreflightScreen(Screen):
+class PreflightScreen(ConsoleScreen):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)
 
@@ -72,7 +72,8 @@ class PreflightScreen(Screen):
         self.query_one("#verdict", Static).update("")
         self._run(bandwidth)
 
-    @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
+    # named: a preset that cannot be read fails here, and the app's dialog says "preflight failed"
+    @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, name="preflight")
     def _run(self, bandwidth: bool = False) -> None:
         # the planner's pydantic models (~0.5 s) load here, in the worker: the first frame never waits
         from taehv_console.core.flow.config import run_config

@@ -19,15 +19,15 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
 from taehv_console.core.flow.form import FORM_FIELDS, field_text, form_overrides, override_text
 from taehv_console.ui import formatting as f
+from taehv_console.ui.errors import USER_ERRORS, error_text
 from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
+from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
-from trainer.config import ConfigError
 
 if TYPE_CHECKING:
     from textual import getters
@@ -82,7 +82,7 @@ def choice_info(c: PresetChoice) -> Content:
     return Content("\n").join(lines)
 
 
-class PresetScreen(Screen):
+class PresetScreen(ConsoleScreen):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)
 
@@ -269,8 +269,8 @@ class PresetScreen(Screen):
         try:
             chosen = run_config(options, w.topology, w.probes, note=note)
             reviewed = review(options, w.topology, w.probes, w.preflight, chosen, self.app.pool, note)
-        except ConfigError as err:
-            self.post_message(NoteAdded(f"error: {err}"))
+        except USER_ERRORS as err:  # errors.py's table: a config, a platform, a data source
+            self.post_message(NoteAdded(f"error: {error_text(err)}"))
             return
         w.preset, w.overrides, w.chosen = preset, overrides, chosen
         self.post_message(ReviewReady(reviewed))

@@ -16,7 +16,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
@@ -29,6 +28,7 @@ from taehv_console.core.watch.samples import (
 )
 from taehv_console.ui.images import IMAGE_WIDGETS
 from taehv_console.ui.messages import SampleImagesRead, SamplesListed
+from taehv_console.ui.screens.base import ConsoleScreen
 
 if TYPE_CHECKING:
     from textual import getters
@@ -65,7 +65,7 @@ def empty_text(run_dir: str | None, val_every: int | None) -> Content:
     )
 
 
-class SamplesScreen(Screen):
+class SamplesScreen(ConsoleScreen):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)
 
