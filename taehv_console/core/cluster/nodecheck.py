@@ -167,20 +167,35 @@ def loader(data_config: str, clips: int, scan_budget_s: float = 0.0) -> dict:
     """CPU-s per training clip on this node, measured on its own copy of the data with the run's
     data settings (a JSON DataSection), exactly as the trainer's loader workers prepare clips. With
     a scan budget, the videos are scanned first (scan_videos) and the answer holds it as `scan`:
-    one process, so the trainer's imports (torch) are paid once."""
+    one process, so the trainer's imports (torch) are paid once. The measure then samples only
+    videos the scan did not find unreadable: the scan's `videos-unreadable` names each bad one once,
+    and the loader's `skipped` is left to what the scan could not see (a video that opens and still
+    gives no clip). When the scan finds no readable video at all, nothing is measured and the
+    answer says `none_readable` (the scan's error is the one finding)."""
     from trainer.bench_data import measure_loader
     from trainer.config import DataSection
     from trainer.data import DataSourceError, find_videos
 
-    scan = {"scan": scan_videos(data_config, scan_budget_s)} if scan_budget_s > 0 else {}
+    scan, unreadable = _scan_videos(data_config, scan_budget_s) if scan_budget_s > 0 else ({}, set())
+    with_scan = {"scan": scan} if scan else {}
     try:
         data = DataSection.model_validate_json(data_config)
-        cost = measure_loader(find_videos(data.source, data.root), data, clips)
+        videos = find_videos(data.source, data.root)
+        sample = [v for v in videos if str(v) not in unreadable]
+        if videos and not sample:
+            return {
+                "ok": False,
+                "data_error": True,
+                "none_readable": True,
+                "error": f"none of the {len(videos)} videos gives a frame",
+                **with_scan,
+            }
+        cost = measure_loader(sample, data, clips)
     except DataSourceError as err:
-        return {"ok": False, "data_error": True, "error": str(err), **scan}
+        return {"ok": False, "data_error": True, "error": str(err), **with_scan}
     except ValueError as err:
-        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}", **scan}
-    return {"ok": True, **cost.to_dict(), **scan}
+        return {"ok": False, "data_error": False, "error": f"bad data settings: {err}", **with_scan}
+    return {"ok": True, **cost.to_dict(), **with_scan}
 
 
 SCAN_NAMED = 5  # unreadable videos named by path; the rest are counted
@@ -209,6 +224,11 @@ def first_frame_problem(path: Path) -> str:
 def scan_videos(data_config: str, budget_s: float) -> dict:
     """Every video of the data source opened once (first_frame_problem) until `budget_s` seconds
     are spent: how many were scanned and readable, how many unreadable, the first few by path."""
+    return _scan_videos(data_config, budget_s)[0]
+
+
+def _scan_videos(data_config: str, budget_s: float) -> tuple[dict, set[str]]:
+    """scan_videos' answer, and every unreadable video's path (the answer names only the first few)."""
     from trainer.config import DataSection
     from trainer.data import DataSourceError, find_videos
 
@@ -216,11 +236,12 @@ def scan_videos(data_config: str, budget_s: float) -> dict:
         data = DataSection.model_validate_json(data_config)
         videos = find_videos(data.source, data.root)
     except DataSourceError as err:
-        return {"ok": False, "error": str(err)}
+        return {"ok": False, "error": str(err)}, set()
     except ValueError as err:
-        return {"ok": False, "error": f"bad data settings: {err}"}
+        return {"ok": False, "error": f"bad data settings: {err}"}, set()
     t0 = time.monotonic()
-    readable, unreadable = 0, 0
+    readable = 0
+    unreadable: set[str] = set()
     named: list[dict[str, str]] = []
     for path in videos:
         if time.monotonic() - t0 > budget_s:
@@ -229,18 +250,19 @@ def scan_videos(data_config: str, budget_s: float) -> dict:
         if not why:
             readable += 1
             continue
-        unreadable += 1
+        unreadable.add(str(path))
         if len(named) < SCAN_NAMED:
             named.append({"path": str(path), "why": why})
-    return {
+    answer = {
         "ok": True,
         "videos": len(videos),
-        "scanned": readable + unreadable,
+        "scanned": readable + len(unreadable),
         "readable": readable,
-        "unreadable": unreadable,
+        "unreadable": len(unreadable),
         "named": named,
         "seconds": round(time.monotonic() - t0, 2),
     }
+    return answer, unreadable
 
 
 def main(argv: list[str] | None = None) -> int:

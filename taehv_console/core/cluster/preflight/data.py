@@ -158,12 +158,15 @@ def check_loader(
     facts: Mapping[str, NodeFacts] | None = None,
 ) -> list[Finding]:
     """Each node's loader measurement (nodecheck `loader`: CPU-s per clip on its own videos) against
-    the planner's clips/s per GPU: data.num_workers workers, one core each, must keep up."""
+    the planner's clips/s per GPU: data.num_workers workers, one core each, must keep up. A video
+    the scan found unreadable is neither sampled nor named here (check_videos names it, once)."""
     out: list[Finding] = []
     workers = cfg.data.num_workers
     d = cfg.data
     clip = f"{d.frames}x{d.height}x{d.width}"
     for host, m in measured.items():
+        if m.get("none_readable"):
+            continue  # nothing to measure: the scan's videos-unreadable error names the videos
         if not m.get("ok"):
             why = m.get("error") or "no answer"
             if m.get("data_error"):
