@@ -52,3 +52,12 @@ def save_tiny_wan(directory: Path, z_dim: int = 16, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def wan_dir(tmp_path_factory) -> Path:
     return save_tiny_wan(tmp_path_factory.mktemp("wan"))
+
+
+@pytest.fixture(scope="session")
+def tiny_teachers(tmp_path_factory):
+    """family -> a directory holding a tiny random teacher of its diffusers class, saved on first use
+    (tests/trainer/teachers.py)."""
+    from tests.trainer.teachers import TinyTeachers
+
+    return TinyTeachers(tmp_path_factory.mktemp("teachers"))

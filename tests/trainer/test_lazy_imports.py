@@ -32,6 +32,8 @@ LAZY: dict[tuple[str, str], str] = {
     ("trainer/synthetic.py", "skimage.data"): "the `photos` extra, only for --photos clips",
     ("trainer/synthetic.py", "scipy.ndimage"): "scikit-image's dependency, only for --photos clips",
     ("trainer/teacher.py", "diffusers"): "the `teacher` extra (~2 s), only when a run distils online",
+    ("trainer/teacher_geometry.py", "diffusers"): "the config schema reads teachers' config.json without "
+    "torch; only a config.json that leaves out a key the geometry needs asks diffusers for its default",
 }
 
 

@@ -1,0 +1,185 @@
+"""Each family distils from its own teacher: a tiny random instance of the family's diffusers class
+(tests/trainer/teachers.py), loaded through the loader a run uses. No DeepSpeed run: the loader, the
+teacher's encode and decode, and the student's, called directly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from trainer.families import FAMILIES, get_family
+from trainer.model import TAEHV, reconstruction_target
+from trainer.teacher import (
+    TeacherError,
+    encode,
+    load_teacher,
+    teacher_decoded_frames,
+    teacher_input_frames,
+    teacher_pixels,
+)
+from trainer.teacher_geometry import auto_model, geometry_of
+
+# per family: a clip length with 3 latents' worth of time (H3: two 17-frame chunks, 7 latents), and
+# CogVideoX once more at an even latent count, where nothing is trimmed
+CLIPS = [(f, 34 if f == "taeh3" else 3 * FAMILIES[f].time_scale) for f in FAMILIES] + [("taecvx", 8)]
+
+
+@pytest.mark.parametrize(("family", "frames"), CLIPS, ids=[f"{f}-{t}f" for f, t in CLIPS])
+def test_each_family_encodes_with_its_own_teacher_as_its_student_does(tiny_teachers, family, frames):
+    """The class comes from config.json; the latents of a clip of the family's length are exactly the
+    student's (count, channels, cells); the student's decode of them is as long as the teacher's own
+    decode, and stands for the input frames [0, n) the loss compares (CogVideoX's even latent counts:
+    all T, which its teacher encodes whole)."""
+    fam = get_family(family)
+    directory = tiny_teachers(family)
+    geometry = geometry_of(directory)
+    assert family in geometry.families() and geometry.class_name == fam.teacher_class
+    teacher = load_teacher(directory, latent_channels=fam.latent_channels, family=family)
+    assert type(teacher).__name__ == fam.teacher_class
+
+    s = fam.space_scale
+    torch.manual_seed(0)
+    x = torch.rand(1, frames, 3, 2 * s, 2 * s)
+    student = TAEHV.for_family(family).eval()
+    with torch.no_grad():
+        lat = encode(teacher, x, family)
+        assert lat.shape == student.encode(x).shape
+        k = lat.shape[1]
+        assert lat.shape == (1, k, fam.latent_channels, 2, 2)
+        assert k == (5 * frames // 17 - 3 if fam.chunks else frames // fam.time_scale)
+        decoded = student.decode(lat)
+        own = teacher_decoded_frames(teacher, teacher.decode(lat.permute(0, 2, 1, 3, 4)).sample)
+    n = decoded.shape[1]
+    if fam.chunks:  # H3: the last 12 frames of the padded chunks, as the teacher's own decode
+        assert n == frames - 12 == own.shape[1]
+    elif fam.untrimmed_even_latents and k % 2 == 0:  # CogVideoX's 8m frames: pooled evenly, all kept
+        assert n == frames == teacher_input_frames(family, frames) == own.shape[1]
+    else:  # a causal 1 + t·k VAE: the teacher saw frames [0, T - (t - 1)) and decodes as many
+        assert n == frames - (fam.time_scale - 1) == teacher_input_frames(family, frames) == own.shape[1]
+    assert reconstruction_target(x, n).shape == decoded.shape
+    assert own.shape[2:] == x.shape[2:] and 0 <= float(own.min()) <= float(own.max()) <= 1
+
+
+def test_h3_takes_imagenet_pixels_and_chunks_the_clip_itself(tiny_teachers):
+    """diffusers' AutoencoderKLMiniMaxH3 pads to 17-frame chunks and drops the last 3 latents in its own
+    encode (so its teacher sees all T frames), and takes ImageNet-normalised pixels, not [-1, 1]."""
+    teacher = load_teacher(tiny_teachers("taeh3"), latent_channels=24, family="taeh3")
+    x = torch.rand(1, 17, 3, 32, 32)
+    pixels = teacher_pixels(teacher, x)
+    mean = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1, 1)
+    std = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1, 1)
+    assert torch.allclose(pixels, (x.permute(0, 2, 1, 3, 4) - mean) / std)
+    with torch.no_grad():
+        assert encode(teacher, x, "taeh3").shape[1] == 5 - 3
+
+
+# per class: config.json edits that change its latent channels, space or time compression
+DEVIANT = {
+    "taehv": {
+        "channels": {"latent_channels": 8},
+        "space": {"spatial_compression_ratio": 16},
+        "time": {"temporal_compression_ratio": 8},
+    },
+    "taew2_1": {
+        "channels": {"z_dim": 8},
+        "space": {"dim_mult": [1, 2, 2, 2, 2], "temperal_downsample": [False, True, True, False]},
+        "time": {"temperal_downsample": [False, False, True]},
+    },
+    "taew2_2": {
+        "channels": {"z_dim": 16},
+        "space": {"patch_size": 4},
+        "time": {"temperal_downsample": [True] * 3},
+    },
+    "taehv1_5": {
+        "channels": {"latent_channels": 16},
+        "space": {"spatial_compression_ratio": 32},
+        "time": {"temporal_compression_ratio": 8},
+    },
+    "taecvx": {
+        "channels": {"latent_channels": 8},
+        "space": {"block_out_channels": [8, 8, 16, 16, 16]},
+        "time": {"temporal_compression_ratio": 2},
+    },
+    "taeltx_2": {
+        "channels": {"latent_channels": 64},
+        "space": {"patch_size": 2},
+        "time": {"patch_size_t": 2},
+    },
+    "taeh3": {
+        "channels": {"latent_channels": 16},
+        "space": {"spatial_downsample_factors": [2, 2, 2, 2, 2, 1]},
+        "time": {"temporal_downsample_factors": [1, 2, 2, 2, 1, 1]},
+    },
+}
+# another family for each teacher, of other shapes or of another class
+OTHER = {
+    "taehv": "taew2_1",
+    "taew2_1": "taecvx",
+    "taew2_2": "taehv1_5",
+    "taehv1_5": "taeh3",
+    "taecvx": "taehv",
+    "taeltx_2": "taew2_2",
+    "taeh3": "taew2_2",
+}
+
+
+@pytest.mark.parametrize("family", list(DEVIANT))
+def test_a_teacher_of_another_shape_or_family_is_refused_naming_the_family_it_fits(
+    tiny_teachers, tmp_path, family
+):
+    """Before any weight is read: the family's own teacher given to another family names the family it
+    fits; a teacher of the same class whose latent channels, space or time compression differ from
+    the family's is refused naming what it is, and which family (or none) fits it."""
+    directory = tiny_teachers(family)
+    fam, other = get_family(family), get_family(OTHER[family])
+    with pytest.raises(TeacherError) as err:
+        load_teacher(directory, latent_channels=other.latent_channels, family=other.name)
+    text = str(err.value)
+    assert f"the teacher is {fam.teacher_class}" in text and f"model.family = {other.name} needs" in text
+    assert f"it fits model.family = {family}" in text, text
+
+    config = json.loads((directory / "config.json").read_text())
+    for what, edits in DEVIANT[family].items():
+        bent = tmp_path / what
+        bent.mkdir()
+        (bent / "config.json").write_text(json.dumps({**config, **edits}))
+        for weights in directory.glob("*.safetensors"):
+            shutil.copy(weights, bent / weights.name)  # refused on config.json alone, before loading
+        with pytest.raises(TeacherError) as err:
+            load_teacher(bent, latent_channels=fam.latent_channels, family=family)
+        text = str(err.value)
+        assert f"the teacher is {fam.teacher_class}" in text and f"model.family = {family} needs" in text
+        assert "fits" in text, text
+        geometry = geometry_of(bent)
+        assert geometry.families() != [family] and family not in geometry.families()
+        shown = {
+            "channels": geometry.latent_channels,
+            "space": geometry.space_scale,
+            "time": geometry.time_scale,
+        }
+        own = {"channels": fam.latent_channels, "space": fam.space_scale, "time": fam.time_scale}
+        assert shown[what] != own[what] and all(shown[k] == own[k] for k in own if k != what)
+
+
+def test_auto_derives_the_student_from_the_teacher(tiny_teachers, tmp_path):
+    """A published family's teacher gives that family; a video VAE of 8·p space and 4x or 8x time that
+    no family has gives `custom` shapes; anything else is refused with why."""
+    assert auto_model(geometry_of(tiny_teachers("taew2_2")))["family"] == "taew2_2"
+    assert auto_model(geometry_of(tiny_teachers("taeltx2_3")))["family"] == "taeltx_2"
+    config = json.loads((tiny_teachers("taew2_1") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "z_dim": 12, "temperal_downsample": [True] * 3})
+    )
+    assert auto_model(geometry_of(tmp_path)) == {
+        "family": "custom",
+        "latent_channels": 12,
+        "patch_size": 1,
+        "encoder_time_downscale": (True, True, True),
+        "decoder_time_upscale": (True, True, True),
+    }
+    (tmp_path / "config.json").write_text(json.dumps({**config, "temperal_downsample": [False, False, True]}))
+    with pytest.raises(TeacherError, match=r"model.family = auto: .* 2x time is neither 4x nor 8x"):
+        auto_model(geometry_of(tmp_path))
