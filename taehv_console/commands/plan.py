@@ -28,6 +28,7 @@ from taehv_console.core.plan.planner import (
     compare_plans,
     format_duration,
     make_plan,
+    model_summary,
     parse_bandwidth,
     plan_to_dict,
     teacher_lines,
@@ -322,7 +323,12 @@ def _print_plan(resolved: ResolvedConfig, plan: Plan, row: ComparisonRow) -> Non
         console.print(table)
 
     comm = plan.comm
+    ms = model_summary(c)
     lines = [
+        (
+            f"model         {ms['family']} ({ms['serves']}): {ms['parameters'] / 1e6:.2f}M parameters, "
+            f"{ms['tflop_per_clip_step']:.3g} TFLOP per {'x'.join(map(str, ms['clip']))} clip-step"
+        ),
         f"topology      {t.nodes} node(s) x {t.gpus_per_node} = {t.world_size} {'GPUs' if t.device == 'cuda' else 'CPU processes'}",
         (
             f"batch         {c.optim.batch_per_gpu} per GPU x {c.optim.grad_accum} accumulation x {t.world_size}"

@@ -89,6 +89,8 @@ from taehv_console.core.plan.zero import ZeroSizing, deepspeed_lines, size_zero,
 from taehv_console.core.values import InputError
 from trainer.config import TrainConfig
 from trainer.ds_config import resolve_precision, zero1_runs_bf16_optimizer
+from trainer.families import FAMILIES
+from trainer.flops import flop_per_clip_step
 
 __all__ = [
     "CACHE_BUILD_WINDOWS",
@@ -147,6 +149,7 @@ __all__ = [
     "loss_per_failure_s",
     "make_plan",
     "model_state_bytes",
+    "model_summary",
     "parse_bandwidth",
     "plan_to_dict",
     "ring_factor",
@@ -246,8 +249,10 @@ def make_plan(
         step_s = teacher.online_step_s if teacher.mode == "online" else teacher.cached_step_s
         compute_s = step_s - comm_s
         assumptions.append(
-            f"teacher VAE {teacher.mode}: its encode ({TEACHER_ENCODE_TFLOP:g} TFLOP per 12x480x720 clip) is "
-            f"{teacher.encode_ratio:.1f}x the student's {STUDENT_STEP_TFLOP:g} TFLOP step, at the student's rate"
+            f"teacher VAE {teacher.mode} ({teacher.family}'s, {teacher.teacher_class}): its encode "
+            f"({teacher.encode_tflop:.3g} TFLOP per clip) is {teacher.encode_ratio:.1f}x the student's "
+            f"{teacher.student_step_tflop:.3g} TFLOP step, at the student's rate"
+            + (f" ({teacher.note})" if teacher.note else "")
             + (
                 f"; the decoder's pass on teacher latents adds {teacher.decoder_ratio:.2f}x"
                 if teacher.decoder_ratio
@@ -278,6 +283,20 @@ def make_plan(
         checkpoint=estimate_checkpointing(cfg, step_s, failures_per_gpu_hour),
         deepspeed=deepspeed_lines(cfg, bps, link),
     )
+
+
+def model_summary(cfg: TrainConfig) -> dict[str, Any]:
+    """The model a plan's figures are of: its family (and the video model it serves), parameters and
+    FLOPs per clip-step at the config's clip (trainer/flops.py, the count the trainer's MFU uses)."""
+    m, d = cfg.model, cfg.data
+    fam = FAMILIES.get(m.family)
+    return {
+        "family": m.family,
+        "serves": fam.serves if fam is not None else "custom shapes",
+        "parameters": parameter_count(m).total,
+        "clip": [d.frames, d.height, d.width],
+        "tflop_per_clip_step": flop_per_clip_step(d.frames, d.height, d.width, model=m) / 1e12,
+    }
 
 
 @dataclass(frozen=True)
@@ -318,6 +337,7 @@ def plan_to_dict(plan: Plan, row: ComparisonRow | None = None) -> dict:
             "effective": c.effective_batch,
         },
         "zero_stage": c.deepspeed.zero_stage,
+        "model": model_summary(c),
         "collective_timeout": {"seconds": c.distributed.collective_timeout_s, "why": plan.collective_timeout},
         "communication": {
             "bytes_per_step": plan.comm.bytes_per_step,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.config import TrainConfig
+from trainer.families import DEFAULT_FAMILY
+from trainer.flops import flop_per_clip_step
 
 # GPU models each preset family is tuned for (by name fragment, as NVML reports it)
 GPU_FAMILIES = {
@@ -23,8 +25,11 @@ def gpu_family(gpu_name: str) -> str | None:
     return None
 
 
-# Throughput per GPU at the reference clip (12 x 480 x 720), scaled by pixel-frames for other
-# clip sizes (the cost of every layer is linear in frames x height x width).
+# Throughput per GPU of taehv at the reference clip (12 x 480 x 720), scaled for another family or
+# clip size by FLOPs per clip-step (trainer/flops.py: the family's own layers at that clip; about
+# linear in frames x height x width, a patch-2 family a quarter of taehv's, patch 4 a sixteenth).
+# Only taehv was measured: another family is assumed to run at taehv's share of the peak (an
+# estimate; its smaller tensors may use the GPU less well).
 REFERENCE_CLIP = (12, 480, 720)
 # H100, measured with this trainer (docs/performance.md: one H100 SXM, batch 8, bf16): the trainer
 # (accelerate + DeepSpeed ZeRO-2 on one rank, loader, jitter, heartbeats) compiled in channels_last
@@ -81,12 +86,19 @@ def assumed_throughput(cfg: TrainConfig, gpu: str = "") -> tuple[float, str]:
             )
         else:
             origin += f"; the public project's trainer: {PUBLIC_H100_CLIPS_PER_S:g}"
-    f, h, w = REFERENCE_CLIP
-    d = cfg.data
-    clips = ref * (f * h * w) / (d.frames * d.height * d.width)
+    d, m = cfg.data, cfg.model
+    reference = flop_per_clip_step(*REFERENCE_CLIP, model=DEFAULT_FAMILY)
+    own = flop_per_clip_step(d.frames, d.height, d.width, model=m)
+    clips = ref * reference / own
     if cfg.model.activation_checkpointing:
         clips /= 1.3  # one extra forward of each checkpointed stage: ~30% more compute
-    why = f"{family} {ref:g} clips/s at 12x480x720 ({origin}), scaled to {d.frames}x{d.height}x{d.width}"
+    why = (
+        f"{family} {ref:g} clips/s for {DEFAULT_FAMILY} at 12x480x720 ({origin}), scaled by FLOPs per "
+        f"clip-step to {m.family} at {d.frames}x{d.height}x{d.width} ({own / 1e12:.3g} TFLOP vs "
+        f"{reference / 1e12:.3g})"
+    )
+    if m.family != DEFAULT_FAMILY:
+        why += f" (an estimate: {m.family} assumed to run at {DEFAULT_FAMILY}'s share of the peak)"
     if cfg.topology.device == "cuda" and gpu_family(gpu) is None:
         why += f" (GPU {gpu or 'unknown'}: H100 assumed)"
     if cfg.model.activation_checkpointing:
