@@ -4,12 +4,13 @@ training then reads latents from here and never loads the teacher.
 Layout of a cache directory:
   manifest.json          what the latents belong to: every clip's path, size and mtime, the frame
                          window and canvas, the teacher's identity; written last, atomically
-  clips/<key>.safetensors  one clip's latents [windows, T/4, C, H/8, W/8] (fp16), its frame
+  clips/<key>.safetensors  one clip's latents [windows, k, C, H/(8p), W/(8p)] (fp16), its frame
                          starts, and (in the header) the clip identity it was made from
 
 How crops line up: each clip is centre-cropped to the canvas aspect ratio and resized to the canvas
 (uint8, antialiased), then cut into fixed windows of `frames` frames at frame step `step`. Training
-takes a window and a spatial crop whose offsets are multiples of 8 pixels (one latent cell), and
+takes a window and a spatial crop whose offsets are multiples of the family's 8·p pixels (one latent
+cell: 8 for taehv, 16 for the patch-2 families, 32 for LTX), and
 the matching slice of the latents. What that costs in fidelity, against the online teacher: no
 random resize, frame step, flip or colour jitter for the encoder target (the latents are of the
 unaugmented canvas), a fixed set of windows per clip, and a cropped latent that saw context beyond
@@ -53,7 +54,9 @@ from trainer.teacher import TeacherError, encode, load_teacher, student_latent_f
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
 CLIPS = "clips"
-LATENT_CELL = 8  # pixels per latent cell: crop offsets move in whole cells
+# pixels per latent cell of a cache written before families (taehv's): a family's cell is its 8·p
+# (clip_rule(...).space_scale, recorded in the manifest), and crop offsets move in whole cells
+LATENT_CELL = 8
 STORE_DTYPE = torch.float16  # half the disk of fp32; raw HunyuanVideo latents are O(1-10)
 
 
@@ -181,6 +184,12 @@ def open_cache(cache_dir: str | Path, cfg: TrainConfig) -> dict:
             f"its latents have {spec['latent_channels']} channels, model.latent_channels is "
             f"{cfg.model.latent_channels}"
         )
+    cell = manifest.get("latent_cell", LATENT_CELL)
+    if cell != cfg.clip_rule.space_scale:
+        problems.append(
+            f"its latents are one per {cell}x{cell} pixels, this run's student has one per "
+            f"{cfg.clip_rule.space_scale}x{cfg.clip_rule.space_scale}"
+        )
     if problems:
         raise CacheError(f"latent cache {cache_dir} does not fit this run: " + "; ".join(problems) + rebuild)
     try:
@@ -233,10 +242,16 @@ def _frame_count(path: Path) -> int:
 
 
 def encode_clip(
-    teacher: Any, path: Path, spec: CacheSpec, device: torch.device | str, family: str = DEFAULT_FAMILY
+    teacher: Any,
+    path: Path,
+    spec: CacheSpec,
+    device: torch.device | str,
+    family: str = DEFAULT_FAMILY,
+    cell: int = LATENT_CELL,
+    time_scale: int = 4,
 ) -> tuple[torch.Tensor, list[int]]:
-    """Latents [windows, k, C, h, w] of one clip (k as the family's student gives) and the windows'
-    first frames."""
+    """Latents [windows, k, C, h / cell, w / cell] of one clip (k as the family's student gives) and
+    the windows' first frames. cell, time_scale: the family's 8·p and time scale (a `custom` student's)."""
 
     starts = window_starts(_frame_count(path), spec)
     out = []
@@ -248,17 +263,22 @@ def encode_clip(
                 f"canvas {spec.height}x{spec.width} (sources are never upsampled)"
             )
         video = to_canvas(frames, spec.height, spec.width)[None].to(device).float().div_(255)
-        out.append(encode(teacher, video, family)[0].to("cpu", STORE_DTYPE))
+        out.append(encode(teacher, video, family, time_scale)[0].to("cpu", STORE_DTYPE))
     if not out:
-        return torch.zeros(
-            0,
-            student_latent_frames(family, spec.frames),
-            spec.latent_channels,
-            spec.height // 8,
-            spec.width // 8,
-            dtype=STORE_DTYPE,
-        ), []
+        return _no_windows(spec, family, cell, time_scale), []
     return torch.stack(out), starts
+
+
+def _no_windows(spec: CacheSpec, family: str, cell: int, time_scale: int) -> torch.Tensor:
+    """The latents of a clip with no window: none, of the shape its windows would have."""
+    return torch.zeros(
+        0,
+        student_latent_frames(family, spec.frames, time_scale),
+        spec.latent_channels,
+        spec.height // cell,
+        spec.width // cell,
+        dtype=STORE_DTYPE,
+    )
 
 
 def _write_entry(
@@ -319,9 +339,11 @@ def build_cache(
         latent_channels=cfg.model.latent_channels,
         teacher=teacher_identity(cfg.loss.teacher, cfg.loss.teacher_subfolder),
     )
-    if spec.height % LATENT_CELL or spec.width % LATENT_CELL:
+    cell = rule.space_scale  # 8·p: a crop offset that is not a whole cell has no slice of latents
+    if spec.height % cell or spec.width % cell:
         raise CacheError(
-            f"cache canvas {spec.height}x{spec.width}: both sides must be multiples of {LATENT_CELL}"
+            f"cache canvas {spec.height}x{spec.width}: both sides must be multiples of {cell} "
+            f"(model.family = {cfg.model.family}'s latent cell, 8 x patch {cell // 8})"
         )
     digest = spec.digest()
     identities = [clip_identity(p) for p in videos]
@@ -333,27 +355,22 @@ def build_cache(
             kept += 1
             continue
         try:
-            latents, starts = encode_clip(teacher, videos[i], spec, device, cfg.model.family)
+            latents, starts = encode_clip(
+                teacher, videos[i], spec, device, cfg.model.family, cell, rule.time_scale
+            )
         except (DataSourceError, OSError, ValueError) as err:
             # recorded as a clip without windows, so the manifest can still be complete and training
             # knows to leave it out rather than stopping at it
             log(f"[cache-latents] rank {rank}: {videos[i]}: no windows ({err})")
             starts = []
-            latents = torch.zeros(
-                0,
-                spec.frames // 4,
-                spec.latent_channels,
-                spec.height // 8,
-                spec.width // 8,
-                dtype=STORE_DTYPE,
-            )
+            latents = _no_windows(spec, cfg.model.family, cell, rule.time_scale)
         _write_entry(target, latents, starts, identities[i], digest)
         encoded += 1
         log(
             f"[cache-latents] rank {rank}: {encoded + kept}/{len(range(rank, len(videos), world))} "
             f"{videos[i].name}: {len(starts)} window(s), {time.time() - t0:.1f}s"
         )
-    done = _finish(cache_dir, spec, identities, digest, log, cfg.model.family)
+    done = _finish(cache_dir, spec, identities, digest, log, cfg.model.family, cell)
     return {"encoded": encoded, "kept": kept, "manifest": done}
 
 
@@ -364,6 +381,7 @@ def _finish(
     digest: str,
     log: Callable[[str], object],
     family: str = DEFAULT_FAMILY,
+    cell: int = LATENT_CELL,
 ) -> bool:
     """Write the manifest when every clip's latents are there (any rank may; the content is the same)."""
 
@@ -385,6 +403,7 @@ def _finish(
         "spec_digest": digest,
         # beside the spec, not in it: a taehv cache written before families keeps its digest
         "family": family,
+        "latent_cell": cell,  # pixels per latent a side: crops move in whole cells
         "created": time.time(),
         "clips": clips,
     }
@@ -401,7 +420,7 @@ def _finish(
 
 class CachedLatentDataset(Dataset):
     """Training items from a cache: a window of a clip at a random latent-aligned crop of
-    data.height x data.width, uint8 video [T, 3, h, w] and its float latents [T/4, C, h/8, w/8].
+    data.height x data.width, uint8 video [T, 3, h, w] and its float latents [k, C, h/(8p), w/(8p)].
     Items are (index, sample_seed) as for trainer.data's datasets, so resume continues the order."""
 
     def __init__(
@@ -409,6 +428,7 @@ class CachedLatentDataset(Dataset):
     ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.spec = manifest["spec"]
+        self.cell = int(manifest.get("latent_cell", LATENT_CELL))  # a cache from before families: taehv's
         self.cfg = data_cfg
         wanted = {str(p) for p in paths}
         self.clips = [c for c in manifest["clips"] if c["path"] in wanted and c["windows"] > 0]
@@ -428,7 +448,7 @@ class CachedLatentDataset(Dataset):
         clip = self.clips[index]
         rng = np.random.default_rng([seed, 2])
         window = int(rng.integers(0, clip["windows"]))
-        cell = LATENT_CELL
+        cell = self.cell
         top = int(rng.integers(0, (self.spec["height"] - self.cfg.height) // cell + 1)) * cell
         left = int(rng.integers(0, (self.spec["width"] - self.cfg.width) // cell + 1)) * cell
         with safe_open(str(self.cache_dir / clip["file"]), "pt") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +184,53 @@ def test_auto_derives_the_student_from_the_teacher(tiny_teachers, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "temperal_downsample": [False, False, True]}))
     with pytest.raises(TeacherError, match=r"model.family = auto: .* 2x time is neither 4x nor 8x"):
         auto_model(geometry_of(tmp_path))
+
+
+def test_the_latent_cache_of_a_patch_2_family_crops_on_its_16_pixel_cell(tiny_teachers, tmp_path):
+    """cache-latents with Wan 2.2's teacher (taew2_2, 8·p = 16): the canvas must be whole 16-pixel
+    cells, the manifest records the cell, and a training crop moves in whole cells, so its latents are
+    exactly the slice of the canvas's."""
+    from tests.trainer.runs import base_config
+    from trainer.config import config_from_dict
+    from trainer.data import find_videos, read_frames
+    from trainer.latent_cache import CacheError, CachedLatentDataset, build_cache, open_cache, to_canvas
+    from trainer.synthetic import make_synthetic
+
+    clips = tmp_path / "clips"
+    make_synthetic(clips, clips=2, frames=8, height=48, width=64, seed=5)
+    teacher, cache = tiny_teachers("taew2_2"), tmp_path / "cache"
+    cfg = config_from_dict(
+        base_config(
+            clips,
+            model={"family": "taew2_2"},
+            loss={"teacher": str(teacher), "teacher_cache": str(cache)},
+        )
+    )
+    with pytest.raises(
+        CacheError, match=r"40x40: both sides must be multiples of 16 \(model.family = taew2_2"
+    ):
+        build_cache(cfg, cache, height=40, width=40, log=lambda _m: None)
+    assert build_cache(cfg, cache, height=48, width=48, max_windows=1, log=lambda _m: None)["manifest"]
+    manifest = open_cache(cache, cfg)
+    assert manifest["latent_cell"] == 16 and manifest["family"] == "taew2_2"
+
+    ds = CachedLatentDataset(cache, manifest, find_videos(str(clips)), cfg.data)
+    canvas = to_canvas(read_frames(Path(ds.clips[0]["path"]), list(range(8))), 48, 48)
+    lat = encode(
+        load_teacher(teacher, latent_channels=48, family="taew2_2"), canvas[None].float() / 255, "taew2_2"
+    )
+    offsets = set()
+    for seed in range(12):
+        item = ds[(0, seed)]
+        assert item["latents"].shape == (2, 48, 2, 2)
+        (t, l), *_ = [
+            (t, l)
+            for t in range(0, 17)
+            for l in range(0, 17)
+            if torch.equal(canvas[:, :, t : t + 32, l : l + 32], item["video"])
+        ]
+        assert t % 16 == 0 and l % 16 == 0, (t, l)
+        offsets.add((t, l))
+        expect = lat[0, :, :, t // 16 : t // 16 + 2, l // 16 : l // 16 + 2]
+        torch.testing.assert_close(item["latents"], expect.half().float())
+    assert len(offsets) > 1  # crops at more than one cell
