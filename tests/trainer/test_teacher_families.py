@@ -193,7 +193,7 @@ def test_the_latent_cache_of_a_patch_2_family_crops_on_its_16_pixel_cell(tiny_te
     from tests.trainer.runs import base_config
     from trainer.config import config_from_dict
     from trainer.data import find_videos, read_frames
-    from trainer.latent_cache import CacheError, CachedLatentDataset, build_cache, open_cache, to_canvas
+    from trainer.latent_cache import CachedLatentDataset, CacheError, build_cache, open_cache, to_canvas
     from trainer.synthetic import make_synthetic
 
     clips = tmp_path / "clips"
@@ -225,8 +225,8 @@ def test_the_latent_cache_of_a_patch_2_family_crops_on_its_16_pixel_cell(tiny_te
         assert item["latents"].shape == (2, 48, 2, 2)
         (t, l), *_ = [
             (t, l)
-            for t in range(0, 17)
-            for l in range(0, 17)
+            for t in range(17)
+            for l in range(17)
             if torch.equal(canvas[:, :, t : t + 32, l : l + 32], item["video"])
         ]
         assert t % 16 == 0 and l % 16 == 0, (t, l)
