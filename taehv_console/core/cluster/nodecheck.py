@@ -140,11 +140,20 @@ def connect(host: str, port: int, timeout: float) -> dict:
     return {"ok": True, "seconds": round(time.monotonic() - t0, 3)}
 
 
-def teacher(path: str, subfolder: str, channels: int) -> dict:
-    """Load the teacher and encode a tiny clip on this node (torch and diffusers only here, on demand)."""
+def teacher(
+    path: str,
+    subfolder: str,
+    channels: int,
+    family: str | None = None,
+    space_scale: int | None = None,
+    time_scale: int | None = None,
+) -> dict:
+    """Load the teacher and encode a tiny clip on this node (torch and diffusers only here, on demand),
+    checking it against the run's family: its class, latent channels and compression (a `custom`
+    student's space and time scales)."""
     from trainer.teacher import check_teacher
 
-    return check_teacher(path, subfolder, channels)
+    return check_teacher(path, subfolder, channels, family, space_scale, time_scale)
 
 
 def latent_cache(path: str) -> dict:
@@ -285,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path")
     p.add_argument("--subfolder", default="")
     p.add_argument("--channels", type=int, default=16)
+    p.add_argument("--family", default=None, help="the run's model.family (its teacher class and shapes)")
+    p.add_argument("--space-scale", type=int, default=None, help="a custom student's 8·p")
+    p.add_argument("--time-scale", type=int, default=None, help="a custom student's time scale")
     p = sub.add_parser("latent-cache")
     p.add_argument("path")
     p = sub.add_parser("loader")
@@ -304,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "token-remove":
         out = token_remove(args.runs_dir, args.token)
     elif args.action == "teacher":
-        out = teacher(args.path, args.subfolder, args.channels)
+        out = teacher(
+            args.path, args.subfolder, args.channels, args.family, args.space_scale, args.time_scale
+        )
     elif args.action == "latent-cache":
         out = latent_cache(args.path)
     elif args.action == "port-free":

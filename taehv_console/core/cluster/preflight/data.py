@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from taehv_console.core.cluster.preflight.findings import E, I, W
 from taehv_console.core.models import Finding, NodeFacts
 from trainer.config import TrainConfig
+from trainer.families import FAMILIES
+from trainer.teacher_geometry import TEACHER_CLASSES
 
 
 def check_data(facts: Mapping[str, NodeFacts], data_source: str) -> list[Finding]:
@@ -97,6 +99,12 @@ def check_videos(scans: Mapping[str, Mapping]) -> list[Finding]:
     return out
 
 
+def _teacher_class(cfg: TrainConfig) -> str:
+    """The diffusers class of the run family's teacher (a `custom` student: any video VAE of its shapes)."""
+    fam = FAMILIES.get(cfg.model.family)
+    return fam.teacher_class if fam is not None else "video VAE (" + ", ".join(TEACHER_CLASSES) + ")"
+
+
 def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Finding]:
     """The teacher (or its latent cache) as each node answered nodecheck `teacher`/`latent-cache`:
     a dict, or the text of a failure to run it. A distilling run never starts without one."""
@@ -112,7 +120,7 @@ def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Fi
         )
         if cached
         else (
-            "put a diffusers AutoencoderKLHunyuanVideo directory (save_pretrained) at that path on every node, "
+            f"put a diffusers {_teacher_class(cfg)} directory (save_pretrained) at that path on every node, "
             "or unset loss.teacher to train by reconstruction only"
         )
     )
@@ -132,12 +140,13 @@ def check_recipe(cfg: TrainConfig, answers: Mapping[str, dict | str]) -> list[Fi
             out.append(Finding("teacher-unusable", E, f"{host}: {what} {path}: {a.get('error')}", fix, host))
         elif not cached:
             shape = "x".join(str(v) for v in a.get("latent_shape", []))
+            frames, height, width = a.get("clip") or (8, 16, 16)  # a node of before families: taehv's clip
             out.append(
                 Finding(
                     "teacher-ok",
                     I,
-                    f"{host}: teacher {path} loads; an 8-frame 16x16 clip gives "
-                    f"latents {shape} (T/4 x C x H/8 x W/8)",
+                    f"{host}: teacher {path} loads as model.family = {cfg.model.family}'s; a {frames}-frame "
+                    f"{height}x{width} clip gives latents {shape} (latents x C x h x w), as the student's",
                     "",
                     host,
                 )

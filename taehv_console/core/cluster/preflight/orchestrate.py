@@ -277,6 +277,12 @@ def _run(
                     cfg.loss.teacher_subfolder,
                     "--channels",
                     str(cfg.model.latent_channels),
+                    "--family",
+                    cfg.model.family,
+                    "--space-scale",
+                    str(cfg.clip_rule.space_scale),
+                    "--time-scale",
+                    str(cfg.clip_rule.time_scale),
                 ],
                 timeout=600,
             )
@@ -303,44 +309,58 @@ def _run(
     return PreflightReport(topology=topology, probes=probes, findings=sort_findings(findings), bandwidth=bw)
 
 
+def _ask_data_nodes(
+    pool: SshPool,
+    cfg: TrainConfig,
+    facts: Mapping[str, NodeFacts],
+    data: str,
+    action: list[str],
+    timeout: float,
+) -> dict[str, dict]:
+    """Each node whose data path exists, asked nodecheck `action` with the run's [data] section at the
+    node's path: its answer, or {"ok": False, "error": why} where it gave none. Nodes whose data path
+    is missing are already errors (check_data); asking there adds nothing."""
+    hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
+    if not hosts:
+        return {}
+    section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
+    answers = pool.call_all(
+        hosts, NODECHECK, [action[0], "--data-config", section, *action[1:]], timeout=timeout
+    )
+    return {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
+
+
 def _check_videos(
     pool: SshPool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str, options: PreflightOptions
 ) -> list[Finding]:
-    hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
-    if not hosts:
-        return []
-    section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
-    answers = pool.call_all(
-        hosts,
-        NODECHECK,
-        ["scan-videos", "--data-config", section, "--budget", str(options.video_scan_s)],
+    answers = _ask_data_nodes(
+        pool,
+        cfg,
+        facts,
+        data,
+        ["scan-videos", "--budget", str(options.video_scan_s)],
         timeout=options.video_scan_s + 60,  # the budget, plus the interpreter's start and the walk
     )
-    return check_videos(
-        {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
-    )
+    return check_videos(answers) if answers else []
 
 
 def _check_loader(
     pool: SshPool, cfg: TrainConfig, facts: Mapping[str, NodeFacts], data: str, options: PreflightOptions
 ) -> list[Finding]:
-    # nodes whose data path is missing are already errors (check_data); measuring there adds nothing
-    hosts = [h for h, f in facts.items() if (p := f.path("data")) is None or p.exists]
-    if not hosts:
-        return []
-    section = cfg.data.model_copy(update={"source": node_path(data)}).model_dump_json()
-    answers = pool.call_all(
-        hosts,
-        NODECHECK,
-        ["loader", "--data-config", section, "--clips", str(options.loader_clips)]
-        + ["--scan-budget", str(options.video_scan_s)],
+    measured = _ask_data_nodes(
+        pool,
+        cfg,
+        facts,
+        data,
+        ["loader", "--clips", str(options.loader_clips), "--scan-budget", str(options.video_scan_s)],
         timeout=options.loader_timeout_s + options.video_scan_s,
     )
-    measured = {h: dict(r.data) if r.ok else {"ok": False, "error": r.why} for h, r in answers.items()}
+    if not measured:
+        return []
     scans = {h: scan for h, m in measured.items() if isinstance(scan := m.pop("scan", None), dict)}
     findings = check_videos(scans) if options.video_scan_s > 0 else []
     targets = {}
-    for h in hosts:
+    for h in measured:
         gpus = facts[h].visible_gpus
         targets[h] = assumed_throughput(cfg, gpus[0].name if gpus else "")[0]
     return findings + check_loader(measured, cfg, targets, facts)
