@@ -36,6 +36,7 @@ from taehv_console.core.watch.view import duration_text, number_text, progress_d
 from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
+from trainer.families import FAMILIES, exported_files
 
 EXIT_CODES = {
     ExitCode.DONE: "shown",
@@ -116,6 +117,31 @@ def _verify(run_path: Path, info: dict[str, Any]) -> int:
     return sum(not st.ok for st in found)
 
 
+def family_fields(family: str) -> dict[str, Any]:
+    """What `status`, its --json and the TUI's dashboard say of a run's TAE family: its name, the
+    video model it serves, and the files final/ and best/ hold its weights under (the .safetensors
+    and the author's .pth beside it, then the EMA's)."""
+    fam = FAMILIES.get(family)
+    weights, ema = exported_files(family)
+    return {
+        "family": family,
+        "serves": fam.serves if fam is not None else "shapes of no family (taehv's conventions)",
+        "exports": [
+            weights,
+            weights.replace(".safetensors", ".pth"),
+            ema,
+            ema.replace(".safetensors", ".pth"),
+        ],
+    }
+
+
+def family_text(fields: dict[str, Any]) -> str:
+    """'taew2_1 (Wan 2.1, ...), exported as taew2_1.safetensors + .pth': one line of it."""
+    exports = fields.get("exports") or []
+    named = f", exported as {exports[0]} + .pth" if exports else ""
+    return f"{fields.get('family')} ({fields.get('serves')}){named}"
+
+
 def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False) -> dict[str, Any]:
     """Everything `status` shows about one run, as plain values (the --json output)."""
 
@@ -123,6 +149,7 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     try:
         cfg = run.load_config()
         info["preset"] = cfg.run.preset
+        info.update(family_fields(cfg.model.family))
         info["topology"] = f"{cfg.topology.nodes} x {cfg.topology.gpus_per_node} {cfg.topology.device}"
     except ConfigError as err:
         info["error"] = str(err)
@@ -219,7 +246,9 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
 
 def _print_list(infos: list[dict[str, Any]]) -> None:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("run", "phase", "step", "nodes", "backend"):
+    # a run's id is never cut (it is what the other commands take): the other columns wrap first
+    table.add_column("run", no_wrap=True, min_width=max((len(i["run"]) for i in infos), default=3))
+    for col in ("family", "phase", "step", "nodes", "backend"):
         table.add_column(col)
     for i in infos:
         p = i.get("progress") or {}
@@ -230,6 +259,7 @@ def _print_list(infos: list[dict[str, Any]]) -> None:
             phase += " (nothing alive)"
         table.add_row(
             i["run"],
+            i.get("family", "-"),
             phase,
             f"{p.get('step', '-')}/{p.get('max_steps', '-')}",
             i.get("topology", ""),
@@ -247,6 +277,8 @@ def _print_one(i: dict[str, Any]) -> None:
     c.print(
         f"  phase {i.get('phase')}, preset {i.get('preset')}, {i.get('topology')}, backend {i.get('backend', '-')}"
     )
+    if i.get("family"):
+        c.print(f"  family {family_text(i)}", markup=False)
     sup = i.get("supervisor")
     if sup:
         c.print(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
@@ -21,10 +22,11 @@ from textual.screen import Screen
 from textual.theme import BUILTIN_THEMES
 from textual.worker import Worker, WorkerState
 
+from taehv_console.commands.status import family_fields
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.runs import find_live_run, list_run_entries
-from taehv_console.core.run.rundir import resolve_run
+from taehv_console.core.run.rundir import RunDir, resolve_run
 from taehv_console.ui.commands import ConsoleCommands
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
 from taehv_console.ui.errors import USER_ERRORS, error_text
@@ -84,6 +86,9 @@ class TaehvConsole(App):
     MODES: ClassVar[dict[str, Any]] = {"wizard": DetectScreen, "dashboard": DashboardScreen}
 
     cluster_state: var[RunView | None] = var(None, always_update=True)
+    # the shown run's TAE family, its model and export names (status.family_fields), read from its
+    # run.toml once per run directory; None until read, or where run.toml cannot be read here
+    run_family: var[dict[str, Any] | None] = var(None)
     console_phase: var[str | None] = var(None)
     run_entries: var[tuple[RunEntry, ...]] = var(())
 
@@ -110,6 +115,7 @@ class TaehvConsole(App):
         self.wizard = WizardState()
         self._wizard_shown = False
         self.startup_text = f"looking for a live run in {options.runs} …"
+        self._family_dir: str | None = None
 
     # ------------------------------------------------------------------ set-up
     def get_default_screen(self) -> Screen:
@@ -358,6 +364,28 @@ class TaehvConsole(App):
         outcome = session.follow(lambda snap: self.post_message(RunProgressed(snap)))
         if outcome is not None:
             self.post_message(RunEnded(outcome))
+
+    # ------------------------------------------------------------------ the run's family
+    def watch_cluster_state(self, state: RunView | None) -> None:
+        run_dir = state.run.run_dir if state is not None else None
+        if run_dir == self._family_dir:
+            return
+        self._family_dir = run_dir
+        self.run_family = None
+        if run_dir:
+            self._read_family(run_dir)
+
+    @work(thread=True, group="family", exclusive=True, exit_on_error=False)
+    def _read_family(self, run_dir: str) -> None:
+        try:
+            family = RunDir(Path(run_dir)).load_config().model.family
+        except USER_ERRORS:  # not visible here, or damaged: the header goes without (status names it)
+            return
+        self.call_from_thread(self._family_read, run_dir, family_fields(family))
+
+    def _family_read(self, run_dir: str, fields: dict[str, Any]) -> None:
+        if run_dir == self._family_dir:
+            self.run_family = fields
 
     # ------------------------------------------------------------------ messages
     def on_cluster_updated(self, message: ClusterUpdated) -> None:

@@ -6,7 +6,7 @@ implements ConsoleHost. Nothing here runs but the Protocol's definition."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -29,6 +29,7 @@ class ConsoleHost(Protocol):
     wizard: WizardState
     session: RunSession | None
     cluster_state: RunView | None
+    run_family: dict[str, Any] | None  # status.family_fields of the run shown, once run.toml is read
     run_entries: tuple[RunEntry, ...]
     startup_text: str
 

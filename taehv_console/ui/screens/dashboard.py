@@ -4,7 +4,7 @@ view live here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -88,6 +88,7 @@ class DashboardScreen(Screen):
         self.query_one("#notices").border_title = "events"
         self.watch(self.app, "cluster_state", self._show_state)
         self.watch(self.app, "console_phase", self._show_phase)
+        self.watch(self.app, "run_family", self._show_family)
 
     def on_screen_resume(self) -> None:
         self._show_state(self.app.cluster_state)
@@ -110,6 +111,9 @@ class DashboardScreen(Screen):
 
     def _show_phase(self, phase: str | None) -> None:
         self.query_one(RunHeaderBar).console_phase = phase
+
+    def _show_family(self, family: dict[str, Any] | None) -> None:
+        self.query_one(RunHeaderBar).family = family
 
     # ---------------------------------------------------------------- nodes
     def on_node_grid_node_chosen(self, message: NodeGrid.NodeChosen) -> None:

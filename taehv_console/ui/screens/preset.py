@@ -1,8 +1,14 @@
 """Wizard step 3, Preset: the config derived for the detected cluster and every shipped and user
 preset, each with effective batch, LR, ZeRO stage and the memory estimate against the device;
-then the overrides form, each field checked by core's validation as it is typed, and the recipe:
-reconstruction only, or the author's distillation from HunyuanVideo's VAE (online or from cached
-latents), with or without the adversarial term.
+then the TAE family (trainer/families.py: which video model's latent space the student shares, and
+the file its weights are exported as), the overrides form, each field checked by core's validation
+as it is typed, and the recipe: reconstruction only, or the author's distillation from the family's
+teacher VAE (online or from cached latents), with or without the adversarial term.
+
+Choosing a family checks the preset's clip against the family's clip rule (families.clip_rule) and
+proposes the nearest clip that fits: frames to the nearest whole time chunk (LTX 8, H3 17), crop
+sides down to whole multiples of 8·p. What it changed is said under the choice, and the overrides
+handed on are `model.family=NAME` and those clip values before the form's own.
 
 The config modules (the planner's pydantic models, ~0.5 s to import) are imported in the thread
 workers and in the handlers that only run after them: the console's first frame, which builds the
@@ -19,7 +25,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
-from textual.widgets import DataTable, Footer, Input, Label, Static
+from textual.widgets import DataTable, Footer, Input, Label, Select, Static
 
 from taehv_console.core.flow.form import FORM_FIELDS, field_text, form_overrides, override_text
 from taehv_console.ui import formatting as f
@@ -28,6 +34,7 @@ from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
+from trainer.families import FAMILIES, clip_rule, exported_files
 
 if TYPE_CHECKING:
     from textual import getters
@@ -46,11 +53,67 @@ RECIPE_FIELDS: tuple[tuple[str, str], ...] = (
     ("adversarial.weight", "adversarial weight"),
 )
 FIELDS = FORM_FIELDS + RECIPE_FIELDS
+FAMILY_FIELD = "model.family"
 RECIPE_HINT = (
-    "recipe: empty teacher = reconstruction only; a diffusers AutoencoderKLHunyuanVideo directory = "
+    "recipe: empty teacher = reconstruction only; a diffusers {teacher} directory = "
     "distil to its latents (preflight loads it on every node); a cache dir = latents from "
     "`taehv-train cache-latents`, the teacher never loaded"
 )
+
+
+def family_options(base_family: str) -> list[tuple[str, str]]:
+    """The family choice's rows: each family with the model it serves (the base's `custom` shapes
+    too, when the preset has them)."""
+    rows = [(f"{name:<15} {fam.serves}", name) for name, fam in FAMILIES.items()]
+    if base_family not in FAMILIES:
+        rows.append((f"{base_family:<15} the preset's own shapes", base_family))
+    return rows
+
+
+def nearest_multiple(value: int, quantum: int, down: bool) -> int:
+    """The multiple of `quantum` (at least one) nearest `value`; crops round down (a crop never
+    outgrows its frames), frames to the nearest, a tie up."""
+    below, above = value // quantum * quantum, (value // quantum + 1) * quantum
+    if below < quantum:
+        return above if value > 0 else quantum
+    if down:
+        return below
+    return below if value - below < above - value else above
+
+
+def family_overrides(base: TrainConfig, family: str) -> tuple[list[str], list[str]]:
+    """(--set entries, what each changed in words) for training `family` from the `base` config:
+    `model.family=NAME` and the clip values the family's clip rule needs (none for the base's own
+    family)."""
+    if family == base.model.family:
+        return [], []
+    rule = clip_rule(family)
+    d = base.data
+    sets, said = [f"{FAMILY_FIELD}={family}"], []
+    if rule.frames_problem(d.frames):
+        frames = nearest_multiple(d.frames, rule.frame_quantum, down=False)
+        sets.append(f"data.frames={frames}")
+        said.append(f"frames {d.frames} → {frames} (a multiple of {rule.frame_quantum})")
+    for key, value in (("height", d.height), ("width", d.width)):
+        if rule.size_problem(value):
+            fixed = nearest_multiple(value, rule.space_scale, down=True)
+            sets.append(f"data.{key}={fixed}")
+            said.append(f"crop {key} {value} → {fixed} (a multiple of {rule.space_scale})")
+    return sets, said
+
+
+def family_note(family: str, said: list[str], error: str) -> Content:
+    """Under the family choice (whose row names the model it serves): the export name, what the
+    clip had to become, or why it cannot be."""
+    weights, _ema = exported_files(family)
+    head = Content.assemble("exported as ", Content.styled(weights, "bold"), " + .pth")
+    if error:
+        return Content("\n").join([head, Content.styled(error, "$error")])
+    if said:
+        return Content("\n").join(
+            [head, Content.styled(f"{family}'s clip rule: " + "; ".join(said), "$warning")]
+        )
+    return head
 
 
 def recipe_summary(cfg: TrainConfig) -> str:
@@ -97,15 +160,31 @@ class PresetScreen(ConsoleScreen):
         self._choices: dict[str, PresetChoice] = {}
         self._selected: PresetChoice | None = None
         self._errors: dict[str, str] = {}
+        # the family chosen, and the overrides that choice adds before the form's (family_overrides)
+        self._family: str | None = None
+        self._family_sets: list[str] = []
+        self._family_base: TrainConfig | None = None  # the preset's config with them
+        self._family_rows = family_options("taehv")
 
     def compose(self) -> ComposeResult:
         yield WizardSteps(2, classes="steps")
         yield DataTable(id="choices", cursor_type="row", zebra_stripes=True)
         yield Static("", id="choice-info")
         with VerticalScroll(id="preset-form"):
+            with Horizontal(classes="form-field"):
+                yield Label("TAE family")
+                yield Select(
+                    family_options("taehv"),
+                    value="taehv",
+                    allow_blank=False,
+                    id="field-model-family",
+                    name=FAMILY_FIELD,
+                    compact=True,
+                )
+            yield Static("", id="family-info", classes="form-note")
             for key, label in FIELDS:
                 if key == RECIPE_FIELDS[0][0]:
-                    yield Static(RECIPE_HINT, id="recipe-hint", classes="form-error")
+                    yield Static(RECIPE_HINT.format(teacher="VAE"), id="recipe-hint", classes="form-error")
                 with Horizontal(classes="form-field"):
                     yield Label(label)
                     yield Input(id=f"field-{key.replace('.', '-')}", name=key, compact=True)
@@ -166,9 +245,28 @@ class PresetScreen(ConsoleScreen):
             return
         w = self.app.wizard
         overrides = w.overrides if (initial and w.overrides) else list(self.app.options.overrides)
+        # the family: the one the overrides name (--set model.family=X, or this wizard's last
+        # choice), else the preset's; its clip values are the family choice's, not the form's
+        family = choice.config.model.family
+        for o in overrides:
+            key, _, value = o.partition("=")
+            if key.strip() == FAMILY_FIELD:
+                family = value.strip().strip("\"'")
+        if family not in FAMILIES and family != choice.config.model.family:
+            family = choice.config.model.family  # an unknown name: "more overrides" says why below
+        else:
+            overrides = [o for o in overrides if o.partition("=")[0].strip() != FAMILY_FIELD]
+        select = self.query_one("#field-model-family", Select)
+        rows = family_options(choice.config.model.family)
+        if rows != self._family_rows:  # a preset of custom shapes offers them too
+            self._family_rows = rows
+            select.set_options(rows)
+        select.value = family
+        self._choose_family(family)
+        overrides = [o for o in overrides if o not in self._family_sets]
         # each override applied on its own: the valid ones fill the form, a bad one stays in
         # "more overrides" with its message under it
-        shown, rejected = choice.config, []
+        shown, rejected = self._base() or choice.config, []
         for o in overrides:
             applied, err = check_overrides(shown, [o])
             if err:
@@ -181,6 +279,36 @@ class PresetScreen(ConsoleScreen):
         more = [o for o in overrides if o.partition("=")[0].strip() not in form_keys or o in rejected]
         self.query_one("#field-more", Input).value = " ".join(more)
         self._validate_all()
+
+    # ---------------------------------------------------------------- family
+    def _base(self) -> TrainConfig | None:
+        """The config the form's fields are checked against: the preset's, with the family's."""
+        if self._selected is None:
+            return None
+        return self._family_base or self._selected.config
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        chosen = event.value
+        if event.select.id == "field-model-family" and isinstance(chosen, str) and chosen != self._family:
+            self._choose_family(chosen)
+            self._validate_all()
+
+    def _choose_family(self, family: str) -> None:
+        """The family's overrides (its clip rule's values where the preset's do not fit), checked
+        by core's validation; an error that remains is said under the choice and blocks Continue."""
+        from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
+
+        base = self._selected.config if self._selected is not None else None
+        if base is None:
+            return
+        sets, said = family_overrides(base, family)
+        cfg, err = check_overrides(base, sets) if sets else (base, "")
+        self._family, self._family_sets = family, sets
+        self._family_base = cfg if not err else None
+        self._errors[FAMILY_FIELD] = err
+        info = self.query_one("#family-info", Static)
+        info.update(family_note(family, said, err))
+        self.query_one("#field-model-family", Select).set_class(bool(err), "-invalid")
 
     # ---------------------------------------------------------------- form
     def _fields(self) -> tuple[dict[str, str], str]:
@@ -200,7 +328,7 @@ class PresetScreen(ConsoleScreen):
         """Core's own validation, one field at a time, so each message sits under its field."""
         from taehv_console.core.flow.config import check_overrides  # loaded by _load by now
 
-        base = self._selected.config if self._selected is not None else None
+        base = self._base()
         if base is None:
             return
         values, more = self._fields()
@@ -236,8 +364,10 @@ class PresetScreen(ConsoleScreen):
             if values[k].strip() != field_text(base, k)
         ]
         cfg, err = check_overrides(base, typed)
+        fam = FAMILIES.get(base.model.family)
+        hint = RECIPE_HINT.format(teacher=fam.teacher_class if fam is not None else "VAE")
         self.query_one("#recipe-hint", Static).update(
-            RECIPE_HINT + ("" if err or cfg is None else "\n" + recipe_summary(cfg))
+            hint + ("" if err or cfg is None else "\n" + recipe_summary(cfg))
         )
 
     # ---------------------------------------------------------------- navigation
@@ -250,7 +380,9 @@ class PresetScreen(ConsoleScreen):
             self.notify("fix the overrides marked in red first", severity="error")
             return
         values, more = self._fields()
-        overrides = form_overrides(self._selected.config, values, more)
+        base = self._base()
+        assert base is not None  # a selected config, and the family's checked (no error above)
+        overrides = self._family_sets + form_overrides(base, values, more)
         self._build(self._selected.name, overrides)
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)

@@ -1,4 +1,5 @@
-"""Wizard step 4, Review: the planner's figures for the chosen config (communication share at the
+"""Wizard step 4, Review: the TAE family (what it serves, its export name, the clip it trains on)
+and the planner's figures for the chosen config (communication share at the
 measured or assumed bandwidth, step time, time to max steps, GPU-hours, memory fit) and the exact
 command every node will run; `s` launches."""
 
@@ -18,6 +19,7 @@ from taehv_console.core.run.recovery import policy_lines
 from taehv_console.ui import formatting as f
 from taehv_console.ui.formatting import findings_content
 from taehv_console.ui.widgets.steps import WizardSteps
+from trainer.families import FAMILIES, exported_files
 
 if TYPE_CHECKING:
     from textual import getters
@@ -37,6 +39,13 @@ def figures_content(review: Review) -> Content:
 
     lines = [
         row("config", Content.styled(cfg.run.preset, "bold"), f"  ({review.chosen})"),
+        row(
+            "family",
+            Content.styled(cfg.model.family, "bold"),
+            f"  {FAMILIES[cfg.model.family].serves if cfg.model.family in FAMILIES else 'the preset’s own shapes'}",
+            Content.styled(f"   exported as {exported_files(cfg.model.family)[0]} + .pth", "dim"),
+            f"   clips {cfg.data.frames}×{cfg.data.height}×{cfg.data.width}",
+        ),
         row(
             "topology",
             f"{cfg.topology.nodes} node(s) × {cfg.topology.gpus_per_node} = {cfg.topology.world_size} "

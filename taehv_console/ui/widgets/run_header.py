@@ -1,9 +1,11 @@
-"""The run header: phase, step/max with a bar, loss, PSNR, clips/s, MFU, ETA and elapsed time, drawn
-from one ClusterState (its own `time` is "now", so the same state always draws the same)."""
+"""The run header: phase, preset, the TAE family and the file its weights are exported as, step/max
+with a bar, loss, PSNR, clips/s, MFU, ETA and elapsed time, drawn from one ClusterState (its own
+`time` is "now", so the same state always draws the same) and the run's family (the app reads it
+from run.toml once per run: `status.family_fields`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.content import Content
 from textual.reactive import reactive
@@ -17,7 +19,9 @@ if TYPE_CHECKING:
     from taehv_console.core.watch.state import RunView
 
 
-def header_content(state: RunView, console_phase: str | None = None) -> Content:
+def header_content(
+    state: RunView, console_phase: str | None = None, family: dict[str, Any] | None = None
+) -> Content:
     run = state.run
     phase = run.phase
     ctrl = console_phase or run.console_phase
@@ -30,6 +34,14 @@ def header_content(state: RunView, console_phase: str | None = None) -> Content:
         line1 += ["  ", Content.styled(f"console: {ctrl}", "dim")]
     if run.preset:
         line1 += ["  ", Content.styled("preset ", "dim"), run.preset]
+    if family:
+        exports = family.get("exports") or ["?"]
+        line1 += [
+            "  ",
+            Content.styled("family ", "dim"),
+            Content.styled(str(family.get("family")), "bold"),
+            Content.styled(f" → {exports[0]}", "dim"),
+        ]
     if run.world_size:
         line1 += ["  ", Content.styled("world ", "dim"), str(run.world_size)]
     attempts = state.console.attempts if state.console is not None else ()
@@ -91,6 +103,10 @@ class RunHeaderBar(Static):
 
     state: reactive[RunView | None] = reactive(None, always_update=False)
     console_phase: reactive[str | None] = reactive(None)
+    family: reactive[dict[str, Any] | None] = reactive(None)
+
+    def watch_family(self, _family: dict[str, Any] | None) -> None:
+        self._draw()
 
     def watch_state(self, state: RunView | None) -> None:
         self._draw()
@@ -106,4 +122,4 @@ class RunHeaderBar(Static):
                 layout=False,
             )
             return
-        self.update(header_content(self.state, self.console_phase), layout=False)
+        self.update(header_content(self.state, self.console_phase, self.family), layout=False)
