@@ -7,12 +7,15 @@ from the layer list in FACTS.md. The parameter count is exact (it reproduces the
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from trainer.config import ModelSection
+from trainer.flops import architecture
 
 ENCODER_WIDTH = 64
 DECODER_WIDTHS = (256, 128, 64)
+SUPER_WIDTHS = (512, 256, 128, 64)  # the `_super` decoder's widths (families with super_decoder)
 MEMBLOCKS_PER_STAGE = 3
 
 
@@ -47,6 +50,10 @@ def parameter_count(model: ModelSection) -> ParameterCount:
         enc += MEMBLOCKS_PER_STAGE * _memblock(w)
     enc += _conv3x3(w, model.latent_channels)
 
+    if architecture(model).super_decoder:
+        return ParameterCount(
+            encoder=enc, decoder=_super_decoder_parameters(model.latent_channels, p2, model)
+        )
     dec = _conv3x3(model.latent_channels, DECODER_WIDTHS[0])
     nexts = DECODER_WIDTHS[1:] + (DECODER_WIDTHS[-1],)
     for n, nxt, up in zip(DECODER_WIDTHS, nexts, model.decoder_time_upscale):
@@ -56,6 +63,22 @@ def parameter_count(model: ModelSection) -> ParameterCount:
         dec += _conv3x3(n, nxt, bias=False)
     dec += _conv3x3(DECODER_WIDTHS[-1], 3 * p2)
     return ParameterCount(encoder=enc, decoder=dec)
+
+
+def _super_decoder_parameters(latent_channels: int, p2: int, model: ModelSection) -> int:
+    """The `_super` decoder (trainer/model.py): a bias-free 1x1 to 512; per stage 3 SuperMemBlocks
+    (7x7 depthwise over 2n, no bias; 1x1 2n -> 4n with bias; 1x1 4n -> n, no bias), a 3x3 conv to the
+    next width x s^2, the TGrow; the 3x3 head."""
+    a = architecture(model)
+    dec = latent_channels * SUPER_WIDTHS[0]
+    for n, nxt, t_up, s_up in zip(
+        SUPER_WIDTHS, SUPER_WIDTHS[1:], a.decoder_time_upscale, a.decoder_space_upscale
+    ):
+        s = 2 if s_up else 1
+        dec += MEMBLOCKS_PER_STAGE * (2 * n * 49 + (2 * n * 4 * n + 4 * n) + 4 * n * n)
+        dec += _conv3x3(n, nxt * s * s)
+        dec += nxt * nxt * (2 if t_up else 1)
+    return dec + _conv3x3(SUPER_WIDTHS[-1], 3 * p2)
 
 
 @dataclass(frozen=True)
@@ -93,9 +116,12 @@ def _stages(model: ModelSection, frames: int, height: int, width: int) -> list[t
     input is the previous stage's output, which that stage already counted as saved (its last
     ReLU output), so "inside" never counts it twice.
     """
+    a = architecture(model)
     p = model.patch_size
     p2 = p * p
     w = ENCODER_WIDTH
+    if a.chunks is not None:  # H3: each 17-frame chunk encoded behind 3 zero frames
+        frames = -(-frames // a.chunks.frames) * (a.chunks.frames + a.chunks.lead)
     t, h, wd = frames, height // p, width // p
     per_mb = 5 * MEMBLOCKS_PER_STAGE  # 5n per pixel and frame per MemBlock, see activation_elements
     out: list[tuple[str, int, int]] = []
@@ -113,6 +139,10 @@ def _stages(model: ModelSection, frames: int, height: int, width: int) -> list[t
     # conv(64, latent) saves its input (counted) and nothing new; it ends the encoder
 
     lat = model.latent_channels
+    if a.chunks is not None:
+        t -= a.chunks.dropped_latents
+    if a.super_decoder:
+        return out + _super_stages(model, lat, t, h, wd)
     stage_in = lat * t * h * wd
     n0 = DECODER_WIDTHS[0]
     inside = lat * t * h * wd + n0 * t * h * wd  # tanh clamp output, conv(latent, 256)+ReLU output
@@ -131,6 +161,28 @@ def _stages(model: ModelSection, frames: int, height: int, width: int) -> list[t
             inside += per_mb * nxt * t * h * wd  # the next width's MemBlocks (conv output unsaved)
         else:
             inside += nxt * t * h * wd  # final ReLU output = conv(64, 3p^2)'s input
+        out.append(("decoder", stage_in, inside))
+    return out
+
+
+def _super_stages(model: ModelSection, lat: int, t: int, h: int, wd: int) -> list[tuple[str, int, int]]:
+    """The `_super` decoder's stages, as `_stages` counts them. A SuperMemBlock of width n keeps 8n
+    values per pixel and frame: concat(x, past) for the depthwise conv (2n), its output for the 1x1
+    (2n), the in-place ReLU's output (4n); the sum with x keeps nothing. Each later stage keeps its
+    input (the conv's), the ReLU output (next x s^2) and PixelShuffle's copy (TGrow's input)."""
+    a = architecture(model)
+    per_smb = 8 * MEMBLOCKS_PER_STAGE
+    n0 = SUPER_WIDTHS[0]
+    out = [("decoder", lat * t * h * wd, lat * t * h * wd + per_smb * n0 * t * h * wd)]
+    for i, (n, nxt) in enumerate(itertools.pairwise(SUPER_WIDTHS)):
+        s = 2 if a.decoder_space_upscale[i] else 1
+        stage_in = n * t * h * wd
+        inside = stage_in + nxt * s * s * t * h * wd  # the conv's input, the ReLU's output
+        h, wd = h * s, wd * s
+        inside += nxt * t * h * wd  # PixelShuffle's output = TGrow's input
+        t *= 2 if a.decoder_time_upscale[i] else 1
+        # the next width's blocks, or after the last stage the head conv's input (TGrow's output)
+        inside += (per_smb if i + 1 < len(SUPER_WIDTHS) - 1 else 1) * nxt * t * h * wd
         out.append(("decoder", stage_in, inside))
     return out
 

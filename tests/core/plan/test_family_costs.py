@@ -1,0 +1,93 @@
+"""The planner's figures are the run's family's: parameters (exactly the model's), FLOPs, clips/s and
+the teacher's encode per clip come from the family's shapes (trainer/flops.py, core/plan/teacher.py),
+and `taehv-console plan` names the family and prints its figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taehv_console.cli import main
+from taehv_console.core.plan.footprint import parameter_count
+from taehv_console.core.plan.planner import make_plan
+from taehv_console.core.plan.presets import load_preset
+from taehv_console.core.plan.teacher import TEACHER_ENCODE, teacher_encode_flop
+from trainer.config import ModelSection
+from trainer.families import FAMILIES, clip_rule
+from trainer.flops import flop_per_clip_step, mfu
+from trainer.model import TAEHV
+
+CLIP = ["data.frames=16", "data.width=704"]  # a clip every family's rule takes: 8 and 17 aside
+
+
+def _clip(family: str) -> list[str]:
+    return ["data.frames=17", "data.width=704"] if clip_rule(family).frame_quantum == 17 else CLIP
+
+
+def _plan(family: str, *more: str):
+    cfg = load_preset("8gpu-h100", overrides=[f"model.family={family}", *_clip(family), *more]).config
+    return make_plan(cfg, gpu="H100")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_parameters_are_the_models(family):
+    model = TAEHV.for_family(family)
+    count = parameter_count(ModelSection(family=family))
+    assert count.encoder == sum(p.numel() for p in model.encoder.parameters())
+    assert count.decoder == sum(p.numel() for p in model.decoder.parameters())
+
+
+def test_clips_per_s_follow_the_familys_flops_and_agree_with_the_trainers_mfu():
+    plans = {f: _plan(f) for f in FAMILIES}
+    utilisation = set()
+    for family, plan in plans.items():
+        d = plan.config.data
+        step = flop_per_clip_step(d.frames, d.height, d.width, model=family)
+        # the planner's clips/s at the trainer's count of FLOPs: one MFU for every family (taehv's)
+        utilisation.add(
+            round(mfu(plan.time.clips_per_s_per_gpu, d.frames, d.height, d.width, 1, 989, model=family), 9)
+        )
+        assert plan.memory.parameters == parameter_count(plan.config.model).total
+        assert step > 0
+    assert len(utilisation) == 1
+    taehv = plans["taehv"].time.clips_per_s_per_gpu
+    assert plans["taew2_2"].time.clips_per_s_per_gpu == pytest.approx(4 * taehv, rel=0.05)
+    assert plans["taeltx_2"].time.clips_per_s_per_gpu > 14 * taehv
+    assert plans["taew2_2_super"].time.clips_per_s_per_gpu < plans["taew2_2"].time.clips_per_s_per_gpu
+    # a smaller student holds more clips per GPU
+    assert plans["taew2_2"].memory.max_batch_per_gpu > 3 * plans["taehv"].memory.max_batch_per_gpu
+
+
+def test_each_family_has_its_teachers_encode():
+    assert set(TEACHER_ENCODE) == set(FAMILIES)
+    for family, t in TEACHER_ENCODE.items():
+        assert t.teacher_class == FAMILIES[family].teacher_class
+    assert teacher_encode_flop("taehv", 12, 480, 720) == pytest.approx(29.9e12, rel=0.01)  # FACTS
+    online = {f: _plan(f, 'loss.teacher="/models/vae"').teacher for f in ("taehv", "taew2_1", "taeltx_2")}
+    assert online["taew2_1"].encode_tflop < online["taehv"].encode_tflop  # Wan 2.1's VAE is lighter
+    # LTX-2's VAE against a patch-4 student: many student steps per encode
+    assert online["taeltx_2"].encode_ratio > 3 * online["taehv"].encode_ratio
+    assert "estimate" in _plan("taeltx2_3", 'loss.teacher="/models/vae"').teacher.note
+
+
+def _cli(capsys, family: str, *extra: str) -> str:
+    args = ["plan", "--preset", "8gpu-h100", "--set", f"model.family={family}"]
+    for kv in CLIP:
+        args += ["--set", kv]
+    assert main([*args, "--set", 'loss.teacher="/models/vae"', *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_prints_the_familys_figures_and_names_it(capsys):
+    ltx, taehv = (json.loads(_cli(capsys, f, "--json"))["plan"] for f in ("taeltx_2", "taehv"))
+    assert ltx["model"]["family"] == "taeltx_2" and taehv["model"]["family"] == "taehv"
+    assert ltx["model"]["tflop_per_clip_step"] < taehv["model"]["tflop_per_clip_step"] / 14
+    assert ltx["time"]["clips_per_s_per_gpu"] > 14 * taehv["time"]["clips_per_s_per_gpu"]
+    assert ltx["teacher"]["teacher_class"] == "AutoencoderKLLTX2Video"
+    assert ltx["teacher"]["encode_tflop_per_clip"] != taehv["teacher"]["encode_tflop_per_clip"]
+    assert ltx["memory"]["max_batch_per_gpu"] > taehv["memory"]["max_batch_per_gpu"]
+    text = _cli(capsys, "taeltx_2")
+    assert "model         taeltx_2 (LTX-2)" in text
+    assert "taeltx_2's teacher AutoencoderKLLTX2Video" in text
+    assert "scaled by FLOPs per clip-step to taeltx_2" in " ".join(text.split())
