@@ -48,32 +48,38 @@ async def _choose(pilot, select: Select, name: str) -> None:
     await pilot.pause()
 
 
+async def _preset_step(pilot, app):
+    """The wizard's Preset step after detection and preflight found one 8-GPU node (8gpu-h100)."""
+    from taehv_console.ui.screens.preset import PresetScreen
+
+    w = app.wizard
+    w.topology, w.probes = samples.topology(1), samples.probes(1)
+    cfg = load_preset("8gpu-h100").config
+    assert (cfg.model.family, cfg.data.frames, cfg.data.width) == ("taehv", 12, 720)
+    w.preflight = PreflightResult(
+        config=cfg,
+        chosen="preset 8gpu-h100",
+        report=samples.report(1),
+        backend=BackendKind.LOCAL,
+        master_port=29500,
+    )
+    w.chosen = ChosenConfig(cfg, "preset 8gpu-h100")
+    await app.push_screen(PresetScreen())
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    return app.screen
+
+
 def test_the_wizard_offers_the_family_and_the_choice_reaches_run_toml(tmp_path):
     asyncio.run(_wizard_family(tmp_path))
 
 
 async def _wizard_family(tmp_path: Path) -> None:
-    from taehv_console.ui.screens.preset import PresetScreen
-
     runs = tmp_path / "runs"
     app = sample_app("--runs", str(runs))
     async with app.run_test(size=(160, 50)) as pilot:
         w = app.wizard
-        w.topology, w.probes = samples.topology(1), samples.probes(1)
-        cfg = load_preset("8gpu-h100").config
-        assert (cfg.model.family, cfg.data.frames, cfg.data.width) == ("taehv", 12, 720)
-        w.preflight = PreflightResult(
-            config=cfg,
-            chosen="preset 8gpu-h100",
-            report=samples.report(1),
-            backend=BackendKind.LOCAL,
-            master_port=29500,
-        )
-        w.chosen = ChosenConfig(cfg, "preset 8gpu-h100")
-        await app.push_screen(PresetScreen())
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        screen = app.screen
+        screen = await _preset_step(pilot, app)
         select = screen.query_one("#field-model-family", Select)
         info = screen.query_one("#family-info", Static)
 
@@ -126,6 +132,38 @@ async def _wizard_family(tmp_path: Path) -> None:
         await pilot.press("escape")
         await wait_until(pilot, lambda: type(app.screen).__name__ == "PresetScreen", 10, "the preset step")
         assert app.screen.query_one("#field-model-family", Select).value == "taew2_1"
+
+
+def test_set_model_family_preselects_it_and_a_chosen_family_outlives_the_preset_cursor():
+    asyncio.run(_preselected())
+
+
+async def _preselected() -> None:
+    from textual.widgets import DataTable, Input
+
+    app = sample_app("--set", "model.family=taeh3")
+    async with app.run_test(size=(160, 50)) as pilot:
+        screen = await _preset_step(pilot, app)
+        select = screen.query_one("#field-model-family", Select)
+        assert select.value == "taeh3"
+        assert "frames 12 → 17" in _text(screen.query_one("#family-info", Static))
+        assert "model.family" not in screen.query_one("#field-more", Input).value  # the choice holds it
+        # another preset highlighted: the family chosen stays, checked against that preset's clip
+        await _choose(pilot, select, "taeltx_2")
+        table = screen.query_one("#choices", DataTable)
+        table.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        assert screen._selected.name != "auto" and select.value == "taeltx_2"
+        assert "taeltx_2.safetensors" in _text(screen.query_one("#family-info", Static))
+
+    app = sample_app("--set", "model.family=taehv9")  # no such family: said where it was typed
+    async with app.run_test(size=(160, 50)) as pilot:
+        screen = await _preset_step(pilot, app)
+        assert screen.query_one("#field-model-family", Select).value == "taehv"
+        assert "model.family=taehv9" in screen.query_one("#field-more", Input).value
+        err = _text(screen.query_one("#error-more", Static))
+        assert "unknown family 'taehv9'" in err and "taeltx_2" in err, err
 
 
 def _run_of_family(tmp_path: Path, family: str) -> Path:

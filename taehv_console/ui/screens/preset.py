@@ -245,15 +245,18 @@ class PresetScreen(ConsoleScreen):
             return
         w = self.app.wizard
         overrides = w.overrides if (initial and w.overrides) else list(self.app.options.overrides)
-        # the family: the one the overrides name (--set model.family=X, or this wizard's last
-        # choice), else the preset's; its clip values are the family choice's, not the form's
-        family = choice.config.model.family
-        for o in overrides:
-            key, _, value = o.partition("=")
-            if key.strip() == FAMILY_FIELD:
-                family = value.strip().strip("\"'")
-        if family not in FAMILIES and family != choice.config.model.family:
-            family = choice.config.model.family  # an unknown name: "more overrides" says why below
+        # the family: the one chosen here already (it stays when another preset is highlighted),
+        # else the one the overrides name (--set model.family=X, or this wizard's last choice),
+        # else the preset's own; its clip values are the family choice's, not the form's
+        own = choice.config.model.family
+        named = [
+            o.partition("=")[2].strip().strip("\"'")
+            for o in overrides
+            if o.partition("=")[0].strip() == FAMILY_FIELD
+        ]
+        family = self._family if self._family in FAMILIES else (named[-1] if named else own)
+        if family not in FAMILIES and family != own:
+            family = own  # an unknown name: it stays in "more overrides", which says why
         else:
             overrides = [o for o in overrides if o.partition("=")[0].strip() != FAMILY_FIELD]
         select = self.query_one("#field-model-family", Select)
