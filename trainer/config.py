@@ -21,7 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.errors import TeacherError
 from trainer.families import CUSTOM, DEFAULT_FAMILY, FAMILIES, ClipRule, clip_rule, families_with_shapes
+from trainer.teacher_geometry import AUTO, auto_model, geometry_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,7 +70,9 @@ class ModelSection(_Section):
     family: str = Field(
         DEFAULT_FAMILY,
         description=f"the TAE family to train ({', '.join(FAMILIES)}); it sets every shape knob below. "
-        f"'{CUSTOM}': shapes of no family, from the knobs as written (exported under taehv's name)",
+        f"'{CUSTOM}': shapes of no family, from the knobs as written (exported under taehv's name). "
+        f"'{AUTO}': derived from loss.teacher's config.json when the config is read (the published family "
+        f"its VAE serves, else '{CUSTOM}' shapes of its latents), so a written run.toml names the result",
     )
     latent_channels: int = Field(16, ge=1)
     patch_size: int = Field(1, ge=1, le=8)
@@ -105,8 +109,13 @@ class ModelSection(_Section):
             if name is None and matching:
                 return {**data, "family": matching[0]}
             return {**data, "family": CUSTOM}  # shapes of no family: the knobs stand as written
+        if name == AUTO:
+            raise ValueError(
+                "model.family = auto is resolved from loss.teacher when the whole config is read "
+                "(config_from_dict); this [model] was read alone"
+            )
         if not isinstance(name, str) or name not in FAMILIES:
-            known = ", ".join([*FAMILIES, CUSTOM])
+            known = ", ".join([*FAMILIES, CUSTOM, AUTO])
             raise ValueError(f"model.family: unknown family {name!r}; known: {known}")
         own = FAMILIES[name].shape_knobs()
         wrong = [k for k, v in given.items() if v != own[k]]
@@ -472,7 +481,45 @@ def format_validation_error(err: ValidationError, where: str) -> str:
     return "\n".join(lines)
 
 
+def resolve_auto_family(data: dict, where: str = "config") -> dict:
+    """`data` with `model.family = auto` replaced by what loss.teacher's config.json derives
+    (teacher_geometry.auto_model: a published family, else `custom` shapes), so the config validated,
+    and any run.toml written from it, names concrete shapes. Reads config.json only (no torch). A
+    shape knob given beside `auto` that contradicts the teacher is an error naming both; so is a
+    teacher `auto` cannot serve, or none."""
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or model.get("family") != AUTO:
+        return data
+    raw_loss = data.get("loss")
+    loss: dict = raw_loss if isinstance(raw_loss, dict) else {}
+    teacher = str(loss.get("teacher") or "")
+    if not teacher:
+        raise ConfigError(
+            f"{where}: model.family = auto derives the student from the teacher's config.json, and "
+            "loss.teacher is empty: set loss.teacher=DIR (a local diffusers video VAE directory), or name "
+            f"the family ({', '.join(FAMILIES)})"
+        )
+    try:
+        knobs = auto_model(geometry_of(teacher, str(loss.get("teacher_subfolder") or ""), "loss.teacher"))
+    except TeacherError as err:
+        said = str(err) if str(err).startswith(f"model.family = {AUTO}") else f"model.family = {AUTO}: {err}"
+        raise ConfigError(f"{where}: {said}") from None
+    given = {k: _as_tuple(model[k]) for k in SHAPE_KNOBS if k in model}
+    wrong = [k for k, v in given.items() if v != knobs[k]]
+    if wrong:
+        raise ConfigError(
+            f"{where}: "
+            + "; ".join(
+                f"model.{k} = {_toml(given[k])} contradicts model.family = auto, whose teacher {teacher} "
+                f"gives {_toml(knobs[k])}"
+                for k in wrong
+            )
+        )
+    return {**data, "model": {**model, **knobs}}
+
+
 def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
+    data = resolve_auto_family(data, where)
     try:
         return TrainConfig.model_validate(data, context=_clip_context(data))
     except ValidationError as err:

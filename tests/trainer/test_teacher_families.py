@@ -234,3 +234,64 @@ def test_the_latent_cache_of_a_patch_2_family_crops_on_its_16_pixel_cell(tiny_te
         expect = lat[0, :, :, t // 16 : t // 16 + 2, l // 16 : l // 16 + 2]
         torch.testing.assert_close(item["latents"], expect.half().float())
     assert len(offsets) > 1  # crops at more than one cell
+
+
+def test_model_family_auto_is_resolved_at_config_load_and_the_cli_names_what_cannot_be_served(
+    tiny_teachers, tmp_path, capsys
+):
+    """`model.family = auto` reads loss.teacher's config.json when the config is read: Wan 2.2's VAE
+    gives taew2_2 and a run.toml naming it; a VAE of 8·p space and 8x time that no family has gives
+    `custom` shapes of its latents; a knob that contradicts the teacher, no teacher, or one of 2x time
+    are errors, and through the CLI (`plan`) one line and exit 2 (usage), no traceback."""
+    from taehv_console.cli import main
+    from tests.trainer.runs import base_config
+    from trainer.config import ConfigError, config_from_dict, config_to_toml
+
+    def cfg(teacher, **model):
+        return config_from_dict(
+            base_config(tmp_path, model={"family": "auto", **model}, loss={"teacher": str(teacher)})
+        )
+
+    published = cfg(tiny_teachers("taew2_2"))
+    assert (published.model.family, published.model.latent_channels, published.model.patch_size) == (
+        "taew2_2",
+        48,
+        2,
+    )
+    assert 'family = "taew2_2"' in config_to_toml(published)
+
+    config = json.loads((tiny_teachers("taew2_1") / "config.json").read_text())
+    custom, bad = tmp_path / "custom", tmp_path / "bad"
+    for directory, edits in (
+        (custom, {"z_dim": 12, "temperal_downsample": [True, True, True]}),
+        (bad, {"temperal_downsample": [False, False, True]}),
+    ):
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps({**config, **edits}))
+    m = cfg(custom).model
+    assert (m.family, m.latent_channels, m.patch_size, m.encoder_time_downscale) == (
+        "custom",
+        12,
+        1,
+        (True,) * 3,
+    )
+    assert cfg(custom).clip_rule.frame_quantum == 8
+
+    with pytest.raises(
+        ConfigError, match=r"model.latent_channels = 16 contradicts model.family = auto.* gives 12"
+    ):
+        cfg(custom, latent_channels=16)
+    with pytest.raises(ConfigError, match="model.family = auto derives the student .* loss.teacher is empty"):
+        cfg("")
+    with pytest.raises(ConfigError, match=r"no student serves it: 2x time is neither 4x nor 8x"):
+        cfg(bad)
+
+    argv = ["plan", "--preset", "cpu-smoke", "--set", "model.family=auto", "--set", f"loss.teacher={bad}"]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert (
+        "model.family = auto: the teacher is AutoencoderKLWan with 16 latent channels, 8x space, 2x time"
+        in text
+    )
+    assert "Traceback" not in text and text.count("model.family = auto:") == 1
