@@ -15,15 +15,20 @@ from trainer.flops import REFERENCE_CLIP, ModelLike, architecture, flop_per_clip
 class TeacherEncode:
     """One family's teacher VAE and what its encode costs: `tflop` counted for one clip of `clip`
     (frames the teacher encodes, height, width) by torch's FlopCounterMode over
-    `<teacher_class>(**config).encode(x).latent_dist.mode()` on the meta device (diffusers 0.42.1,
-    no tiling, bf16 or fp32 alike). Convolutions dominate and scale with frames x height x width; the
-    mid-block attention (HunyuanVideo, CogVideoX) grows faster but is ~2 % of the count at this size."""
+    `<teacher_class>(**overrides).encode(x).latent_dist.mode()` on the meta device (diffusers 0.42.1,
+    the class's own tiling settings, as trainer/teacher.py loads it; tests/core/plan/test_family_costs.py
+    counts them again). Other clip sizes scale by the voxels the teacher encodes: an estimate, since
+    not every cost is linear in them. Counted at other sizes: HunyuanVideo encodes more than 16 frames
+    in overlapping 16-frame windows (17 x 480 x 720: 1.29x the voxel-scaled figure); H3 tiles its
+    input in 256-pixel tiles with 64 of overlap by default (17 x 256 x 352: 0.64x); the rest stay
+    within 5 % from 9 to 25 frames."""
 
     teacher_class: str
-    config: str  # the constructor arguments counted, and where they come from
+    config: str  # which published config the constructor arguments are, and where they come from
     tflop: float
     clip: tuple[int, int, int]
-    estimate: str = ""  # why the figure is an estimate, when it is one
+    estimate: str = ""  # why the figure is an estimate beyond the voxel scaling, when it is one
+    overrides: tuple[tuple[str, object], ...] = ()  # constructor arguments besides the class defaults
 
     @property
     def flop_per_voxel(self) -> float:
@@ -31,24 +36,39 @@ class TeacherEncode:
         return self.tflop * 1e12 / (f * h * w)
 
 
+# Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json (as diffusers' conversion script writes it): the
+# class defaults are Wan 2.1's VAE
+WAN22_CONFIG: tuple[tuple[str, object], ...] = (
+    ("base_dim", 160),
+    ("decoder_base_dim", 256),
+    ("z_dim", 48),
+    ("in_channels", 12),
+    ("out_channels", 12),
+    ("is_residual", True),
+    ("patch_size", 2),
+    ("scale_factor_spatial", 16),
+)
 _HV1 = TeacherEncode(
     "AutoencoderKLHunyuanVideo", "class defaults = HunyuanVideo's VAE (FACTS: 29.9)", 29.854, (9, 480, 720)
 )
 _WAN21 = TeacherEncode("AutoencoderKLWan", "class defaults = Wan 2.1's VAE (z_dim 16)", 16.267, (9, 480, 720))
 _WAN22 = TeacherEncode(
     "AutoencoderKLWan",
-    "Wan2.2-TI2V-5B vae/config.json: base_dim 160, decoder_base_dim 256, z_dim 48, in/out 12, "
-    "is_residual, patch_size 2, scale_factor_spatial 16",
+    "Wan2.2-TI2V-5B's vae/config.json (WAN22_CONFIG)",
     11.270,
     (9, 480, 720),
+    overrides=WAN22_CONFIG,
 )
+# The next three: the class defaults, taken to be the published VAE's config (diffusers writes each
+# class's defaults from the model it was added for; no config file is here to compare with)
 _HV15 = TeacherEncode(
     "AutoencoderKLHunyuanVideo15", "class defaults (latent 32, spatial 16, temporal 4)", 44.783, (9, 480, 720)
 )
+# 9 frames = a 16-frame student clip (1 + 8k frames); 704 = 22 x 32 (the family's crops are multiples of 32)
 _LTX2 = TeacherEncode(
     "AutoencoderKLLTX2Video", "class defaults (patch 4, latent 128, 8x time)", 9.873, (9, 480, 704)
 )
-# the chunked teacher encodes every frame: a 17-frame chunk behind 3 zero frames
+# the chunked teacher encodes every frame: a 17-frame chunk behind 3 zero frames, tiled in space
 _H3 = TeacherEncode(
     "AutoencoderKLMiniMaxH3", "class defaults (clip_length 17, token_drop 3)", 107.459, (17, 480, 720)
 )

@@ -91,3 +91,21 @@ def test_plan_prints_the_familys_figures_and_names_it(capsys):
     assert "model         taeltx_2 (LTX-2)" in text
     assert "taeltx_2's teacher AutoencoderKLLTX2Video" in text
     assert "scaled by FLOPs per clip-step to taeltx_2" in " ".join(text.split())
+
+
+def test_the_teachers_figures_are_what_torch_counts():
+    """Each teacher's figure, counted again: its diffusers class with the stored config on the meta
+    device (no weights, no compute), FlopCounterMode over the encode trainer/teacher.py runs."""
+    diffusers = pytest.importorskip("diffusers")
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for t in {id(t): t for t in TEACHER_ENCODE.values()}.values():
+        frames, height, width = t.clip
+        with torch.device("meta"):
+            vae = getattr(diffusers, t.teacher_class)(**dict(t.overrides)).eval()
+            x = torch.rand(1, 3, frames, height, width)
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            vae.encode(x).latent_dist.mode()
+        assert counter.get_total_flops() / 1e12 == pytest.approx(t.tflop, abs=0.001), t.teacher_class
