@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from trainer.flops import flop_per_clip_step
-
 from taehv_console.cli import main
 from taehv_console.core.plan.planner import make_plan
 from taehv_console.core.plan.presets import load_preset
+from trainer.flops import flop_per_clip_step
 
 
 def _plan(*overrides):
