@@ -251,9 +251,13 @@ def verify(path: Path, deep: bool = True, hashes: bool = False) -> CheckpointSta
     if not (path / COMPLETE).is_file():
         problems.append("no COMPLETE marker")
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, not UTF-8
         problems.append(f"manifest unreadable ({type(err).__name__})")
+        return CheckpointStatus(path, step, "incomplete", tuple(problems), mtime=mtime)
+    damaged = manifest_problem(manifest)
+    if damaged:
+        problems.append(f"{MANIFEST} damaged: {damaged}")
         return CheckpointStatus(path, step, "incomplete", tuple(problems), mtime=mtime)
     if manifest.get("step") != step:
         problems.append(f"manifest says step {manifest.get('step')}, directory says {step}")
@@ -280,6 +284,25 @@ def verify(path: Path, deep: bool = True, hashes: bool = False) -> CheckpointSta
         zero_stage=manifest.get("zero_stage"),
         mtime=mtime,
     )
+
+
+def manifest_problem(manifest: object) -> str | None:
+    """What makes a parsed manifest unusable ("" / None when nothing does): its shape is checked
+    here, where it is read, so a damaged one (an array, file sizes that are not numbers) makes the
+    checkpoint incomplete with why, never an exception in a reader. Unknown keys are ignored."""
+    if not isinstance(manifest, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+        return f"a JSON {kind.get(type(manifest), 'null')} where an object belongs"
+    files, hashes = manifest.get("files", {}), manifest.get("hashes") or {}
+    if not isinstance(files, dict) or not all(type(v) is int and v >= 0 for v in files.values()):
+        return "field files: not an object of file sizes"
+    if not isinstance(hashes, dict) or not all(isinstance(v, str) for v in hashes.values()):
+        return "field hashes: not an object of hashes"
+    for key in ("step", "bytes", "world_size", "zero_stage"):
+        value = manifest.get(key)
+        if value is not None and type(value) is not int:
+            return f"field {key}: {str(value)[:40]!r} is not an integer"
+    return None
 
 
 @dataclass

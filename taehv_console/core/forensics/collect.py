@@ -11,7 +11,6 @@ because Flight Recorder waits several seconds for ranks to write their dumps.
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import threading
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from taehv_console.core.cluster.ssh import NodeRunner, SshError, SshPool, fan_out
 from taehv_console.core.forensics import flight_recorder as fr
@@ -26,6 +26,7 @@ from taehv_console.core.forensics import pyspy, ras, selfdump
 from taehv_console.core.forensics.node import UNREACHABLE, node_command
 from taehv_console.core.forensics.report import ForensicsReport, RankRef, StackDump
 from taehv_console.core.plan import flight_recorder as fr_launch
+from taehv_console.core.run.records import DamagedRecord, parse_heartbeat
 from taehv_console.core.run.rundir import RunDir
 from taehv_console.core.run.state import RunState, StateError
 from trainer.config import TrainConfig
@@ -92,11 +93,18 @@ class StallForensics:
 
     def _ref_for_rank(self, rank: int, node: int) -> RankRef:
         """A rank as its heartbeat names it (host, pid); host '' when it has none yet."""
-        try:
-            beat = json.loads((self.run.heartbeats / f"rank-{rank}.json").read_text())
-            return RankRef(rank=rank, node=node, host=str(beat.get("host", "")), pid=int(beat.get("pid", 0)))
-        except (OSError, ValueError, TypeError):
+        beat = self._heartbeat(rank)
+        if beat is None:
             return RankRef(rank=rank, node=node, host="", pid=0)
+        return RankRef(rank=rank, node=node, host=beat.get("host") or "", pid=beat.get("pid") or 0)
+
+    def _heartbeat(self, rank: int) -> dict[str, Any] | None:
+        """The rank's heartbeat, checked (records.parse_heartbeat); None when it is not there yet or
+        damaged (a damaged one names no process to look at)."""
+        try:
+            return parse_heartbeat((self.run.heartbeats / f"rank-{rank}.json").read_bytes())
+        except (OSError, DamagedRecord):
+            return None
 
     def _runner(self, host: str) -> NodeRunner:
         return self.pool.runner(host)
@@ -308,11 +316,8 @@ class StallForensics:
         have crashed jobs)."""
         if ref is None:
             return False
-        try:
-            beat = json.loads((self.run.heartbeats / f"rank-{ref.rank}.json").read_text())
-            return int(beat.get("step", 0)) >= 1
-        except (OSError, ValueError, TypeError):
-            return False
+        beat = self._heartbeat(ref.rank)
+        return beat is not None and beat["step"] >= 1
 
     def nccl_ras(self, ask: RankRef, ready: bool) -> tuple[str | None, str, str]:
         """(verdict line or None, note, raw text), asking at most every 15 s per node."""

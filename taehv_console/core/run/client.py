@@ -111,7 +111,11 @@ class RunClient:
             a = self.state.attempt
             offsets = dict(a.event_offsets) if a else {}
             self._events = AttemptEvents(
-                self.run.events, self.cfg.topology.world_size, self.cfg.optim.max_steps, offsets
+                self.run.events,
+                self.cfg.topology.world_size,
+                self.cfg.optim.max_steps,
+                offsets,
+                note=self._note,
             )
         return self._events
 

@@ -20,6 +20,7 @@ recovering.py, leaving a node out in excluding.py, requests from other consoles 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -214,7 +215,9 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         if self._events is None:
             a = self.attempt
             offsets = dict(a.event_offsets) if a else {}
-            self._events = AttemptEvents(self.run.events, self.world_size, self.cfg.optim.max_steps, offsets)
+            self._events = AttemptEvents(
+                self.run.events, self.world_size, self.cfg.optim.max_steps, offsets, note=self._note
+            )
         return self._events
 
     # -- between attempts
@@ -312,13 +315,32 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         return a
 
     def _stop_request(self) -> dict | None:
+        """The stop another console asked for (requests.py writes it), or None. The file's being
+        there is the request: a damaged one still stops the run, with only the fields that read
+        as what they should be (who, a grace in seconds, hurry)."""
         path = self.run.stop_request_path
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError):
+            request = json.loads(path.read_bytes().decode("utf-8") or "{}")
+        except (OSError, ValueError, RecursionError):  # gone, binary, not JSON
             return {}
+        if not isinstance(request, dict):
+            return {}
+        out: dict[str, Any] = {}
+        if isinstance(request.get("by"), str):
+            out["by"] = request["by"]
+        grace = request.get("grace_s")
+        if (
+            isinstance(grace, (int, float))
+            and not isinstance(grace, bool)
+            and math.isfinite(grace)
+            and grace >= 0
+        ):
+            out["grace_s"] = float(grace)
+        if isinstance(request.get("hurry"), bool):
+            out["hurry"] = request["hurry"]
+        return out
 
     def _statuses(self) -> dict[int, NodeStatus]:
         """Status files of this attempt, per node. A node another console started (a platform's

@@ -93,10 +93,13 @@ class RunLock:
 
 
 def read_holder(path: str | Path) -> dict[str, Any]:
+    """Who holds the lock, as its file says; {} when it says nothing readable (empty, released,
+    damaged: not text, not JSON, not an object)."""
     try:
-        return json.loads(Path(path).read_text() or "{}")
-    except (OSError, json.JSONDecodeError):
+        holder = json.loads(Path(path).read_bytes() or b"{}")
+    except (OSError, ValueError, RecursionError):  # ValueError: not JSON, not UTF-8
         return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def is_locked(path: str | Path) -> bool:

@@ -6,41 +6,82 @@ Everything a front end shows (loss, PSNR, ETA, health) comes from core/watch's R
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taehv_console.core.run.records import DamagedRecord, damaged_line, parse_event
+
 
 class EventTail:
     """Complete new lines of one JSONL file, from a byte offset; a partial last line waits for
-    the next read, and a file that does not exist yet is simply empty."""
+    the next read, and a file that does not exist yet is simply empty. Each line is checked
+    (records.parse_event): a damaged one (torn by a crash, binary, a field of the wrong type) is
+    skipped and named by file and line in `damaged`, and the lines after it are read on."""
 
-    def __init__(self, path: Path, offset: int = 0):
+    def __init__(self, path: Path, offset: int = 0, note: Callable[[str], None] | None = None):
         self.path = path
         self.offset = offset
+        self.damaged: list[str] = []  # one line per damaged record, oldest first (bounded)
+        self._note = note  # told each damaged line as it is skipped (the controller's notes)
 
     def read(self, limit_bytes: int = 8 << 20) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read(limit_bytes)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return []
+        except OSError as err:
+            self._damaged(None, f"unreadable ({err.strerror or err})")
             return []
         end = data.rfind(b"\n")
         if end < 0:
             return []
+        start = self.offset
         self.offset += end + 1
         out = []
-        for line in data[: end + 1].splitlines():
+        pos = 0
+        for line in data[: end + 1].split(b"\n")[:-1]:
+            at = start + pos
+            pos += len(line) + 1
+            if not line.strip():
+                continue
             try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a crash: the writer's next line is whole again
-            if isinstance(event, dict):
-                out.append(event)
+                out.append(parse_event(line))
+            except DamagedRecord as err:
+                self._damaged(at, str(err))
         return out
+
+    def _damaged(self, at: int | None, why: str) -> None:
+        if len(self.damaged) < MAX_DAMAGED:
+            text = damaged_line(str(self.path), _line_number(self.path, at), why)
+            self.damaged.append(text)
+            if self._note is not None:
+                self._note(text)
+
+
+MAX_DAMAGED = 100  # damaged records named per file; the rest are skipped without a word
+
+
+def _line_number(path: Path, at: int | None) -> int | None:
+    """The 1-based line that starts at byte `at` (counted only for a damaged line: rare)."""
+    if at is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            n, left = 1, at
+            while left > 0:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                n += chunk.count(b"\n")
+                left -= len(chunk)
+        return n
+    except OSError:
+        return None
 
 
 def file_sizes(events_dir: Path) -> dict[int, int]:
@@ -72,12 +113,14 @@ class RunProgress:
 
     def add(self, event: dict[str, Any]) -> None:
         kind, rank = event.get("kind"), event.get("rank")
-        self.last_event_time = event.get("time", time.time())
+        t = event.get("time")  # checked where it was read (records.EventLine): a finite number or absent
+        self.last_event_time = float(t) if t is not None else time.time()
         if kind == "start" and isinstance(rank, int):
             self.started_ranks.add(rank)
             self.step = max(self.step, int(event.get("step") or 0))
         elif kind == "step" and rank == 0:
-            self.step = int(event.get("step", self.step))
+            step = event.get("step")
+            self.step = step if isinstance(step, int) else self.step
             self.last_step_time = self.last_event_time
             if self.first_step_time is None:
                 self.first_step_time = self.last_event_time
@@ -103,13 +146,18 @@ class AttemptEvents:
     """Tails every rank's events file from where the attempt began and feeds a RunProgress."""
 
     def __init__(
-        self, events_dir: Path, world_size: int, max_steps: int, offsets: dict[int, int] | None = None
+        self,
+        events_dir: Path,
+        world_size: int,
+        max_steps: int,
+        offsets: dict[int, int] | None = None,
+        note: Callable[[str], None] | None = None,
     ):
         self.events_dir = events_dir
         self.progress = RunProgress(world_size=world_size, max_steps=max_steps)
         offsets = offsets or {}
         self._tails = {
-            r: EventTail(events_dir / f"rank-{r}.jsonl", offsets.get(r, 0)) for r in range(world_size)
+            r: EventTail(events_dir / f"rank-{r}.jsonl", offsets.get(r, 0), note) for r in range(world_size)
         }
 
     def poll(self) -> list[dict[str, Any]]:
@@ -120,3 +168,7 @@ class AttemptEvents:
                 self.progress.add(event)
                 new.append(event)
         return new
+
+    def damaged(self) -> list[str]:
+        """The damaged lines skipped so far, each named by file and line (every rank's)."""
+        return [line for tail in self._tails.values() for line in tail.damaged]

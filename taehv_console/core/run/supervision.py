@@ -65,9 +65,11 @@ def running_supervisor(run: RunDir) -> dict[str, Any] | None:
     """The run's supervisor as supervisor.json names it, when that process is alive on this host
     and is a supervisor of this run (a reused pid is not)."""
     try:
-        info = json.loads(info_path(run).read_text())
-    except (OSError, json.JSONDecodeError):
+        info = json.loads(info_path(run).read_bytes())
+    except (OSError, ValueError, RecursionError):  # ValueError: not JSON, not UTF-8
         return None
+    if not isinstance(info, dict):
+        return None  # damaged: it names no supervisor
     pid = info.get("pid")
     if not isinstance(pid, int) or info.get("host") != socket.gethostname():
         return None

@@ -124,8 +124,10 @@ class RunProcesses:
             try:
                 beat = json.loads(path.read_text())
                 rank = int(name[5:-5])
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):  # ValueError: not JSON, not UTF-8
                 continue  # not written yet, or being replaced right now; the next read has it
+            if not isinstance(beat, dict):
+                continue  # damaged (the console names it: records.parse_heartbeat); it names no process
             if beat.get("host") != self.hostname:
                 elsewhere = True
             elif isinstance(beat.get("pid"), int):

@@ -12,18 +12,19 @@ running count (the trainer's count is cumulative), instead of one notice per ski
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from taehv_console.core.run.records import DamagedRecord, damaged_line, parse_event
 from taehv_console.core.watch.state import Notice
 
 # The trainer writes compact JSON (separators without spaces); a writer that adds spaces misses
 # this fast test and takes the full-parse path, which gives the same result.
 _STEP_MARK = b'"kind":"step"'
 RANK_FILE = re.compile(r"(?:^|/)rank-(\d+)\.jsonl$")
+MAX_DAMAGED = 100  # damaged lines named; the rest are counted in bad_lines only
 
 
 @dataclass
@@ -56,13 +57,22 @@ class EventFold:
         self.first_start: float | None = None
         self.lines = 0
         self.bad_lines = 0
+        self.damaged: list[str] = []  # damaged lines skipped, each named by file and line (bounded)
+        self._damaged_seen: set[str] = set()
+        self._line_no: dict[str, int] = {}  # file -> lines fed so far
         self.version = 0  # bumped on every change; the monitor rebuilds only what changed
 
     # ------------------------------------------------------------------ input
-    def feed(self, rank: int, lines: list[bytes]) -> None:
-        """Complete lines of one rank's file, in file order."""
+    def feed(self, rank: int, lines: list[bytes], path: str | None = None) -> None:
+        """Complete lines of one rank's file, in file order (`path`: the file, relative to the run,
+        whose lines they are, continuing where its last call ended). Each line parsed is checked
+        (records.parse_event): a damaged one is skipped, counted in bad_lines and named by file
+        and line in `damaged` and a warning notice, and the lines after it are read on."""
         if not lines:
             return
+        path = path or f"events/rank-{rank}.jsonl"
+        first = self._line_no.get(path, 0) + 1
+        self._line_no[path] = first - 1 + len(lines)
         self.lines += len(lines)
         keep_steps = self.history_len if rank == 0 else 0
         n_steps = 0
@@ -70,22 +80,35 @@ class EventFold:
             n_steps = sum(1 for ln in lines if _STEP_MARK in ln)
         skip_before = n_steps - max(keep_steps, 1)  # always parse the newest step line of rank 0
         seen_steps = 0
-        for line in lines:
+        for i, line in enumerate(lines):
             if _STEP_MARK in line:
                 if rank != 0:
                     continue  # per-rank step lines repeat rank 0's means; heartbeats carry the pulse
                 seen_steps += 1
                 if seen_steps <= skip_before:
                     continue  # would fall out of every bounded history before anyone saw it
-            try:
-                ev = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
-                if line.strip():
-                    self.bad_lines += 1
+            if not line.strip():
                 continue
-            if isinstance(ev, dict):
-                self.apply(rank, ev)
+            try:
+                ev = parse_event(line)
+            except DamagedRecord as err:
+                self.bad_lines += 1
+                self._damaged(rank, damaged_line(path, first + i, str(err)))
+                continue
+            self.apply(rank, ev)
         self.version += 1
+
+    def restart(self, path: str) -> None:
+        """The file was replaced or truncated: its lines are counted from the first again."""
+        self._line_no.pop(path, None)
+
+    def _damaged(self, rank: int, text: str) -> None:
+        if text in self._damaged_seen or len(self._damaged_seen) >= MAX_DAMAGED:
+            return
+        self._damaged_seen.add(text)
+        self.damaged.append(text)
+        last = self.ranks.get(rank)
+        self._notice(last.last_time if last else None, "warning", text, rank)
 
     def apply(self, rank: int, ev: dict[str, Any]) -> None:
         kind = ev.get("kind")
@@ -215,7 +238,7 @@ class EventFold:
         done = [ev for ev in self.checkpoints.values() if ev.get("status") == "complete"]
         if not done:
             return None
-        sec = max(done, key=lambda e: e.get("step", 0)).get("seconds")
+        sec = max(done, key=lambda e: e.get("step") or 0).get("seconds")
         return float(sec) if isinstance(sec, (int, float)) else None
 
 

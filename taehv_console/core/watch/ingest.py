@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from taehv_console.core.logscan import LogScanner
+from taehv_console.core.run.records import DamagedRecord, damaged_line, parse_heartbeat
 from taehv_console.core.run.state import RunState, StateError
 from taehv_console.core.toml_compat import tomllib
 from taehv_console.core.watch.events import EventFold, rank_of
@@ -198,6 +199,7 @@ class Ingest:
         self.console: RunState | None = None
         self.console_raw: dict[str, Any] = {}
         self.forensics: dict[str, ForensicsSummary] = {}  # report file -> its summary
+        self.damaged_files: dict[str, str] = {}  # file -> why it is skipped, while it stays damaged
         self._owner: dict[str, str] = {}  # file -> the reader (node) whose lines of it count
         self._rank_window = rank_window
         self._obs_cache: dict[int, tuple[tuple, RankObservation]] = {}  # rank -> (inputs, observation)
@@ -256,13 +258,47 @@ class Ingest:
                         self.console = RunState.from_dict(self.console_raw)
                     elif path.startswith("forensics/"):
                         self.forensics[path] = ForensicsSummary.from_report(json.loads(data), path)
-                except (ValueError, UnicodeDecodeError, StateError, TypeError, KeyError, AttributeError):
-                    pass  # being rewritten, or another version's: the next change reads it again
+                        self._file_read(path)
+                except (
+                    ValueError,
+                    UnicodeDecodeError,
+                    StateError,
+                    TypeError,
+                    KeyError,
+                    AttributeError,
+                    RecursionError,
+                ) as err:
+                    # state.json and run.toml: being rewritten, or another version's (the next change
+                    # reads them again; their readers say what is wrong); a report is written whole
+                    if path.startswith("forensics/"):
+                        why = "nested too deeply to read" if isinstance(err, RecursionError) else str(err)
+                        self._file_damaged(path, f"not a forensics report ({why[:200]})", now, None)
+            for path in res.reset:
+                self.fold.restart(path)
             for path, lines in res.lines.items():
                 r = rank_of(path)
                 if r is not None and self._mine(path, reader):
-                    self.fold.feed(r, lines)
+                    self.fold.feed(r, lines, path)
             self.version += 1
+
+    def _file_damaged(self, path: str, why: str, now: float, rank: int | None) -> None:
+        """A whole file (a heartbeat, a forensics report) skipped as damaged: named once while it
+        stays so, in `damaged_files` and as a warning notice."""
+        if self.damaged_files.get(path) == why:
+            return
+        self.damaged_files[path] = why
+        self.notices.append(Notice(now, "warning", "damaged", damaged_line(path, None, why), rank))
+        self.version += 1
+
+    def _file_read(self, path: str) -> None:
+        if self.damaged_files.pop(path, None) is not None:
+            self.version += 1
+
+    def damaged(self) -> tuple[str, ...]:
+        """Every damaged record skipped so far, named by file (and line): event lines, then files."""
+        return tuple(self.fold.damaged) + tuple(
+            damaged_line(p, None, w) for p, w in sorted(self.damaged_files.items())
+        )
 
     def apply_heartbeats(self, res: TailResult, now: float, reader: str = "") -> None:
         with self.lock:
@@ -271,13 +307,13 @@ class Ingest:
                 m = _HEARTBEAT.search(path)
                 if not m:
                     continue
-                try:
-                    hb = json.loads(data)
-                except ValueError:
-                    continue
-                if not isinstance(hb, dict):
-                    continue
                 r = int(m.group(1))
+                try:
+                    hb = parse_heartbeat(data)
+                except DamagedRecord as err:
+                    self._file_damaged(path, str(err), now, r)
+                    continue
+                self._file_read(path)
                 t = self.ranks.get(r)
                 if t is None:
                     t = self.ranks[r] = RankTracker(r, self._rank_window)

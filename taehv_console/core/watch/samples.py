@@ -160,7 +160,8 @@ def validation_every(run_dir: str | Path) -> int | None:
     when the file or the value is not there."""
     try:
         raw = tomllib.loads((Path(run_dir) / "run.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
-    every = (raw.get("schedule") or {}).get("val_every")
+    schedule = raw.get("schedule")
+    every = schedule.get("val_every") if isinstance(schedule, dict) else None
     return every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else None

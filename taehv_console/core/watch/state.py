@@ -451,6 +451,9 @@ class RunView:
         None  # the RunState from state.json (phase, attempts, failure, stop), when there is one
     )
     forensics: tuple[ForensicsSummary, ...] = ()  # newest last
+    # records skipped as damaged (an event line, a heartbeat, a forensics report), each named by
+    # file (and line) and why: the rest of the run was read around them
+    damaged: tuple[str, ...] = ()
 
     @property
     def failure(self) -> Failure | None:

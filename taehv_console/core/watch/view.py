@@ -194,6 +194,7 @@ class ViewBuilder:
             sources=sources,
             console=ing.console,
             forensics=tuple(sorted(ing.forensics.values(), key=lambda f: f.time or 0.0)),
+            damaged=ing.damaged(),
         )
 
     def _header(self, ranks: tuple[RankHealth, ...], collective: CollectiveStall | None) -> RunHeader:
@@ -443,4 +444,5 @@ def progress_dict(view: RunView) -> dict[str, Any]:
         "checkpoint_step": view.checkpoints.newest_complete_step,
         "world_size": run.world_size,
         "stalled": [r.rank for r in view.stalled],
+        "damaged": list(view.damaged),
     }

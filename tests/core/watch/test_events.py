@@ -149,7 +149,12 @@ def test_rank_0s_compile_event_is_one_notice_and_a_cache_that_did_not_load_is_a_
 def test_bad_and_partial_lines_are_counted_not_fatal():
     f = EventFold()
     f.feed(0, [b"", b"{not json", b"[1,2]", _step(1)])
-    assert f.bad_lines == 1 and f.last_step["step"] == 1
+    assert f.bad_lines == 2 and f.last_step["step"] == 1
+    assert [d.split(": damaged, skipped: ")[0] for d in f.damaged] == [
+        "events/rank-0.jsonl line 2",
+        "events/rank-0.jsonl line 3",
+    ]
+    assert "not JSON" in f.damaged[0] and "a JSON array where an event (an object) belongs" in f.damaged[1]
 
 
 def test_catch_up_shortcut_equals_parsing_every_line():
