@@ -9,7 +9,7 @@ import json
 import pytest
 
 from taehv_console.cli import main
-from taehv_console.core.plan.footprint import parameter_count
+from taehv_console.core.plan.footprint import activation_elements, parameter_count
 from taehv_console.core.plan.planner import make_plan
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.plan.teacher import TEACHER_ENCODE, teacher_encode_flop
@@ -109,3 +109,38 @@ def test_the_teachers_figures_are_what_torch_counts():
         with torch.no_grad(), counter:
             vae.encode(x).latent_dist.mode()
         assert counter.get_total_flops() / 1e12 == pytest.approx(t.tflop, abs=0.001), t.teacher_class
+
+
+def _saved_by_autograd(family: str, clip: tuple[int, int, int]) -> int:
+    """Elements autograd keeps for one clip's training step (its storages, the weights left out)."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.model import reconstruction_target
+
+    model = TAEHV.for_family(family).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    x = torch.rand(1, clip[0], 3, clip[1], clip[2])
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights:
+            kept[ptr] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, y = model(x, clamp=False)
+        F.mse_loss(y, reconstruction_target(x, y.shape[1]))
+    return sum(kept.values())
+
+
+def test_activations_follow_the_familys_layers():
+    """footprint's count against what autograd saves, for every kind of family: patch 2 and 4, the
+    super decoder, H3's chunks. The base decoder's count is the high one (it keeps the upsampled
+    tensor the trainer's order never makes: calibrated on taehv against a measured step, see
+    footprint.activation_elements); the super decoder's matches autograd's."""
+    for family in ("taehv", "taew2_2", "taew2_2_super", "taeltx_2", "taeh3"):
+        clip = (clip_rule(family).frame_quantum, 64, 64)
+        counted = activation_elements(ModelSection(family=family), *clip).saved
+        assert 0.9 < counted / _saved_by_autograd(family, clip) < 1.4, family
