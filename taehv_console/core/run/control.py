@@ -52,6 +52,7 @@ from taehv_console.core.run.outcome import (
     whoami,
 )
 from taehv_console.core.run.progress import AttemptEvents, RunProgress
+from taehv_console.core.run.records import damaged_line
 from taehv_console.core.run.recovering import RecoveryMixin
 from taehv_console.core.run.recovery import Stall
 from taehv_console.core.run.rundir import RunDir
@@ -62,6 +63,7 @@ from taehv_console.core.run.state import (
     Phase,
     RunState,
     StopRecord,
+    check_node_status,
 )
 from taehv_console.core.run.stopping import StopMixin
 from trainer.config import TrainConfig
@@ -105,6 +107,9 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         self._last_liveness = 0.0
         self._gone_since: dict[int, float] = {}
         self._vanished: dict[int, str] = {}
+        self._status_damage: dict[
+            int, str
+        ] = {}  # node -> why its status file does not read ("" when it does)
         self._unreachable: dict[int, tuple[float, str]] = {}  # node -> (since, why), this attempt
         self._trouble_since: float | None = None
         self._killed: tuple[str, ...] = ()
@@ -351,7 +356,12 @@ class RunController(LaunchMixin, LivenessMixin, RecoveryMixin, StopMixin):
         if a is None:
             return out
         for i in range(self.cfg.topology.nodes):
-            st = self.run.node_status(i)
+            path = self.run.node_status_path(i)
+            st, damaged = check_node_status(path)
+            if damaged and self._status_damage.get(i) != damaged:
+                # said once while it stays so: the node's exit is then seen from its processes
+                self._note(damaged_line(str(path), None, damaged))
+            self._status_damage[i] = damaged
             if st is None:
                 continue
             mine = i in self.state.controlled or self.kind.slurm

@@ -340,7 +340,27 @@ def _status_adapter() -> TypeAdapter[NodeStatus]:
 def read_node_status(path: Path) -> NodeStatus | None:
     """The status file, or None when it is absent, being replaced (callers poll again) or damaged
     (its identity is then unknown: nothing is signalled on its word)."""
+    return check_node_status(path)[0]
+
+
+def check_node_status(path: Path) -> tuple[NodeStatus | None, str]:
+    """(the status file, or None; why it cannot be used: "" when it reads, or is simply not there).
+    The wrapper replaces the file atomically, so one that does not read is damaged, not torn."""
     try:
-        return NodeStatus.from_dict(json.loads(path.read_bytes().decode("utf-8")))
-    except (OSError, ValueError, TypeError, RecursionError):  # JSON, UTF-8, shape
-        return None
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None, ""
+    except OSError as err:
+        return None, f"unreadable ({err.strerror or err})"
+    except UnicodeDecodeError:
+        return None, "not text (binary bytes)"
+    except json.JSONDecodeError as err:
+        return None, f"not JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+    except (ValueError, RecursionError) as err:  # an integer too long, nesting too deep
+        return None, f"not JSON ({type(err).__name__})"
+    try:
+        return NodeStatus.from_dict(data), ""
+    except TypeError as err:
+        return None, str(err)
+    except ValidationError as err:
+        return None, validation_text(err)

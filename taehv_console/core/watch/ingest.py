@@ -220,7 +220,13 @@ class Ingest:
                 continue
             try:
                 samples.append(parse_sample(line, received=now))
-            except (ValueError, KeyError, TypeError):
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                RecursionError,
+            ):  # a line of another shape
                 a.bad_lines += 1
         if not samples:
             return
@@ -271,7 +277,11 @@ class Ingest:
                     # state.json and run.toml: being rewritten, or another version's (the next change
                     # reads them again; their readers say what is wrong); a report is written whole
                     if path.startswith("forensics/"):
-                        why = "nested too deeply to read" if isinstance(err, RecursionError) else str(err)
+                        why = (
+                            "nested too deeply to read"
+                            if isinstance(err, RecursionError)
+                            else str(err).removeprefix(f"{path}: ")
+                        )
                         self._file_damaged(path, f"not a forensics report ({why[:200]})", now, None)
             for path in res.reset:
                 self.fold.restart(path)

@@ -203,7 +203,20 @@ def test_a_damaged_heartbeat_is_named_and_the_other_ranks_are_read(run, name):
 def test_a_heartbeat_repaired_is_no_longer_named(run):
     """One Ingest across polls, as a following console holds it: named once while damaged, and
     no longer once the rank writes a whole beat again."""
-    ing = Ingest(
+    ing = _ingest()
+    good = (run.heartbeats / "rank-0.json").read_bytes()
+    for _ in range(3):  # the same damage read again is one notice, not three
+        ing.apply_heartbeats(TailResult(whole={"heartbeat/rank-0.json": b"[1]"}), now=1.0)
+    assert ing.damaged() == (
+        "heartbeat/rank-0.json: damaged, skipped: a JSON array where a heartbeat (an object) belongs",
+    )
+    assert [n.source for n in ing.notices] == ["damaged"] and 0 not in ing.ranks
+    ing.apply_heartbeats(TailResult(whole={"heartbeat/rank-0.json": good}), now=2.0)
+    assert ing.damaged() == () and ing.ranks[0].step == json.loads(good)["step"]
+
+
+def _ingest() -> Ingest:
+    return Ingest(
         ["localhost"],
         local_mode=True,
         rank_nodes=None,
@@ -214,15 +227,40 @@ def test_a_heartbeat_repaired_is_no_longer_named(run):
         agent_restart_s=1.0,
         rank_window=10,
     )
-    good = (run.heartbeats / "rank-0.json").read_bytes()
-    for _ in range(3):  # the same damage read again is one notice, not three
-        ing.apply_heartbeats(TailResult(whole={"heartbeat/rank-0.json": b"[1]"}), now=1.0)
-    assert ing.damaged() == (
-        "heartbeat/rank-0.json: damaged, skipped: a JSON array where a heartbeat (an object) belongs",
-    )
-    assert [n.source for n in ing.notices] == ["damaged"] and 0 not in ing.ranks
-    ing.apply_heartbeats(TailResult(whole={"heartbeat/rank-0.json": good}), now=2.0)
-    assert ing.damaged() == () and ing.ranks[0].step == json.loads(good)["step"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[1]", b"{", bytes(range(128, 256)), b"[" * 100000 + b"]" * 100000],
+    ids=["array", "truncated", "binary", "nested-deep"],
+)
+def test_a_damaged_forensics_report_is_named_and_the_run_still_shown(run, content):
+    (run.path / "forensics").mkdir()
+    (run.path / "forensics" / "report-1.json").write_bytes(content)
+    view = snapshot_once(run.path)
+    (damaged,) = view.damaged
+    assert damaged.startswith("forensics/report-1.json: damaged, skipped: not a forensics report (")
+    assert view.forensics == () and view.run.phase == "done" and view.run.step == 3
+
+
+def test_agent_lines_of_another_shape_are_counted_not_fatal():
+    """The node agent's lines (over SSH) go through the same reader: a field of the wrong shape
+    is one bad line, the good line after it still makes the node's sample."""
+    ing = _ingest()
+    agent = ing.agents["localhost"]
+    good = {"host": "localhost", "time": 5.0, "cpu_pct": 12.5}
+    bad = [
+        {"host": "h", "time": 1, "owners": [1]},
+        {"host": "h", "time": 1, "nvml": [1]},
+        {"host": "h", "time": 1, "processes": [1]},
+        {"host": "h", "time": "x"},
+        {"host": "h", "time": 1, "disks": [{"path": 1}]},
+        {"host": "h", "time": 1, "xid": {"events": 5}},
+    ]
+    lines = [json.dumps(d) for d in bad] + ["{" + "[" * 100000, json.dumps(good)]
+    ing.apply_agent_lines(agent, lines, now=5.0)
+    assert agent.bad_lines == len(bad) + 1
+    assert agent.sample is not None and agent.sample.cpu_pct == 12.5
 
 
 @pytest.mark.parametrize("name", sorted(BAD_MANIFESTS))
@@ -311,3 +349,32 @@ def test_the_installed_command_prints_no_traceback(run):
     out = subprocess.run([exe, "status", str(run.path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stderr
     assert "done" in out.stdout
+
+
+@pytest.mark.parametrize("command", ["stop", "attach"])
+def test_a_run_left_running_is_reconciled_past_its_damaged_lines(run, capsys, command):
+    """The controller (stop, attach: a console that died left the run 'running') reads the
+    attempt's events and the nodes' status files to reach its verdict: the damaged lines and files
+    are said by file (and line), and the verdict is the run's own (done), not a crash."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid nothing holds now: the launcher is gone
+    data = json.loads(run.state_path.read_text())
+    data["phase"] = "running"
+    data["attempts"][0].update(ended=None, outcome=None)
+    data["attempts"][0]["nodes"][0].update(pid=gone.pid, pgid=gone.pid)
+    run.state_path.write_text(json.dumps(data))
+    at, _good = _damage_events(run, BAD_LINES["step-a-string"][0])
+    run.node_status_path(0).parent.mkdir(exist_ok=True)
+    run.node_status_path(0).write_bytes(b"[1]")  # the wrapper's word on its exit: damaged
+    argv = [command, str(run.path)] + (["--grace", "1"] if command == "stop" else [])
+    code = main(argv)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert code == 0 and "Traceback" not in text, text
+    assert (
+        f"{run.event_file(0)} line {at}: damaged, skipped: field step: Input should be a valid integer"
+        in text
+    )
+    status = f"{run.node_status_path(0)}: damaged, skipped: a JSON array where a status (an object) belongs"
+    assert text.count(status) == 1, text  # said once, however often the controller looks
+    assert run.read_state().phase.value == "done"
