@@ -113,8 +113,10 @@ def load_sample_step(run_dir: str | Path, step: int) -> SampleStep:
         raw = json.loads(index_path.read_text())
     except FileNotFoundError:
         raise SamplesError(f"{index_path}: no such file (the step's samples are not complete)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, not JSON, an integer too long
         raise SamplesError(f"{index_path}: cannot read it: {err}") from None
+    except RecursionError:
+        raise SamplesError(f"{index_path}: cannot read it: nested too deeply") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("clips"), list):
         raise SamplesError(f"{index_path}: expected an object with a 'clips' list")
     clips = []

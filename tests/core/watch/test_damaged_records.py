@@ -26,6 +26,7 @@ from taehv_console.core.watch.agent import RunProcesses
 from taehv_console.core.watch.checkpoints import CheckpointWatcher, RunActivity
 from taehv_console.core.watch.ingest import Ingest
 from taehv_console.core.watch.monitor import snapshot_once
+from taehv_console.core.watch.samples import SamplesError, load_sample_step, newest_samples
 from taehv_console.core.watch.tail import TailResult
 from trainer import checkpoint as ckpt
 
@@ -378,3 +379,18 @@ def test_a_run_left_running_is_reconciled_past_its_damaged_lines(run, capsys, co
     status = f"{run.node_status_path(0)}: damaged, skipped: a JSON array where a status (an object) belongs"
     assert text.count(status) == 1, text  # said once, however often the controller looks
     assert run.read_state().phase.value == "done"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[" * 100000 + b"]" * 100000, b'{"step":' + b"9" * 5000 + b"}", bytes(range(128, 256)), b"[1]"],
+    ids=["nested-deep", "integer-too-long", "binary", "array"],
+)
+def test_a_damaged_samples_index_is_passed_over(run, capsys, content):
+    (run.path / "samples" / "step-2").mkdir(parents=True)
+    (run.path / "samples" / "step-2" / "index.json").write_bytes(content)
+    with pytest.raises(SamplesError, match="index.json"):
+        load_sample_step(run.path, 2)
+    assert newest_samples(run.path) is None
+    assert main(["status", str(run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] is None
