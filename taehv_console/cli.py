@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -147,18 +149,74 @@ def console_options(argv: list[str]) -> tuple[FlowOptions, str | None]:
         raise
 
 
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _devnull_identity() -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.devnull)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stdout_closed() -> bool:
+    """Whether stdout's reader has gone (`| head` read its lines); if so stdout is pointed at
+    /dev/null, so that the interpreter's own flush at exit does not report the same broken pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):
+        return False  # not a file (a test's capture): nothing that can break
+    try:
+        sys.stdout.flush()
+        # a failed write empties the buffer, so a flush after one may find nothing to write: ask the
+        # pipe itself (a write end whose readers are all gone polls as an error)
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0)):
+            return False
+    except BrokenPipeError:
+        pass
+    except (OSError, ValueError):
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(chosen_command(argv)).parse_args(argv)
     prog = f"taehv-console {args.command}" if getattr(args, "command", None) else "taehv-console"
     for warning in option_warnings(args):  # on stderr: --json's stdout stays JSON
         print(f"{prog}: warning: {warning}", file=sys.stderr)
+    stdout_was = _fd_identity(1)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        stdout_closed()  # its reader went at the end: what was asked is done, so its code stands
+        return code
+    except SystemExit:
+        # rich's Console answers a broken stdout by pointing it at /dev/null and exiting 1, the
+        # code platforms retry and `status` uses for a bad checkpoint: say what happened instead
+        if stdout_was != _fd_identity(1) == _devnull_identity():
+            return int(ExitCode.OUTPUT_CLOSED)
+        raise
     except KeyboardInterrupt:
         # a command that follows a run stops it on Ctrl-C itself; elsewhere nothing more is done
         print(f"{prog}: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError as err:
+        if not stdout_closed():
+            code, message = describe_error(err, argv)  # a socket's broken pipe: a node's, say
+            print(f"{prog}: {message}", file=sys.stderr)
+            return int(code)
+        return int(ExitCode.OUTPUT_CLOSED)
     except Exception as err:  # noqa: BLE001 - no traceback reaches a user: a known error is one
         # line with its code (errors.py: ERROR_CODES), anything else one line naming its crash log
         code, message = describe_error(err, argv)

@@ -29,6 +29,9 @@ class ExitCode(enum.IntEnum):
     # traceback. Not 1: platforms retry 1, and another try would crash the same way
     CRASHED = 70  # sysexits.h's EX_SOFTWARE
     INTERRUPTED = 130  # Ctrl-C before a run was being followed (shell convention); nothing was stopped
+    # stdout's reader went away (`status --json | head`): SIGPIPE's shell convention, said by nothing
+    # (stderr may be the same pipe); a run being followed keeps running under its supervisor
+    OUTPUT_CLOSED = 141
 
 
 def exit_code_for(phase: str, final: bool = False) -> ExitCode:
@@ -49,11 +52,19 @@ CRASHED_MEANING = (
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in ExitCode)
 
 
+# what OUTPUT_CLOSED means for every command: cli.main returns it for any of them, so every epilog
+# lists it without each command's EXIT_CODES naming it
+OUTPUT_CLOSED_MEANING = (
+    "stdout's reader went away before the command finished (`| head`); a run being followed keeps running"
+)
+
+
 def command_epilog(codes: dict[ExitCode, str], width: int = 79) -> str:
     """A command's `--help` epilog: the codes it can return, one a paragraph (a parser with
-    argparse.RawDescriptionHelpFormatter keeps the lines)."""
+    argparse.RawDescriptionHelpFormatter keeps the lines), with OUTPUT_CLOSED, which every command
+    can return."""
     lines = ["exit codes:"]
-    for code, meaning in sorted(codes.items()):
+    for code, meaning in sorted({ExitCode.OUTPUT_CLOSED: OUTPUT_CLOSED_MEANING, **codes}.items()):
         lines += textwrap.wrap(
             meaning, width, initial_indent=f"  {int(code):>3}  ", subsequent_indent=" " * 7
         )
