@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from taehv_console.commands.status import family_fields, family_text
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import run_config
@@ -195,6 +196,7 @@ def _launch_new(
 ) -> ExitCode:
     run = create_run(options.runs, cfg, spec, run=existing)
     view.note(f"run {run.run_id} in {run.path}")
+    view.note(f"family {family_text(family_fields(cfg.model.family))}")
     ctrl = RunController.open(run, pool, purpose="launch (--no-tui)")
     try:
         if options.grace_s:

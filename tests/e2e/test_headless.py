@@ -57,6 +57,8 @@ def test_no_gpu_and_no_data_trains_cpu_smoke_on_generated_clips_to_the_end(tmp_p
     assert result["phase"] == "done" and result["exit_name"] == "done"
     run = tmp_path / "runs" / result["run"]
     assert (run / "final" / "taehv.safetensors").is_file()
+    notes = [o["message"] for o in console.lines if o.get("kind") == "note"]
+    assert "family taehv (HunyuanVideo 1), exported as taehv.safetensors + .pth" in notes, notes
     preflight = next(o for o in console.lines if o.get("kind") == "preflight")
     assert "cpu-smoke" in preflight["config"] and "generated clips" in preflight["config"]
     clips = tmp_path / "runs" / "generated-clips"
