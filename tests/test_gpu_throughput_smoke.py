@@ -173,9 +173,10 @@ def test_tiny_cpu_run_of_every_section_prints_its_figures(tmp_path):
     assert sorted((c["layout"], c["batch"], c["step"]) for c in cells) == sorted(
         (lay, b, step) for lay in ("nchw", "channels_last") for b in (1, 2) for step in ("recon", "distill")
     )
-    # distillation also decodes the teacher's latents: 1.69x the reconstruction step's FLOPs
+    # distillation also decodes the teacher's latents: 1.64x the reconstruction step's FLOPs at this
+    # clip (1.67x at 12x480x720: a 4-frame clip keeps 1 of its 4 decoded frames, fewer than 9 of 12)
     flops = {(c["layout"], c["batch"], c["step"]): c["tflop_per_clip_step"] for c in cells}
-    assert flops["nchw", 1, "distill"] == pytest.approx(1.69 * flops["nchw", 1, "recon"], rel=0.02)
+    assert flops["nchw", 1, "distill"] == pytest.approx(1.64 * flops["nchw", 1, "recon"], rel=0.02)
     for c in cells:
         assert c["mode"] == "eager" and c["clips_per_s"] > 0
         assert c["step_ms_p90"] >= c["step_ms_median"] > 0
