@@ -36,6 +36,7 @@ def _mean(values: list[float]) -> float:
 def _model_dict(m: ModelScore) -> dict:
     out = {
         "label": m.source.label,
+        "family": m.family,
         "weights": str(m.source.path),
         "config": m.note,
         "overall": asdict(m.overall),
@@ -53,6 +54,7 @@ def result_dict(result: EvalResult, files: dict[str, str] | None = None) -> dict
     s = result.section
     out: dict = {
         "data": result.data,
+        "family": result.family,  # the first model's; each model's is in "models"
         "frames": s.frames,
         "scored_frames": result.scored_frames,  # T = 4k frames decode to 4k-3 (the causal warm-up)
         "height": s.height,
@@ -65,8 +67,15 @@ def result_dict(result: EvalResult, files: dict[str, str] | None = None) -> dict
             for name in ("mid_grey", "mean_colour")
         },
     }
-    if result.teacher_reference:
-        out["teacher_psnr_vs_input"] = _mean(result.teacher_reference)
+    if result.teacher_reference and result.teacher is not None:
+        own = Figures.mean(result.teacher_reference)
+        # the teacher's own encode + decode vs the input, on the frames the models are scored on
+        out["teacher"] = {
+            "path": result.teacher.path,
+            "class": result.teacher.class_name,
+            "overall": asdict(own),
+        }
+        out["teacher_psnr_vs_input"] = own.psnr
     clips = []
     for i, clip in enumerate(result.clips):
         entry: dict = {
@@ -76,7 +85,8 @@ def result_dict(result: EvalResult, files: dict[str, str] | None = None) -> dict
         }
         if result.teacher_reference:
             entry["teacher"] = {
-                "teacher_psnr_vs_input": result.teacher_reference[i],
+                "own": asdict(result.teacher_reference[i]),
+                "teacher_psnr_vs_input": result.teacher_reference[i].psnr,
                 "models": [
                     {"psnr_vs_teacher": m.teacher_vs_teacher[i], "psnr_vs_input": m.teacher_vs_input[i]}
                     for m in result.models

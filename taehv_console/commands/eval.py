@@ -1,6 +1,8 @@
-"""`taehv-console eval WEIGHTS|RUN --data DIR`: score weights on any videos (PSNR, SSIM, the temporal
-figure, two baselines), beside a second set of weights (--compare) or as a decoder of the teacher's
-latents (--teacher); a contact sheet PNG and every figure as JSON.
+"""`taehv-console eval WEIGHTS|RUN --data DIR`: score weights of any TAE family on any videos (PSNR,
+SSIM, the temporal figure, two baselines), beside a second set of weights of the same clip rule
+(--compare: one family, or its base and super decoders) and, given the family's teacher (--teacher),
+beside the teacher's own reconstruction and as a decoder of its latents; a contact sheet PNG and
+every figure as JSON, each naming the family.
 
 Imports nothing heavy at module level: the scoring (torch, PyAV) is imported when it runs.
 """
@@ -25,9 +27,12 @@ from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 
 EXIT_CODES = {
     ExitCode.DONE: "scored; the contact sheet and the JSON were written",
-    ExitCode.USAGE: "wrong command line; no such weights, run or teacher; weights of another "
-    "architecture or latent width (or --compare weights of another shape); no readable video; a "
-    "--device this machine lacks",
+    ExitCode.USAGE: "wrong command line; no such weights, run or teacher; weights that are not TAEHV's, "
+    "of an unknown family, of shapes that fit several families with nothing naming one (the error "
+    "lists them), or not of the family their name, metadata or --family says; --frames/--size the "
+    "family cannot encode exactly (the error says the nearest that work); --compare weights of "
+    "another clip rule; a teacher of another family (the error names the one it fits) or one that "
+    "cannot code the clip; no readable video; a --device this machine lacks",
     ExitCode.CRASHED: CRASHED_MEANING,
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -41,18 +46,36 @@ def register(parser: argparse.ArgumentParser) -> None:
         "final/ or best/, or a checkpoint's step-<N>/",
     )
     add_option(parser, "data", required=True, help="folder of videos or annotation JSON to score on")
-    parser.add_argument("--compare", metavar="WEIGHTS", help="second weights (same forms), scored beside")
     parser.add_argument(
-        "--teacher", metavar="DIR", help="HunyuanVideo VAE folder: also score decoding its latents"
+        "--compare",
+        metavar="WEIGHTS",
+        help="second weights (same forms) scored beside on the same clips: the same family, its base "
+        "or super decoder (taew2_2 vs taew2_2_super), or another family of the same clip rule",
+    )
+    parser.add_argument(
+        "--teacher",
+        metavar="DIR",
+        help="the family's teacher VAE (a local diffusers folder): also score its own reconstruction "
+        "and decoding its latents",
+    )
+    parser.add_argument(
+        "--family",
+        metavar="NAME",
+        help="the weights' family where the file does not say it (metadata, then name); needed when "
+        "its shapes fit several (taehv, taew2_1, taecvx)",
     )
     parser.add_argument(
         "--frames",
         type=COUNT,
         metavar="N",
-        help="frames per clip, a multiple of 4 (default: the run's, else 12)",
+        help="frames per clip, in whole frame quanta of the family: 4 (LTX 8, H3 17-frame chunks) "
+        "(default: the run's, else 12 rounded up: LTX 16, H3 17)",
     )
     parser.add_argument(
-        "--size", metavar="HxW", help="clip size (default: the run's crop, else whole frames)"
+        "--size",
+        metavar="HxW",
+        help="clip size, multiples of the family's 8 x patch (default: the run's crop, else whole frames "
+        "rounded down to it)",
     )
     parser.add_argument(
         "--clips", type=LIMIT, default=0, metavar="N", help="score at most N videos (default all)"
@@ -94,6 +117,14 @@ def _size(text: str, parse_size: Callable[[str], tuple[int, int]]) -> tuple[int,
         raise InputError(f"--size {err}") from None
 
 
+def _family(name: str) -> str:
+    from trainer.families import CUSTOM, FAMILIES
+
+    if name not in (*FAMILIES, CUSTOM):
+        raise InputError(f"--family {name!r}: unknown family; known: {', '.join([*FAMILIES, CUSTOM])}")
+    return name
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     # the trainer's errors (weights, data, teacher, eval's own) name the file: cli.main says them, 2
     # torch and PyAV only now: `eval --help` stays light
@@ -109,6 +140,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         result = score(
             primary,
             args.data,
+            family=_family(args.family) if args.family else None,
             compare=compare,
             teacher=args.teacher,
             frames=args.frames,
@@ -138,10 +170,15 @@ def _num(value: float | None, digits: int = 2) -> str:
 def _print_table(report: dict) -> None:
     console = Console()
     for m in report["models"]:
-        console.print(f"[bold]{m['label']}[/]: {m['weights']}  ({m['config']})", highlight=False)
+        console.print(
+            f"[bold]{m['label']}[/] (family {m['family']}): {m['weights']}  ({m['config']})", highlight=False
+        )
+    if "teacher" in report:
+        t = report["teacher"]
+        console.print(f"[bold]teacher[/] {t['class']}: {t['path']}", highlight=False)
     table = Table(
-        title=f"{len(report['clips'])} clip(s) from {report['data']}: {report['frames']} frames "
-        f"({report['scored_frames']} scored) at {report['height']}x{report['width']}"
+        title=f"family {report['family']}: {len(report['clips'])} clip(s) from {report['data']}: "
+        f"{report['frames']} frames ({report['scored_frames']} scored) at {report['height']}x{report['width']}"
     )
     teacher = "teacher" in report["models"][0]
     columns = ["", "PSNR dB", "SSIM", "temporal PSNR dB"]
@@ -157,8 +194,14 @@ def _print_table(report: dict) -> None:
     for name, text in (("mid_grey", "mid-grey output"), ("mean_colour", "each clip's mean colour")):
         b = report["baselines"][name]
         table.add_row(f"[dim]{text}[/]", _num(b["psnr"]), _num(b["ssim"], 4), _num(b["temporal_psnr"]))
-    if teacher:
-        table.add_row("[dim]the teacher's own decode[/]", _num(report["teacher_psnr_vs_input"]))
+    if "teacher" in report:
+        o = report["teacher"]["overall"]
+        table.add_row(
+            f"[dim]the teacher's own encode + decode ({report['teacher']['class']})[/]",
+            _num(o["psnr"]),
+            _num(o["ssim"], 4),
+            _num(o["temporal_psnr"]),
+        )
     console.print(table)
     for s in report["skipped"]:
         console.print(f"skipped {s['path']}: {s['reason']}", highlight=False)

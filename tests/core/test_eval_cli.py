@@ -28,6 +28,8 @@ def setup(tmp_path_factory):
     torch.manual_seed(0)
     save_file(TAEHV().state_dict(), str(run / "final" / "taehv.safetensors"))
     save_file(TAEHV(latent_channels=8).state_dict(), str(root / "narrow.safetensors"))
+    # LTX-2's shapes: 8x time, 32-px crops, a clip rule no taehv-shaped weights share
+    save_file(TAEHV.for_family("taeltx_2").state_dict(), str(root / "ltx.safetensors"))
     return root, runs, run
 
 
@@ -60,7 +62,7 @@ def test_the_table_names_the_figures_and_the_files(setup, capsys, tmp_path):
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["{root}/narrow.safetensors", "--compare", "{run}/final"], "{run}/final/taehv.safetensors"),
+        (["{root}/narrow.safetensors", "--compare", "{root}/ltx.safetensors"], "{root}/ltx.safetensors"),
         (["{root}/missing.pth"], "{root}/missing.pth"),
         (["{run}", "--best"], "{run}/best/taehv.safetensors"),
         (["{run}", "--data", "{root}/nothing-here"], "{root}/nothing-here"),

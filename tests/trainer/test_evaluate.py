@@ -23,6 +23,8 @@ from trainer.streaming import stream_forward
 from trainer.synthetic import make_synthetic, write_video
 from trainer.teacher import TeacherError
 
+# taehv's shapes are taew2_1's and taecvx's too: the family in the header, as the trainer exports it
+TAEHV_META = {"family": "taehv"}
 SIZE = 32  # small clips: the machine running the tests may be a couple of shared CPU cores
 
 
@@ -43,7 +45,7 @@ def read_clip(path, frames: int = 12) -> torch.Tensor:
 def untrained(tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("untrained") / "untrained.safetensors"
-    save_file(TAEHV().state_dict(), str(path))
+    save_file(TAEHV().state_dict(), str(path), metadata=TAEHV_META)
     return path
 
 
@@ -61,7 +63,7 @@ def trained(tmp_path_factory, clips):
         loss.backward()
         opt.step()
     path = tmp_path_factory.mktemp("trained") / "trained.safetensors"
-    save_file(model.state_dict(), str(path))
+    save_file(model.state_dict(), str(path), metadata=TAEHV_META)
     return path
 
 
@@ -211,14 +213,23 @@ def test_weights_of_another_latent_width_name_the_file(tmp_path, clips, untraine
     save_file(TAEHV(latent_channels=8).state_dict(), str(run / "final" / "taehv.safetensors"))
     with pytest.raises(WeightsError, match=f"{run / 'final' / 'taehv.safetensors'}: .* wrong shape"):
         score(resolve_weights(run), str(clips))
-    # the file alone (outside a run): its own width is read from it, and --compare of the
-    # 16-channel weights is refused
+    # the file alone (outside a run): its own width is read from it (shapes of no family: `custom`,
+    # as a custom run exports them); the 16-channel taehv weights take the same clips, so they
+    # compare beside it, each with its own architecture
     alone = tmp_path / "narrow.safetensors"
     alone.write_bytes((run / "final" / "taehv.safetensors").read_bytes())
     narrow = resolve_weights(alone)
     assert narrow.run_dir is None
-    with pytest.raises(EvalError, match=f"--compare {untrained}: .*wrong shape"):
-        score(narrow, str(clips), compare=resolve_weights(untrained))
+    report = result_dict(score(narrow, str(clips), compare=resolve_weights(untrained), limit=1))
+    assert [m["family"] for m in report["models"]] == ["custom", "taehv"]
+    assert "latent_channels=8" in report["models"][0]["config"]
+    # named as taehv (its name) but of another width: the error says what its shapes fit
+    misnamed = tmp_path / "taehv.safetensors"
+    misnamed.write_bytes(alone.read_bytes())
+    with pytest.raises(
+        WeightsError, match=f"{misnamed}: its name says family taehv, but .*latent_channels=8"
+    ):
+        score(resolve_weights(misnamed), str(clips))
 
 
 def test_a_folder_without_a_readable_video_is_named(tmp_path, untrained):
