@@ -24,6 +24,7 @@ from taehv_console.commands.options import COUNT, LIMIT, add_option
 from taehv_console.core.run.rundir import RunNotFoundError, resolve_run
 from taehv_console.core.values import InputError
 from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
+from trainer.families import CUSTOM, FAMILIES  # the table only: no torch
 
 EXIT_CODES = {
     ExitCode.DONE: "scored; the contact sheet and the JSON were written",
@@ -118,8 +119,6 @@ def _size(text: str, parse_size: Callable[[str], tuple[int, int]]) -> tuple[int,
 
 
 def _family(name: str) -> str:
-    from trainer.families import CUSTOM, FAMILIES
-
     if name not in (*FAMILIES, CUSTOM):
         raise InputError(f"--family {name!r}: unknown family; known: {', '.join([*FAMILIES, CUSTOM])}")
     return name
