@@ -300,6 +300,8 @@ def _print_one(i: dict[str, Any]) -> None:
             f"{number_text(p.get('psnr'), '.2f')} clips/s {number_text(p.get('samples_per_s'), '.3g')} "
             f"eta {duration_text(p.get('eta_s'))}"
         )
+        for what in p.get("damaged") or []:  # a damaged event or heartbeat line: named, read past
+            c.print(f"  [yellow]damaged[/]: {escape(str(what))}")
     for st in i.get("stalled", []):
         c.print(f"  [red]STALL[/]: {st['text']}", markup=True)
         f = next((f for f in reversed(i.get("forensics") or []) if f.get("rank") == st["rank"]), None)

@@ -326,6 +326,8 @@ def test_every_run_command_reads_past_damaged_records(run, capsys):
             assert any(d.startswith("events/rank-1.jsonl line ") and "not text" in d for d in damaged)
             assert any(d.startswith("heartbeat/rank-0.json: damaged, skipped: a JSON array") for d in damaged)
             assert info["checkpoint"] is None  # the damaged manifest's checkpoint is not offered
+        if command == "status":  # the text names them too, not only --json
+            assert "damaged: events/rank-0.jsonl line 4: damaged, skipped: field step" in out.out, out.out
     # nothing damaged was rewritten (the lock file is the lock: attach holds it, and empties it after)
     after = {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file() and p in before}
     assert {p: b for p, b in after.items() if p != run.lock_path} == {
