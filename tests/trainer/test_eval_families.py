@@ -186,6 +186,25 @@ def test_a_teacher_of_another_family_is_named(clips, weights, wan_dir):
         )
 
 
+def test_a_teacher_that_cannot_code_the_clip_is_named_with_what_to_change(clips, weights, tiny_teachers):
+    # LTX-2's VAE at a 32-px crop: one latent cell, which its decoder's padding cannot take
+    ltx = tiny_teachers("taeltx_2")
+    with pytest.raises(
+        TeacherError,
+        match=f"--teacher = '{ltx}': AutoencoderKLLTX2Video cannot encode and decode a 16-frame 32x32 clip "
+        r"\(.*\); try more --frames or a larger --size",
+    ):
+        score(resolve_weights(weights("taeltx_2")), str(clips), teacher=str(ltx))
+
+
+def test_streaming_scores_h3_chunks_as_the_parallel_path_does(clips, weights):
+    h3 = resolve_weights(weights("taeh3"))
+    parallel, streaming = (score(h3, str(clips), streaming=s).models[0] for s in (False, True))
+    assert streaming.recon[0].shape == parallel.recon[0].shape == (5, 3, SIZE, SIZE)
+    assert (streaming.recon[0] - parallel.recon[0]).abs().max() < 1e-4
+    assert streaming.overall.psnr == pytest.approx(parallel.overall.psnr, abs=1e-3)
+
+
 def test_a_file_of_no_named_family_lists_the_candidates(clips, weights, tmp_path):
     bare = tmp_path / "weights.pth"  # taehv's shapes, no metadata, a name that says no family
     bare.write_bytes(weights("taehv").with_suffix(".pth").read_bytes())
