@@ -175,8 +175,9 @@ def _print_table(report: dict) -> None:
     if "teacher" in report:
         t = report["teacher"]
         console.print(f"[bold]teacher[/] {t['class']}: {t['path']}", highlight=False)
+    families = list(dict.fromkeys(m["family"] for m in report["models"]))
     table = Table(
-        title=f"family {report['family']}: {len(report['clips'])} clip(s) from {report['data']}: "
+        title=f"{'family' if len(families) == 1 else 'families'} {' vs '.join(families)}: {len(report['clips'])} clip(s) from {report['data']}: "
         f"{report['frames']} frames ({report['scored_frames']} scored) at {report['height']}x{report['width']}"
     )
     teacher = "teacher" in report["models"][0]

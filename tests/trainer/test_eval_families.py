@@ -109,7 +109,9 @@ def test_a_clip_the_family_cannot_encode_is_refused_with_what_works(
 
 
 @pytest.mark.parametrize("base", ["taew2_2", "taehv1_5"])
-def test_base_and_super_decoders_of_one_family_compare_on_the_same_clips(base, clips, weights, tmp_path):
+def test_base_and_super_decoders_of_one_family_compare_on_the_same_clips(
+    base, clips, weights, tmp_path, capsys, monkeypatch
+):
     a, b = resolve_weights(weights(base)), resolve_weights(weights(f"{base}_super"))
     both = write_report(score(a, str(clips), compare=b, device="cpu"), tmp_path)
     assert [m["family"] for m in both["models"]] == [base, f"{base}_super"]
@@ -118,6 +120,12 @@ def test_base_and_super_decoders_of_one_family_compare_on_the_same_clips(base, c
     assert both["models"][1]["overall"]["psnr"] == pytest.approx(alone["psnr"], abs=1e-4)
     assert both["models"][0]["overall"]["psnr"] != both["models"][1]["overall"]["psnr"]
     assert Path(both["contact_sheet"]).name == f"eval-{base}-vs-{base}_super.png"
+    monkeypatch.setenv("COLUMNS", "250")
+    _print_table(both)
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"families {base} vs {base}_super: 1 clip(s)" in out and f"{base}_super (family {base}_super)" in out
+    )
 
 
 def test_weights_of_two_clip_rules_do_not_compare(clips, weights):
