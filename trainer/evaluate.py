@@ -113,8 +113,12 @@ def resolve_weights(target: str | Path, best: bool = False, ema: bool = True) ->
 
 
 def _shapes_text(knobs: dict[str, object], wide: bool) -> str:
+    def strides(key: str) -> tuple[int, ...]:
+        return tuple(2 if b else 1 for b in knobs[key])  # type: ignore[attr-defined]
+
     return (
-        f"latent_channels={knobs['latent_channels']}, patch_size={knobs['patch_size']}, "
+        f"latent_channels={knobs['latent_channels']}, patch_size={knobs['patch_size']}, time strides: "
+        f"encoder {strides('encoder_time_downscale')}, decoder {strides('decoder_time_upscale')}, "
         f"{'super' if wide else 'base'} decoder"
     )
 
@@ -168,8 +172,9 @@ def infer_model_section(
     else:
         raise WeightsError(
             f"{path}: cannot tell the family: neither its metadata nor its name names one, and its tensors "
-            f"({_shapes_text(knobs, wide)}) fit several: {', '.join(fits)}; pass --family NAME or rename "
-            f"the file to its family's name (e.g. {fits[0]}.safetensors)"
+            f"({_shapes_text(knobs, wide)}) fit several: {', '.join(fits)}; "
+            f"{'' if prefer else 'pass --family NAME or '}rename the file to its family's name "
+            f"(e.g. {fits[0]}{path.suffix})"
         )
     try:
         return ModelSection.model_validate({"family": chosen, **({} if chosen in FAMILIES else knobs)})

@@ -227,6 +227,11 @@ def test_a_file_of_no_named_family_lists_the_candidates(clips, weights, tmp_path
         match=f"{bare}: --family says family taew2_2, but its tensors .* fit taehv, taew2_1, taecvx",
     ):
         score(resolve_weights(bare), str(clips), family="taew2_2")
+    # as --compare, a file naming no family is read as the first weights' family where its shapes fit
+    beside = result_dict(
+        score(resolve_weights(weights("taew2_1")), str(clips), compare=resolve_weights(bare))
+    )
+    assert [m["family"] for m in beside["models"]] == ["taew2_1", "taew2_1"]
     misnamed = tmp_path / "taeltx_2.pth"
     misnamed.write_bytes(bare.read_bytes())
     with pytest.raises(WeightsError, match=f"{misnamed}: its name says family taeltx_2, but"):
