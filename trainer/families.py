@@ -174,9 +174,17 @@ def teacher_frames(family: str, frames: int, time_scale: int | None = None) -> i
     teacher's encode of frames [0, T - (t - 1)) = 1 + t·(k - 1) frames. H3's teacher chunks the clip as
     the student does (17-frame chunks, 3 zero frames in front, the last 3 latents dropped), so it
     encodes all T = 17·n frames into the same 5n - 3 latents. Either way the student's decode stands
-    for input frames [0, n_decoded): T - (t - 1), H3 T - 12, CogVideoX's even latent counts all T."""
+    for input frames [0, n_decoded): T - (t - 1), H3 T - 12, CogVideoX's even latent counts all T.
+
+    CogVideoX at an even latent count k: diffusers' AutoencoderKLCogVideoX encodes 8m frames evenly
+    (two latents per 8-frame batch, each standing for 4 frames, no lone first frame) and 8m + 1
+    causally; its decode of an even number of latents gives 4k frames, of an odd number 1 + 4(k - 1).
+    The author's taecvx keeps all 4k decoded frames of an even k: those stand for input frames [0, T)
+    only when the teacher encoded all T = 8m. An odd k (T = 8m + 4) is the causal case, T - 3."""
     fam = FAMILIES.get(family)
     if fam is not None and fam.chunks is not None:
+        return frames
+    if fam is not None and fam.untrimmed_even_latents and (frames // fam.time_scale) % 2 == 0:
         return frames
     t = fam.time_scale if fam is not None else (time_scale or 4)
     return frames - (t - 1)

@@ -117,31 +117,16 @@ def teacher_decoded_frames(teacher: Any, sample: torch.Tensor) -> torch.Tensor:
     return x.clamp(0, 1).permute(0, 2, 1, 3, 4)
 
 
-def teacher_input_frames(family: str, frames: int, time_scale: int | None = None) -> int:
-    """How many leading frames of a `frames`-frame clip the family's teacher encodes: families.teacher_frames
-    (T - 3, LTX T - 7, H3 all T), except CogVideoX at an even latent count, whose teacher sees all T.
-
-    diffusers' AutoencoderKLCogVideoX encodes 8m frames evenly (two latents per 8-frame batch, each
-    standing for 4 frames, no lone first frame) and 8m + 1 causally; its decode of an even number of
-    latents gives 4k frames, of an odd number 1 + 4(k - 1). The author's taecvx keeps all 4k decoded
-    frames of an even k: those stand for input frames [0, T) only when the teacher encoded all T = 8m.
-    An odd k (T = 8m + 4) is the causal case: T - 3 = 8m + 1 frames."""
-    fam = FAMILIES.get(family)
-    if fam is not None and fam.untrimmed_even_latents and (frames // fam.time_scale) % 2 == 0:
-        return frames
-    return teacher_frames(family, frames, time_scale)
-
-
 def encode(
     teacher: Any, video: torch.Tensor, family: str = "taehv", time_scale: int | None = None
 ) -> torch.Tensor:
     """Raw teacher latents (N x k x C x h x w) of a [0, 1] clip N x T x 3 x H x W: the teacher sees the
-    family's leading frames (teacher_input_frames: T - 3, LTX T - 7, CogVideoX's even k and H3 all T:
+    family's leading frames (families.teacher_frames: T - 3, LTX T - 7, CogVideoX's even k and H3 all T:
     diffusers' H3 class chunks the clip and drops the last 3 latents itself) in its pixel convention
     (teacher_pixels), the mode of its posterior, unscaled (no latents_mean/std, no scaling_factor).
     time_scale: a `custom` student's."""
 
-    n = teacher_input_frames(family, video.shape[1], time_scale)
+    n = teacher_frames(family, video.shape[1], time_scale)
     with torch.no_grad():
         lat = teacher.encode(teacher_pixels(teacher, video[:, :n])).latent_dist.mode()
     return lat.permute(0, 2, 1, 3, 4)

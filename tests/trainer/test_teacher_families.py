@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.families import FAMILIES, get_family
+from trainer.families import FAMILIES, get_family, teacher_frames
 from trainer.model import TAEHV, reconstruction_target
 from trainer.teacher import (
     TeacherError,
     encode,
     load_teacher,
     teacher_decoded_frames,
-    teacher_input_frames,
     teacher_pixels,
 )
 from trainer.teacher_geometry import auto_model, geometry_of
@@ -57,9 +56,9 @@ def test_each_family_encodes_with_its_own_teacher_as_its_student_does(tiny_teach
     if fam.chunks:  # H3: the last 12 frames of the padded chunks, as the teacher's own decode
         assert n == frames - 12 == own.shape[1]
     elif fam.untrimmed_even_latents and k % 2 == 0:  # CogVideoX's 8m frames: pooled evenly, all kept
-        assert n == frames == teacher_input_frames(family, frames) == own.shape[1]
+        assert n == frames == teacher_frames(family, frames) == own.shape[1]
     else:  # a causal 1 + t·k VAE: the teacher saw frames [0, T - (t - 1)) and decodes as many
-        assert n == frames - (fam.time_scale - 1) == teacher_input_frames(family, frames) == own.shape[1]
+        assert n == frames - (fam.time_scale - 1) == teacher_frames(family, frames) == own.shape[1]
     assert reconstruction_target(x, n).shape == decoded.shape
     assert own.shape[2:] == x.shape[2:] and 0 <= float(own.min()) <= float(own.max()) <= 1
 

@@ -106,7 +106,8 @@ def teacher_encode(model: ModelLike) -> tuple[TeacherEncode, str]:
 
 def teacher_encode_flop(model: ModelLike, frames: int, height: int, width: int) -> float:
     """The teacher's encode of one student clip of frames x height x width: the leading frames it sees
-    (families.teacher_frames: T - 3, LTX T - 7, H3 all T) at its counted FLOPs per voxel."""
+    (families.teacher_frames: T - 3, LTX T - 7, H3 and CogVideoX at an even latent count all T) at its
+    counted FLOPs per voxel."""
     t, _ = teacher_encode(model)
     name = model if isinstance(model, str) else getattr(model, "family", DEFAULT_FAMILY)
     seen = teacher_frames(name, frames, 2 ** sum(architecture(model).encoder_time_downscale))
