@@ -49,7 +49,14 @@ from trainer.errors import CacheError
 from trainer.events import atomic_write_text
 from trainer.families import DEFAULT_FAMILY
 from trainer.synthetic import parse_size
-from trainer.teacher import TeacherError, encode, load_teacher, student_latent_frames, teacher_identity
+from trainer.teacher import (
+    TeacherError,
+    encode,
+    load_teacher,
+    place_teacher,
+    student_latent_frames,
+    teacher_identity,
+)
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
@@ -329,7 +336,7 @@ def build_cache(
         time_scale=rule.time_scale,
     )
     dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    teacher = teacher.to(device, dtype)
+    teacher = place_teacher(teacher, device, dtype)
     spec = CacheSpec(
         frames=cfg.data.frames,
         height=height or cfg.data.height,

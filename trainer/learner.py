@@ -25,6 +25,7 @@ from trainer.master_weights import MasterEMA, full_fp32_weights
 from trainer.model import TAEHV, build_model
 from trainer.runtime import Runtime
 from trainer.state import lr_at
+from trainer.teacher import place_teacher
 
 
 @dataclass
@@ -116,7 +117,9 @@ def build_learner(
         model.compile_stages(mode=cfg.model.compile_mode)
     teacher = None
     if teacher_cpu is not None:
-        teacher = teacher_cpu.to(rt.device, torch.bfloat16 if rt.precision == "bf16" else torch.float32)
+        teacher = place_teacher(
+            teacher_cpu, rt.device, torch.bfloat16 if rt.precision == "bf16" else torch.float32
+        )
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW(

@@ -92,6 +92,23 @@ def load_teacher(
     return teacher.requires_grad_(False).eval()
 
 
+def place_teacher(teacher: Any, device: torch.device | str, dtype: torch.dtype) -> Any:
+    """The teacher on `device` in `dtype`, but for what its class pins to float32
+    (`_keep_in_fp32_modules`, matched by name part as diffusers' from_pretrained(torch_dtype=) does):
+    MiniMax H3 pins its encoder, quant_conv and norms, and casts its input to the encoder's dtype
+    itself. A plain `.to(dtype)` would put those in bf16 as well."""
+    teacher = teacher.to(device=device, dtype=dtype)
+    keep = getattr(teacher, "_keep_in_fp32_modules", None) or []
+    if isinstance(keep, str):
+        keep = [keep]
+    if dtype == torch.float32 or not keep:
+        return teacher
+    for name, tensor in [*teacher.named_parameters(), *teacher.named_buffers()]:
+        if torch.is_floating_point(tensor) and any(k in name.split(".") for k in keep):
+            tensor.data = tensor.data.float()
+    return teacher
+
+
 def teacher_pixels(teacher: Any, video: torch.Tensor) -> torch.Tensor:
     """A [0, 1] clip N x T x 3 x H x W as the teacher's class takes it: N x 3 x T x H x W in [-1, 1], or
     ImageNet-normalised for MiniMax H3, in the teacher's dtype."""

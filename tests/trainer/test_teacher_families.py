@@ -17,6 +17,7 @@ from trainer.teacher import (
     TeacherError,
     encode,
     load_teacher,
+    place_teacher,
     teacher_decoded_frames,
     teacher_pixels,
 )
@@ -74,6 +75,29 @@ def test_h3_takes_imagenet_pixels_and_chunks_the_clip_itself(tiny_teachers):
     assert torch.allclose(pixels, (x.permute(0, 2, 1, 3, 4) - mean) / std)
     with torch.no_grad():
         assert encode(teacher, x, "taeh3").shape[1] == 5 - 3
+
+
+def test_a_bf16_teacher_keeps_what_its_class_pins_to_float32(tiny_teachers):
+    """The teacher runs in bf16 on a bf16 run and in cache-latents on a GPU; H3's class pins its
+    encoder, quant_conv and norms to float32 (_keep_in_fp32_modules), as from_pretrained(torch_dtype=)
+    would keep them, and casts its input to the encoder's dtype itself."""
+    import diffusers
+
+    path = tiny_teachers("taeh3")
+    teacher = place_teacher(load_teacher(path, latent_channels=24, family="taeh3"), "cpu", torch.bfloat16)
+    theirs = diffusers.AutoencoderKLMiniMaxH3.from_pretrained(str(path), torch_dtype=torch.bfloat16)
+    ours = {n: t.dtype for n, t in teacher.named_parameters()}
+    assert ours == {n: t.dtype for n, t in theirs.named_parameters()}
+    assert {torch.float32, torch.bfloat16} <= set(ours.values())  # some pinned, the rest bf16
+    assert all(t.dtype == torch.float32 for n, t in teacher.named_parameters() if n.startswith("encoder."))
+    with torch.no_grad():
+        z = encode(teacher, torch.rand(1, 17, 3, 32, 32), "taeh3")
+    assert z.shape[1] == 5 - 3 and torch.isfinite(z.float()).all()
+    # a class that pins nothing is cast whole
+    wan = place_teacher(
+        load_teacher(tiny_teachers("taew2_1"), latent_channels=16, family="taew2_1"), "cpu", torch.bfloat16
+    )
+    assert {t.dtype for t in wan.parameters()} == {torch.bfloat16}
 
 
 # per class: config.json edits that change its latent channels, space or time compression
