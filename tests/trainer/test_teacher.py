@@ -219,3 +219,11 @@ def test_taew2_1_distils_from_a_wan_vae_on_2_ranks(wan_dir, tmp_path, clip_dir):
     steps = events(run, 0, "step")
     assert len(steps) == 2 and all(e["distill_loss"] > 0 for e in steps), steps
     assert (run / "final" / "taew2_1.safetensors").is_file()
+    # the author's class loads the export by its name alone, strictly (test_family_runs: the others)
+    from tests.trainer.test_families import AuthorTAE
+    from trainer.model import TAEHV
+
+    trained = TAEHV.from_file(run / "final" / "taew2_1.safetensors")
+    assert trained.family == "taew2_1"
+    author = AuthorTAE(str(run / "final" / "taew2_1.pth")).state_dict()
+    assert all(torch.equal(author[k], v) for k, v in trained.state_dict().items())
