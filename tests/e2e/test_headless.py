@@ -112,11 +112,12 @@ def test_exit_codes_are_the_documented_enum():
         ("FAILED_FINAL", 6),
         ("CRASHED", 70),
         ("INTERRUPTED", 130),
+        ("OUTPUT_CLOSED", 141),
     ]
     r = run_cli("--help")
     assert (
         "0 done, 1 training_failed, 2 usage, 3 preflight_failed, 4 stopped, 5 busy, 6 failed_final, 70 crashed, "
-        "130 interrupted" in " ".join(r.stdout.split())
+        "130 interrupted, 141 output_closed" in " ".join(r.stdout.split())
     )
 
 
