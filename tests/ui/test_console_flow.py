@@ -52,11 +52,18 @@ def _stop_leftovers(run_path: str | None) -> None:
     from taehv_console.core.cluster.ssh import SshPool
     from taehv_console.core.run.requests import request_stop
     from taehv_console.core.run.rundir import RunDir
+    from taehv_console.core.run.supervision import running_supervisor
 
     run = RunDir(Path(run_path))
     if run.has_state() and not run.read_state().phase.ended:
         with SshPool() as pool:
             request_stop(run, pool, grace_s=5)
+    # the run's supervisor carries the stop out and then exits: wait for it, so that nothing of the
+    # test outlives it (the reaper found one still up on a loaded machine)
+    deadline = time.monotonic() + 120
+    while running_supervisor(run) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running_supervisor(run) is None, "the run's supervisor did not exit within 120 s of the stop"
 
 
 async def launch_from_the_wizard(pilot, app, seen: list[object]):

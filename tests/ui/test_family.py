@@ -119,6 +119,10 @@ async def _wizard_family(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: type(app.screen).__name__ == "ReviewScreen", 120, "the review")
         review = w.review
         assert review.config.model.family == "taew2_1" and "model.family=taew2_1" in w.overrides
+        # the review fills its figures once the screen is up: on a busy machine, after it appears
+        await wait_until(
+            pilot, lambda: _text(app.screen.query_one("#figures", Static)), 60, "the review's figures"
+        )
         figures = _text(app.screen.query_one("#figures", Static))
         assert "taew2_1" in figures and "Wan 2.1" in figures and "taew2_1.safetensors" in figures
 
