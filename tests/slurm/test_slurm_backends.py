@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from taehv_console.core.plan.render import LAUNCHER
 from taehv_console.core.run.backends import NodeCommand, SbatchBackend, SrunBackend
 from taehv_console.core.run.rundir import create_run_dir
 from taehv_console.core.run.state import Attempt
@@ -18,8 +19,7 @@ from taehv_console.core.run.state import Attempt
 
 def _cmd(run, resume: str | None = None) -> NodeCommand:
     argv = [
-        "accelerate",
-        "launch",
+        *LAUNCHER,
         "--config_file",
         f"{run.path}/accelerate-node-0.yaml",
         "-m",

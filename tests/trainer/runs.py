@@ -72,8 +72,9 @@ class Launch:
         self.run_dir = run_dir
         self.log = run_dir / "launcher.log"
         cmd = [
-            str(BIN / "accelerate"),
-            "launch",
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",  # as the console launches a node (render.LAUNCHER)
             "--use_deepspeed",
             "--num_processes",
             str(nprocs),

@@ -174,10 +174,17 @@ def trainer_command(run_dir: str) -> list[str]:
     return ["-m", "trainer.cli", "--run", run_dir]
 
 
+# accelerate's launch module, run as `accelerate launch` runs it but without accelerate's CLI
+# wrapper: that one imports every subcommand first, `estimate` with transformers among them, 0.8 of
+# the launcher's ~2.5 CPU-s before it starts torchrun (benchmarks/smoke_start.py). "python" is the
+# node wrapper's own interpreter (core/run/node.py), the one `accelerate` beside it would run.
+LAUNCHER = ("python", "-m", "accelerate.commands.launch")
+
+
 def launch_command(cfg: TrainConfig, node: int, opts: RenderOptions) -> list[str]:
     """`accelerate launch` for one node, as argv (the SSH backend quotes it with shlex.join)."""
     config_file = str(Path(opts.run_dir) / accelerate_config_name(node))
-    return ["accelerate", "launch", "--config_file", config_file, *trainer_command(opts.run_dir)]
+    return [*LAUNCHER, "--config_file", config_file, *trainer_command(opts.run_dir)]
 
 
 def launch_env(cfg: TrainConfig, run_dir: str | None = None) -> dict[str, str]:
@@ -314,7 +321,8 @@ def render_sbatch(cfg: TrainConfig, opts: RenderOptions) -> str:
     )
     # machine rank = the node's config file (machine_rank in it); master = first host of the allocation
     train_cmd = (
-        f"accelerate launch --config_file {q(str(Path(run_dir) / accelerate_config_name('{node}')))}"
+        '"$PYTHON" -m accelerate.commands.launch'
+        f" --config_file {q(str(Path(run_dir) / accelerate_config_name('{node}')))}"
         ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
         f" {shlex.join(trainer_command(run_dir))}"
         ' ${RESUME[@]+"${RESUME[@]}"}'

@@ -308,6 +308,8 @@ def launch(status_path: Path, node: int, attempt: int, argv: list[str]) -> int:
     # the interpreter that runs this wrapper, which a non-interactive SSH session's PATH lacks.
     bindir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
+    if argv and argv[0] == "python":  # render.LAUNCHER: this interpreter, whatever PATH has
+        argv = [sys.executable, *argv[1:]]
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # log lines in the order they happen
     me = os.getpid()
     status = {

@@ -185,7 +185,7 @@ def run_sbatch(tmp_path: Path, env: dict[str, str], preflight_fails: bool = Fals
     }
     res = subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=60)
     steps = log.read_text().splitlines() if log.exists() else []
-    train = [s for s in steps if "accelerate launch" in s]
+    train = [s for s in steps if "-m accelerate.commands.launch" in s]
     return res.returncode, train[-1] if train else "", res.stderr
 
 

@@ -20,6 +20,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerato
 from taehv_console.core.plan.derive import derive_run_config
 from taehv_console.core.plan.presets import load_preset, override_config
 from taehv_console.core.plan.render import (
+    LAUNCHER,
     RenderOptions,
     accelerate_config_name,
     launch_command,
@@ -91,7 +92,7 @@ def test_accelerate_launch_path_takes_the_config_as_rendered(rendered16, monkeyp
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     cfg, opts, out = rendered16
-    argv = launch_command(cfg, 1, opts)[2:]  # drop "accelerate launch"
+    argv = launch_command(cfg, 1, opts)[len(LAUNCHER) :]  # drop the launcher
     args = launch.launch_command_parser().parse_args(argv)
     seen = {}
     with mock.patch.object(launch, "deepspeed_launcher", lambda a: seen.setdefault("args", a)):
@@ -134,10 +135,11 @@ def test_real_accelerate_launch_starts_the_rendered_world(tmp_path):
     )
     argv = launch_command(cfg, 0, opts)
     assert argv[-4:] == ["-m", "trainer.cli", "--run", str(tmp_path)]
-    i = argv.index("-m") - 1  # keep "--config_file X"; run the probe instead of the trainer
+    assert argv[: len(LAUNCHER)] == list(LAUNCHER)
+    i = argv.index("trainer.cli") - 2  # keep "--config_file X"; run the probe instead of the trainer
     argv = (
-        [sys.executable, "-m", "accelerate.commands.launch"]
-        + argv[2 : i + 1]
+        [sys.executable, *LAUNCHER[1:]]
+        + argv[len(LAUNCHER) : i + 1]
         + ["--no_python", sys.executable, str(probe), "--run", "R"]
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -264,7 +266,7 @@ def test_sbatch_is_valid_bash_and_asks_for_the_topology(rendered16):
     assert "#SBATCH --ntasks-per-node=1" in text and "export NCCL_DEBUG=WARN" in text
     assert os.access(out / "sbatch.sh", os.X_OK)
     # preflight on the allocation, then training; both under the node wrapper, machine rank from SLURM
-    preflight, train = text.index("taehv_console.cli preflight"), text.index("accelerate launch")
+    preflight, train = text.index("taehv_console.cli preflight"), text.index("-m accelerate.commands.launch")
     assert preflight < text.index("exit 3") < train
     assert text.count("--node-env SLURM_NODEID") == 2 and "accelerate-node-{node}.yaml" in text
 
@@ -422,7 +424,8 @@ def test_rendered_files_train_for_real(tmp_path):
     opts = RenderOptions(run_dir=str(run), main_process_port=free_port())
     write_launch_files(cfg, run, opts)
     argv = launch_command(cfg, 0, opts)
-    argv[0] = str(Path(sys.executable).parent / "accelerate")
+    assert argv[: len(LAUNCHER)] == list(LAUNCHER)
+    argv[0] = sys.executable  # what the node wrapper runs "python" as
     env.update(launch_env(cfg))  # what sbatch/k8s export: DS_ACCELERATOR=cpu for a CPU config
     proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=280)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
