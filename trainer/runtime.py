@@ -105,6 +105,25 @@ class StopRequest:
         self.signal_name = signal.Signals(signum).name
 
 
+# DeepSpeed's torch backend builds its CPU shared-memory all-reduce op (deepspeed_shm_comm) when it
+# starts, as a JIT C++ extension: ~50 CPU-s of g++ on a machine's first CPU run (the first cpu-smoke
+# waits ~30 s for it), again whenever another environment or ninja last built it, and a C++ compiler
+# is needed at all. Only DeepSpeed's inference_all_reduce (AutoTP inference) uses it; training
+# reduces through torch.distributed (gloo), which is what DeepSpeed falls back to without the op.
+DEEPSPEED_SHM_BUILD = "build_shm_op"
+
+
+def skip_deepspeed_shm_op() -> bool:
+    """Keep DeepSpeed from building its shm_comm op (trainer training never calls it); False where
+    this DeepSpeed has no such step (another version): then nothing is changed."""
+    # the module by its name: `deepspeed.comm.torch` as an attribute is the torch package itself
+    backend = importlib.import_module("deepspeed.comm.torch")
+    if not callable(getattr(backend, DEEPSPEED_SHM_BUILD, None)):
+        return False
+    setattr(backend, DEEPSPEED_SHM_BUILD, lambda: None)
+    return True
+
+
 # DeepSpeed imports its Muon optimizer on every engine's creation (its ZeRO optimizer check) and in
 # ZeRO-1/2's gradient reduction, and that module decorates three functions with DeepSpeed's
 # `compiler.compile()`, i.e. torch.compile, whose decoration alone loads all of Inductor: 1-2.5 s
@@ -364,6 +383,7 @@ class Runtime:
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_kind == "cpu" else "cuda")
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         import_deepspeed_muon_lazily()
+        skip_deepspeed_shm_op()
         set_single_process_env()
         if device_kind == "cuda":
             # clip shapes are fixed for a run, so cuDNN's per-shape algorithm search pays off

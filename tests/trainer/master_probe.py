@@ -13,10 +13,12 @@ from torch import nn
 
 from trainer.hard_exit import exit_now
 from trainer.master_weights import MasterEMA, full_fp32_weights, master_partitions
+from trainer.runtime import skip_deepspeed_shm_op
 
 
 def main() -> None:
     stage, precision = int(sys.argv[1]), sys.argv[2]
+    skip_deepspeed_shm_op()  # as the trainer's ranks do
     deepspeed.init_distributed("gloo")
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)

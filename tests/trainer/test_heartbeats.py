@@ -6,7 +6,6 @@ the console's stall bound sees the same silence as before."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -211,18 +210,14 @@ def test_deepspeeds_collectives_are_marked_once_by_the_newest_watch(tmp_path, mo
     from tests.trainer.runs import free_port
     from trainer.runtime import (
         DEEPSPEED_COLLECTIVES,
-        prefer_this_environments_ninja,
+        skip_deepspeed_shm_op,
         watch_deepspeed_collectives,
     )
 
     one_process = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
     for k, v in {**one_process, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(k, v)  # restored after the test: later tests launch with this environment
-    # DeepSpeed builds its CPU shm op here as the trainer's ranks do, with the environment's ninja:
-    # with another one the op is rebuilt here and again at the next launch (29 s here in CI)
-    env = dict(os.environ)
-    if prefer_this_environments_ninja(environ=env):
-        monkeypatch.setenv("PATH", env["PATH"])
+    skip_deepspeed_shm_op()  # as the trainer's ranks do: no JIT build of DeepSpeed's CPU shm op
     ds_dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     try:
         first = CollectiveWatch(EventWriter(tmp_path / "a", 0))

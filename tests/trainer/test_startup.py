@@ -16,9 +16,11 @@ STEP = textwrap.dedent(
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], DS_ACCELERATOR="cpu")
     import torch, deepspeed
-    from trainer.runtime import DEEPSPEED_MUON, import_deepspeed_muon_lazily
+    from trainer.runtime import DEEPSPEED_MUON, import_deepspeed_muon_lazily, skip_deepspeed_shm_op
     assert import_deepspeed_muon_lazily()
+    assert skip_deepspeed_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
+    print("shm-op", deepspeed.comm.comm.cdb.shm_comm_op)
     model = torch.nn.Linear(4, 4)
     config = {"train_batch_size": 1, "zero_optimization": {"stage": 2}}
     engine, *_ = deepspeed.initialize(
@@ -47,3 +49,7 @@ def test_a_zero2_step_loads_deepspeeds_muon_module_but_not_inductor():
     assert said.get("moved") == "True", done.stdout
     assert said.get("muon") == "True", done.stdout
     assert said.get("inductor") == "False", done.stdout
+    # nor does it build DeepSpeed's CPU shm op (~50 CPU-s of g++ on a machine's first run), which
+    # only DeepSpeed's inference all-reduce uses: training reduces through gloo
+    assert said.get("shm-op") == "None", done.stdout
+    assert "deepspeed_shm_comm" not in done.stdout + done.stderr, done.stdout + done.stderr

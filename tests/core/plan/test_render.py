@@ -339,8 +339,8 @@ def test_preset_values_reach_the_deepspeed_engine(tmp_path):
     script = textwrap.dedent(
         """
         import json, sys, torch, deepspeed
-        from trainer.runtime import prefer_this_environments_ninja
-        prefer_this_environments_ninja()  # as the trainer does: else DeepSpeed's CPU op is built anew
+        from trainer.runtime import skip_deepspeed_shm_op
+        skip_deepspeed_shm_op()  # as the trainer's ranks do: no JIT build of DeepSpeed's CPU shm op
         deepspeed.init_distributed(dist_backend="gloo")
         out = {}
         for name in sys.argv[2:]:
