@@ -3,7 +3,7 @@ it (the EMA of the master weights, the discriminator, the teacher on this rank's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,10 @@ class Learner:
     nonfinite_guard: str
     # the run's compile cache (trainer.compile_cache), loaded before the first compile; None uncompiled
     compile_cache: CompileCache | None = None
+    # The whole weights last gathered (use_ema -> (optimizer step, tensors)). A step's saves come
+    # together: validation's best/ export, the checkpoint and the final export, each a gather of one
+    # collective per parameter; the weights cannot change until the next optimizer step.
+    _gathered: dict[bool, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
 
     @property
     def module(self) -> TAEHV:
@@ -57,11 +61,19 @@ class Learner:
 
     def full_weights(self, use_ema: bool = False) -> dict[str, torch.Tensor]:
         """Full fp32 tensors from the optimizer's master weights (not the module's bf16 copies).
-        Collective: every rank must call it; only rank 0's are whole."""
+        Collective: every rank must call it (each gathers at the same calls: the first at a step);
+        only rank 0's are whole. Callers read the tensors and do not change them."""
+        step = int(self.engine.global_steps)
+        cached = self._gathered.get(use_ema)
+        if cached is not None and cached[0] == step:
+            return cached[1]
         if use_ema:
             assert self.ema is not None  # callers ask for the EMA only when there is one
-            return self.ema.full_weights()
-        return full_fp32_weights(self.engine)
+            weights = self.ema.full_weights()
+        else:
+            weights = full_fp32_weights(self.engine)
+        self._gathered[use_ema] = (step, weights)
+        return weights
 
 
 def run_deepspeed_hooks_eagerly(module: torch.nn.Module) -> int:
