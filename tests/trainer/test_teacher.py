@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.trainer.runs import Launch, base_config, events, run_to_end, write_run
+from tests.trainer.runs import Launch, base_config, events, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -78,25 +78,6 @@ def test_taew2_1_distils_from_the_wan_vae_and_a_teacher_of_another_family_says_w
     assert check_teacher(str(wan_dir), family="taew2_1")["identity"]["class"] == "AutoencoderKLWan"
 
 
-def test_distillation_run_reports_its_losses(teacher_dir, tmp_path, clip_dir):
-    run = write_run(
-        tmp_path / "run",
-        base_config(
-            clip_dir,
-            topology={"gpus_per_node": 1},
-            optim={"max_steps": 3},
-            loss={"teacher": str(teacher_dir), "decoder_on_teacher_latents": True},
-            schedule={"checkpoint_every": 100, "val_every": 100},
-        ),
-    )
-    run_to_end(run, 1)
-    steps = events(run, 0, "step")
-    assert len(steps) == 3
-    for e in steps:
-        assert e["distill_loss"] > 0 and e["decoder_teacher_loss"] > 0
-        assert e["loss"] > e["recon_loss"]  # the distillation terms are in the total
-
-
 def test_a_teacher_that_cannot_be_loaded_is_an_error_not_a_substitute(tmp_path, clip_dir):
     bad = tmp_path / "not-a-teacher"
     bad.mkdir()
@@ -138,10 +119,35 @@ def _falls(values: list[float]) -> bool:
     return sum(tail) / len(tail) < 0.8 * sum(head) / len(head)
 
 
+@pytest.fixture(scope="module")
+def online_runs(teacher_dir, clip_dir, tmp_path_factory):
+    """ZeRO stage -> a finished 2-rank online distillation run (8 steps, decoder_on_teacher_latents
+    on), made at its first use; the tests that take it only read it."""
+    made: dict[int, object] = {}
+
+    def get(stage: int):
+        if stage not in made:
+            run = tmp_path_factory.mktemp(f"online-zero{stage}") / "run"
+            write_run(run, _distill_config(clip_dir, stage, teacher=str(teacher_dir)))
+            _run_to_end(run, 2)
+            made[stage] = run
+        return made[stage]
+
+    return get
+
+
+def test_distillation_run_reports_its_losses(online_runs):
+    # the ZeRO-2 online run's every step: the distillation terms are reported and in the total
+    steps = events(online_runs(2), 0, "step")
+    assert len(steps) == 8
+    for e in steps:
+        assert e["distill_loss"] > 0 and e["decoder_teacher_loss"] > 0
+        assert e["loss"] > e["recon_loss"]  # the distillation terms are in the total
+
+
 @pytest.mark.parametrize("stage", [2, 3])
-def test_online_distillation_latent_loss_falls(teacher_dir, tmp_path, clip_dir, stage):
-    run = write_run(tmp_path / "run", _distill_config(clip_dir, stage, teacher=str(teacher_dir)))
-    _run_to_end(run, 2)
+def test_online_distillation_latent_loss_falls(online_runs, stage):
+    run = online_runs(stage)
     start = events(run, 0, "start")[0]
     assert start["teacher"] == "online" and start["teacher_loaded"] is True
     distill = [e["distill_loss"] for e in events(run, 0, "step")]
