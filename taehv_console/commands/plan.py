@@ -145,6 +145,11 @@ def run(args: argparse.Namespace) -> ExitCode:
 def _comparison(args: argparse.Namespace) -> ExitCode:
     listing = list_presets()
     presets = [p for p in listing.presets if p.config.topology.device == "cuda"]
+    if args.overrides:
+        # --set holds for every preset compared: `plan --set model.family=NAME` is that family's
+        # figures on each preset, its clip fitted to the family where the preset's does not fit
+        presets = [load_preset(p.name, overrides=args.overrides) for p in presets]
+    fitted = {p.name: p.fitted_text for p in presets if p.fitted}
     plans = []
     for preset in presets:
         kwargs = _plan_kwargs(args, args.bandwidth or preset.meta.network or None)
@@ -153,7 +158,8 @@ def _comparison(args: argparse.Namespace) -> ExitCode:
     baseline = next(pl for pl in plans if pl.name == BASELINE)
     rows = compare_plans(plans, baseline)
     if args.json:
-        print(json.dumps({"baseline": BASELINE, "plans": [plan_to_dict(r.plan, r) for r in rows]}, indent=2))
+        out = [{**plan_to_dict(r.plan, r), "clip_fitted": fitted.get(r.plan.name, "")} for r in rows]
+        print(json.dumps({"baseline": BASELINE, "plans": out}, indent=2))
         return ExitCode.DONE
     table = Table(
         title=f"Time and cost to max steps, against {BASELINE}",
@@ -204,6 +210,7 @@ def _comparison(args: argparse.Namespace) -> ExitCode:
         soft_wrap=True,
     )
     _print_checkpoint_table(console, plans)
+    _print_shared_lines(console, "clip", [(p.name, (fitted[p.name],)) for p in plans if p.name in fitted])
     _print_shared_lines(console, "deepspeed", [(p.name, p.deepspeed) for p in plans])
     _print_shared_lines(console, "assumption", [(p.name, p.assumptions) for p in plans])
     _print_shared_lines(console, "note", [(p.name, p.memory.notes) for p in plans])

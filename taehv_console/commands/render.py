@@ -111,7 +111,8 @@ def _run(args: argparse.Namespace) -> ExitCode:
     else:
         t = cfg.topology
         print(f"{resolved.summary}: {t.nodes} node(s) x {t.gpus_per_node} = {t.world_size} processes")
-        for r in resolved.reasons if resolved.derived else ():
+        # a derived config's values, or a preset's clip fitted to a family set with --set
+        for r in resolved.reasons if resolved.derived else resolved.reasons[1:]:
             print(f"  {r.key} = {r.value}: {r.reason}")
         print(f"wrote {len(written)} files to {out}:")
         for p in written:

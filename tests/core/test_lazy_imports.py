@@ -63,6 +63,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.plan.planner"): "the TUI's first frame",
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.flow.config"): "the TUI's first frame",
     ("taehv_console/ui/screens/preset.py", "taehv_console.core.flow.launch"): "the TUI's first frame",
+    ("taehv_console/ui/screens/preset.py", "taehv_console.core.plan.presets"): "the TUI's first frame",
     ("taehv_console/ui/screens/review.py", "taehv_console.core.plan.planner"): "the TUI's first frame",
 }
 

@@ -24,7 +24,7 @@ Note = Callable[[str], None]
 class ChosenConfig:
     config: TrainConfig
     chosen: str  # how it was chosen, in words ("auto: ...", "preset NAME (PATH)", "run ID (PATH)")
-    reasons: tuple[tuple[str, str], ...] = ()  # (key, why) of a derived config
+    reasons: tuple[tuple[str, str], ...] = ()  # (key, why) of a derived or fitted value
 
 
 def _auto(
@@ -63,7 +63,10 @@ def choose_config(options: FlowOptions, topology: Topology, probes: Sequence[Pro
         overrides.append(f"data.source={json.dumps(options.data)}")
     if options.preset != "auto":
         preset = load_preset(options.preset, overrides=overrides)
-        return ChosenConfig(preset.config, f"preset {preset.name} ({preset.path})")
+        # a family set without a clip: what its clip rule changed in the preset's clip, said
+        fitted = f"; {preset.fitted_text}" if preset.fitted else ""
+        reasons = tuple((fit.key, preset.fitted_text) for fit in preset.fitted)
+        return ChosenConfig(preset.config, f"preset {preset.name} ({preset.path}){fitted}", reasons)
     resolved = _auto(options, topology, probes, overrides)
     reasons = tuple((r.key, r.reason) for r in resolved.reasons)
     return ChosenConfig(resolved.config, f"auto: {resolved.summary}", reasons)

@@ -15,7 +15,14 @@ from typing import Any
 
 from taehv_console.core.plan.communication import parse_bandwidth
 from taehv_console.core.plan.planner import MemoryFit, estimate_memory, gpu_family
-from taehv_console.core.plan.presets import Preset, list_presets, load_preset, override_config
+from taehv_console.core.plan.presets import (
+    Preset,
+    fitted_note,
+    list_presets,
+    load_preset,
+    override_clip_fit,
+    override_config,
+)
 from taehv_console.core.plan.timeouts import (
     DERIVED_TIMEOUT_RULE,
     collective_timeout_s,
@@ -51,6 +58,18 @@ class Reason:
     key: str  # dotted run.toml key, e.g. "optim.lr"
     value: Any
     reason: str
+
+
+def apply_set(cfg: TrainConfig, overrides: list[str]) -> tuple[TrainConfig, list[Reason]]:
+    """cfg with the --set overrides, and a reason for each key they set: their own, and the clip
+    values a family set without a clip had fitted to its rule (presets.override_clip_fit)."""
+    family, fits = override_clip_fit(cfg, overrides)
+    out = override_config(cfg, overrides)
+    reasons = [Reason(f.key, config_value(out, f.key), fitted_note(family, [f])) for f in fits]
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        reasons.append(Reason(key, config_value(out, key), "set on the command line (--set)"))
+    return out, reasons
 
 
 @dataclass(frozen=True)
@@ -286,10 +305,8 @@ def _finish(
     cfg = config_from_dict(data, f"derived from {base.name}")
     overrides = list(overrides)
     if overrides:
-        cfg = override_config(cfg, overrides)
-        for text in overrides:
-            key = text.partition("=")[0].strip()
-            reasons.append(Reason(key, config_value(cfg, key), "set on the command line (--set)"))
+        cfg, said = apply_set(cfg, overrides)
+        reasons += said
     summary = f"derived for {nodes} x {gpus_per_node} from {base.name}"
     return ResolvedConfig(config=cfg, preset=base.name, derived=True, reasons=tuple(reasons), summary=summary)
 
@@ -353,10 +370,8 @@ def auto_select(
                 )
             )
         if overrides:
-            cfg = override_config(cfg, overrides)
-            for text in overrides:
-                key = text.partition("=")[0].strip()
-                reasons.append(Reason(key, config_value(cfg, key), "set on the command line (--set)"))
+            cfg, said = apply_set(cfg, list(overrides))
+            reasons += said
         return ResolvedConfig(
             config=cfg,
             preset=chosen.name,
@@ -424,6 +439,8 @@ def resolve_config(
         loaded = load_preset(preset, overrides=overrides)
         cfg = loaded.config
         reasons = [Reason("preset", loaded.name, f"{loaded.name} as written ({loaded.path})")]
+        for fit in loaded.fitted:  # a family set without a clip: the preset's clip fitted to its rule
+            reasons.append(Reason(fit.key, config_value(cfg, fit.key), fitted_note(cfg.model.family, [fit])))
         if gpu_memory_gb is not None:
             cfg = cfg.model_copy(
                 update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})}

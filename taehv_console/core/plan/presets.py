@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from taehv_console.core.toml_compat import tomllib
 from trainer.config import SHAPE_KNOBS, ConfigError, TrainConfig, config_from_dict, format_validation_error
+from trainer.families import FAMILIES, clip_rule
 
 SECTIONS = tuple(TrainConfig.model_fields)  # run, topology, model, data, optim, ...
 # Sections a user's preset file (or a base it names) must have: their schema defaults are no
@@ -51,6 +52,13 @@ class Preset:
     config: TrainConfig
     # the sections exactly as the file (and its bases) wrote them: which keys were chosen on purpose
     explicit: dict[str, Any]
+    # the clip values a family set with --set had fitted to its rule (override_clip_fit)
+    fitted: tuple[ClipFit, ...] = ()
+
+    @property
+    def fitted_text(self) -> str:
+        """What the family's clip rule changed in the preset's clip, in words ("" for nothing)."""
+        return fitted_note(self.config.model.family, list(self.fitted)) if self.fitted else ""
 
     @property
     def topology_label(self) -> str:
@@ -185,17 +193,91 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return out
 
 
+FAMILY_KEY = "model.family"
+
+
+def nearest_multiple(value: int, quantum: int, down: bool) -> int:
+    """The multiple of `quantum` (at least one) nearest `value`; crops round down (a crop never
+    outgrows its frames), frames to the nearest, a tie up."""
+    below, above = value // quantum * quantum, (value // quantum + 1) * quantum
+    if below < quantum:
+        return above if value > 0 else quantum
+    if down:
+        return below
+    return below if value - below < above - value else above
+
+
+@dataclass(frozen=True)
+class ClipFit:
+    """A clip value the family's clip rule changed: the --set entry that says it, and the words."""
+
+    setting: str  # e.g. "data.frames=16"
+    said: str  # e.g. "frames 12 → 16 (a multiple of 8)"
+
+    @property
+    def key(self) -> str:
+        return self.setting.partition("=")[0]
+
+
+def family_clip_fit(cfg: TrainConfig, family: str) -> list[ClipFit]:
+    """The clip values of `cfg` that `family`'s clip rule (trainer/families.clip_rule) would refuse,
+    each moved to the nearest that fits: frames to the nearest whole time chunk (LTX 8, H3 17), crop
+    sides down to whole multiples of 8·p. Empty for cfg's own family or an unknown one."""
+    if family == cfg.model.family or family not in FAMILIES:
+        return []
+    rule, d = clip_rule(family), cfg.data
+    fits = []
+    if rule.frames_problem(d.frames):
+        frames = nearest_multiple(d.frames, rule.frame_quantum, down=False)
+        fits.append(
+            ClipFit(
+                f"data.frames={frames}", f"frames {d.frames} → {frames} (a multiple of {rule.frame_quantum})"
+            )
+        )
+    for key, value in (("height", d.height), ("width", d.width)):
+        if rule.size_problem(value):
+            fixed = nearest_multiple(value, rule.space_scale, down=True)
+            fits.append(
+                ClipFit(
+                    f"data.{key}={fixed}", f"crop {key} {value} → {fixed} (a multiple of {rule.space_scale})"
+                )
+            )
+    return fits
+
+
+def override_clip_fit(cfg: TrainConfig, overrides: Iterable[str]) -> tuple[str, list[ClipFit]]:
+    """(family, fits) when --set changes the family and leaves the clip to the preset: a preset is
+    family-neutral, so its clip is fitted to the family's rule (as the wizard's family choice does)
+    instead of refused. A clip value given with --set too is the user's: checked, never moved."""
+    family, given = "", set()
+    for text in overrides:
+        key, _, value = text.partition("=")
+        key = key.strip()
+        if key == FAMILY_KEY:
+            family = value.strip().strip("\"'")
+        given.add(key)
+    if not family:
+        return family, []
+    return family, [fit for fit in family_clip_fit(cfg, family) if fit.key not in given]
+
+
+def fitted_note(family: str, fits: list[ClipFit]) -> str:
+    return f"{family}'s clip rule: " + "; ".join(fit.said for fit in fits)
+
+
 def validate_sections(data: dict[str, Any], where: str) -> TrainConfig:
     """TrainConfig from a dict of sections, with `where` naming the file (or --set) in errors."""
     return config_from_dict(data, where)
 
 
 def override_config(cfg: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
-    """`cfg` with --set overrides applied and validated again as a whole."""
+    """`cfg` with --set overrides applied and validated again as a whole; a family set without a
+    clip gets cfg's clip fitted to its rule first (override_clip_fit)."""
     overrides = list(overrides)
     if not overrides:
         return cfg
-    data = apply_overrides(cfg.model_dump(mode="python"), overrides)
+    _family, fits = override_clip_fit(cfg, overrides)
+    data = apply_overrides(cfg.model_dump(mode="python"), [*(f.setting for f in fits), *overrides])
     return validate_sections(data, "--set " + " ".join(overrides))
 
 
@@ -224,13 +306,17 @@ def load_preset(
             '[preset] base = "8gpu-h100"'
         )
     overrides = list(overrides)
+    fits: list[ClipFit] = []
     if overrides:
+        _family, fits = override_clip_fit(cfg, overrides)
         try:
             cfg = override_config(cfg, overrides)
         except ConfigError as err:
             raise ConfigError(f"{err} (on top of preset {name}, {path})") from None
-        explicit = apply_overrides(explicit, overrides)
-    return Preset(name=name, source=source, path=str(path), meta=meta, config=cfg, explicit=explicit)
+        explicit = apply_overrides(explicit, [*(f.setting for f in fits), *overrides])
+    return Preset(
+        name=name, source=source, path=str(path), meta=meta, config=cfg, explicit=explicit, fitted=tuple(fits)
+    )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from taehv_console.ui.messages import NoteAdded, PresetChoicesReady, ReviewReady
 from taehv_console.ui.screens.base import ConsoleScreen
 from taehv_console.ui.screens.review import ReviewScreen
 from taehv_console.ui.widgets.steps import WizardSteps
-from trainer.families import FAMILIES, clip_rule, exported_files
+from trainer.families import FAMILIES, exported_files
 
 if TYPE_CHECKING:
     from textual import getters
@@ -70,36 +70,16 @@ def family_options(base_family: str) -> list[tuple[str, str]]:
     return rows
 
 
-def nearest_multiple(value: int, quantum: int, down: bool) -> int:
-    """The multiple of `quantum` (at least one) nearest `value`; crops round down (a crop never
-    outgrows its frames), frames to the nearest, a tie up."""
-    below, above = value // quantum * quantum, (value // quantum + 1) * quantum
-    if below < quantum:
-        return above if value > 0 else quantum
-    if down:
-        return below
-    return below if value - below < above - value else above
-
-
 def family_overrides(base: TrainConfig, family: str) -> tuple[list[str], list[str]]:
     """(--set entries, what each changed in words) for training `family` from the `base` config:
     `model.family=NAME` and the clip values the family's clip rule needs (none for the base's own
-    family)."""
+    family): core's fit, the one `--set model.family=NAME` gets on the command line."""
+    from taehv_console.core.plan.presets import family_clip_fit  # start-up: see the module's docstring
+
     if family == base.model.family:
         return [], []
-    rule = clip_rule(family)
-    d = base.data
-    sets, said = [f"{FAMILY_FIELD}={family}"], []
-    if rule.frames_problem(d.frames):
-        frames = nearest_multiple(d.frames, rule.frame_quantum, down=False)
-        sets.append(f"data.frames={frames}")
-        said.append(f"frames {d.frames} → {frames} (a multiple of {rule.frame_quantum})")
-    for key, value in (("height", d.height), ("width", d.width)):
-        if rule.size_problem(value):
-            fixed = nearest_multiple(value, rule.space_scale, down=True)
-            sets.append(f"data.{key}={fixed}")
-            said.append(f"crop {key} {value} → {fixed} (a multiple of {rule.space_scale})")
-    return sets, said
+    fits = family_clip_fit(base, family)
+    return [f"{FAMILY_FIELD}={family}", *(f.setting for f in fits)], [f.said for f in fits]
 
 
 def family_note(family: str, said: list[str], error: str) -> Content:

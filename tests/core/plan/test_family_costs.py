@@ -13,7 +13,7 @@ from taehv_console.core.plan.footprint import activation_elements, parameter_cou
 from taehv_console.core.plan.planner import make_plan
 from taehv_console.core.plan.presets import load_preset
 from taehv_console.core.plan.teacher import TEACHER_ENCODE, teacher_encode_flop
-from trainer.config import ModelSection
+from trainer.config import ConfigError, ModelSection
 from trainer.families import FAMILIES, clip_rule
 from trainer.flops import flop_per_clip_step, mfu
 from trainer.model import TAEHV
@@ -144,3 +144,46 @@ def test_activations_follow_the_familys_layers():
         clip = (clip_rule(family).frame_quantum, 64, 64)
         counted = activation_elements(ModelSection(family=family), *clip).saved
         assert 0.9 < counted / _saved_by_autograd(family, clip) < 1.4, family
+
+
+def test_a_family_set_on_a_preset_fits_its_clip_and_says_what_moved():
+    """Presets are family-neutral on the command line too: a family set with --set takes the preset's
+    clip fitted to its rule (as the wizard's choice does) and the fit is recorded; a clip value set
+    with --set as well is the user's, checked and never moved."""
+    ltx = load_preset("8gpu-h100", overrides=["model.family=taeltx_2"])
+    d = ltx.config.data
+    assert (ltx.config.model.family, d.frames, d.height, d.width) == ("taeltx_2", 16, 480, 704)
+    assert [f.setting for f in ltx.fitted] == ["data.frames=16", "data.width=704"]
+    assert ltx.fitted_text == (
+        "taeltx_2's clip rule: frames 12 → 16 (a multiple of 8); crop width 720 → 704 (a multiple of 32)"
+    )
+    assert ltx.explicit["data"]["frames"] == 16  # what the run was asked for, fitted values included
+    h3 = load_preset("cpu-smoke", overrides=["model.family=taeh3"], user_dir=None)
+    assert h3.config.data.frames == 17 and [f.key for f in h3.fitted] == ["data.frames"]
+    assert not load_preset("8gpu-h100", overrides=["model.family=taew2_1"]).fitted  # its clip fits
+    # a clip value given too: that one is checked (and refused), the other still fitted
+    with pytest.raises(ConfigError) as err:
+        load_preset("8gpu-h100", overrides=["model.family=taeltx_2", "data.frames=12"])
+    assert "data.frames: must be a multiple of 8" in str(err.value) and "data.width" not in str(err.value)
+
+
+def test_plan_with_a_family_prints_that_familys_figures_on_every_preset(capsys):
+    assert main(["plan", "--json"]) == 0
+    taehv = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plans"]}
+    assert main(["plan", "--json", "--set", "model.family=taeltx_2"]) == 0
+    ltx = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plans"]}
+    assert ltx.keys() == taehv.keys() and len(ltx) > 3
+    for name, plan in ltx.items():
+        assert plan["model"]["family"] == "taeltx_2" and taehv[name]["model"]["family"] == "taehv"
+        assert plan["time"]["clips_per_s_per_gpu"] > 10 * taehv[name]["time"]["clips_per_s_per_gpu"]
+        assert "taeltx_2's clip rule: frames" in plan["clip_fitted"] and taehv[name]["clip_fitted"] == ""
+    assert main(["plan", "--set", "model.family=taeltx_2"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "clip [8gpu-a800, 8gpu-h100," in text and "frames 12 → 16 (a multiple of 8)" in text
+    # one preset: the values moved are in its reasons, said as such
+    assert main(["plan", "--json", "--preset", "8gpu-h100", "--set", "model.family=taeltx_2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    why = {r["key"]: (r["value"], r["reason"]) for r in out["reasons"]}
+    assert why["data.frames"] == (16, "taeltx_2's clip rule: frames 12 → 16 (a multiple of 8)")
+    assert why["data.width"] == (704, "taeltx_2's clip rule: crop width 720 → 704 (a multiple of 32)")
+    assert (out["config"]["data"]["frames"], out["config"]["data"]["width"]) == (16, 704)
