@@ -14,6 +14,8 @@ from pathlib import Path
 
 import tomli_w
 
+from taehv_console.core.plan.render import LAUNCHER
+
 BIN = Path(sys.executable).parent
 
 # A run is waited for while it makes progress. Before its first step it only starts (imports,
@@ -72,9 +74,8 @@ class Launch:
         self.run_dir = run_dir
         self.log = run_dir / "launcher.log"
         cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",  # as the console launches a node (render.LAUNCHER)
+            sys.executable,  # the interpreter the node wrapper runs render.LAUNCHER's "python" as
+            *LAUNCHER[1:],
             "--use_deepspeed",
             "--num_processes",
             str(nprocs),

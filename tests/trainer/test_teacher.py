@@ -4,6 +4,7 @@ diffusers directory: a small randomly initialised one that the test saves itself
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,9 +124,9 @@ def _falls(values: list[float]) -> bool:
 def online_runs(teacher_dir, clip_dir, tmp_path_factory):
     """ZeRO stage -> a finished 2-rank online distillation run (8 steps, decoder_on_teacher_latents
     on), made at its first use; the tests that take it only read it."""
-    made: dict[int, object] = {}
+    made: dict[int, Path] = {}
 
-    def get(stage: int):
+    def get(stage: int) -> Path:
         if stage not in made:
             run = tmp_path_factory.mktemp(f"online-zero{stage}") / "run"
             write_run(run, _distill_config(clip_dir, stage, teacher=str(teacher_dir)))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.models import ProbeResult, Topology
-from taehv_console.core.plan.derive import ResolvedConfig, auto_select
+from taehv_console.core.plan.derive import ResolvedConfig, auto_select, fit_reasons
 from taehv_console.core.plan.planner import estimate_memory
 from taehv_console.core.plan.presets import list_presets, load_preset, override_config
 from taehv_console.core.run.rundir import RunDir
@@ -65,7 +65,9 @@ def choose_config(options: FlowOptions, topology: Topology, probes: Sequence[Pro
         preset = load_preset(options.preset, overrides=overrides)
         # a family set without a clip: what its clip rule changed in the preset's clip, said
         fitted = f"; {preset.fitted_text}" if preset.fitted else ""
-        reasons = tuple((fit.key, preset.fitted_text) for fit in preset.fitted)
+        reasons = tuple(
+            (r.key, r.reason) for r in fit_reasons(preset.config, preset.config.model.family, preset.fitted)
+        )
         return ChosenConfig(preset.config, f"preset {preset.name} ({preset.path}){fitted}", reasons)
     resolved = _auto(options, topology, probes, overrides)
     reasons = tuple((r.key, r.reason) for r in resolved.reasons)

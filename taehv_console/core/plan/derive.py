@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from taehv_console.core.plan.communication import parse_bandwidth
 from taehv_console.core.plan.planner import MemoryFit, estimate_memory, gpu_family
 from taehv_console.core.plan.presets import (
+    ClipFit,
     Preset,
     fitted_note,
     list_presets,
@@ -60,12 +62,17 @@ class Reason:
     reason: str
 
 
+def fit_reasons(cfg: TrainConfig, family: str, fits: Iterable[ClipFit]) -> list[Reason]:
+    """A reason for each clip value a family's clip rule moved (presets.override_clip_fit)."""
+    return [Reason(f.key, config_value(cfg, f.key), fitted_note(family, [f])) for f in fits]
+
+
 def apply_set(cfg: TrainConfig, overrides: list[str]) -> tuple[TrainConfig, list[Reason]]:
     """cfg with the --set overrides, and a reason for each key they set: their own, and the clip
     values a family set without a clip had fitted to its rule (presets.override_clip_fit)."""
     family, fits = override_clip_fit(cfg, overrides)
     out = override_config(cfg, overrides)
-    reasons = [Reason(f.key, config_value(out, f.key), fitted_note(family, [f])) for f in fits]
+    reasons = fit_reasons(out, family, fits)
     for text in overrides:
         key = text.partition("=")[0].strip()
         reasons.append(Reason(key, config_value(out, key), "set on the command line (--set)"))
@@ -439,8 +446,8 @@ def resolve_config(
         loaded = load_preset(preset, overrides=overrides)
         cfg = loaded.config
         reasons = [Reason("preset", loaded.name, f"{loaded.name} as written ({loaded.path})")]
-        for fit in loaded.fitted:  # a family set without a clip: the preset's clip fitted to its rule
-            reasons.append(Reason(fit.key, config_value(cfg, fit.key), fitted_note(cfg.model.family, [fit])))
+        # a family set without a clip: the preset's clip fitted to its rule
+        reasons += fit_reasons(cfg, cfg.model.family, loaded.fitted)
         if gpu_memory_gb is not None:
             cfg = cfg.model_copy(
                 update={"topology": cfg.topology.model_copy(update={"gpu_memory_gb": gpu_memory_gb})}
