@@ -167,6 +167,17 @@ def import_deepspeed_muon_lazily() -> bool:
     return True
 
 
+class DeepSpeedSettings(DeepSpeedPlugin):
+    """accelerate's DeepSpeed plugin, less the hook it registers for transformers: on every
+    rank's start it imports `transformers.integrations` (~0.9 s on a CPU core, each launch and
+    each relaunch) to hand the config to transformers' from_pretrained, which reads it to build
+    models under ZeRO-3's partitioned init. Nothing in this trainer calls from_pretrained: the
+    student is built here, and the teacher is diffusers', loaded whole on every rank."""
+
+    def set_deepspeed_weakref(self) -> None:
+        self.dschf = None
+
+
 def set_single_process_env() -> None:
     """A run started without a launcher still gets a (1-process) process group, so one code path
     serves 1 and N processes."""
@@ -401,7 +412,7 @@ class Runtime:
         )
         startup["process_group"] = round(time.time() - created, 3)
         ds_config = build_deepspeed_config(cfg, device_kind)
-        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedSettings(hf_ds_config=ds_config))
         rank, world = accelerator.process_index, accelerator.num_processes
         if world != cfg.topology.world_size:
             raise SetupError(
