@@ -645,8 +645,19 @@ class _FixtureOwners:
 # Disk. A test's run directory holds ~0.5-0.9 GB (three ZeRO checkpoints of an 11M-parameter model);
 # kept, the suite's ~40 runs wrote 29 GB per session and a CI machine with less free disk than that
 # failed every later test on mkdir. What a passed test, or a module whose tests all passed, wrote
-# under the base temp is removed as soon as it ends; a failure's directories stay for reading.
+# under the base temp is removed as soon as it ends; a failure's directories stay for reading while
+# the base temp keeps KEEP_FAILED_MIN_FREE free (scripts/test.sh puts it in memory, on /dev/shm,
+# where a change that fails every test would otherwise fill the machine's memory with checkpoints).
 _SESSION_DIRS: set[Path] = set()
+KEEP_FAILED_MIN_FREE = 4 << 30
+_NOT_KEPT: list[str] = []  # failures' directories removed for want of room
+
+
+def _room_to_keep(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path).free >= KEEP_FAILED_MIN_FREE
+    except OSError:
+        return False
 
 
 def _entries(base: str | None) -> set[Path]:
@@ -715,7 +726,10 @@ def pytest_runtest_teardown(item, nextitem):
                     REAPER.leaks.extend(f"{line} (left running after it passed)" for line in said)
                 else:
                     REAPER.ended.extend(said)
-                if passed:  # a run directory holds ~0.7 GB of checkpoints: keep only failures'
+                # a run directory holds ~0.7 GB of checkpoints: keep only failures', while there is room
+                if passed or not _room_to_keep(tmp):
+                    if not passed:
+                        _NOT_KEPT.append(f"{item.nodeid}: {tmp}")
                     _remove(tmp)
 
 
@@ -762,6 +776,10 @@ def pytest_terminal_summary(terminalreporter):
     if REAPER.ended:
         terminalreporter.write_sep("-", "reaper: processes tests left behind, ended at teardown")
         for line in REAPER.ended:
+            terminalreporter.write_line(line)
+    if _NOT_KEPT:
+        terminalreporter.write_sep("-", "failed tests' directories removed: under 4 GiB free to keep them")
+        for line in _NOT_KEPT:
             terminalreporter.write_line(line)
 
 
