@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-from taehv_console.commands.status import family_fields, family_text
 from taehv_console.core.cluster.platform import TopologyError
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.config import run_config
@@ -37,7 +36,14 @@ from taehv_console.core.run.client import supervised_client
 from taehv_console.core.run.control import RunController
 from taehv_console.core.run.create import LaunchSpec, create_run
 from taehv_console.core.run.outcome import LaunchError, settled
-from taehv_console.core.run.rundir import RunDir, RunsDirError, resolve_run, runs_dir_problem
+from taehv_console.core.run.rundir import (
+    RunDir,
+    RunsDirError,
+    family_fields,
+    family_text,
+    resolve_run,
+    runs_dir_problem,
+)
 from taehv_console.core.run.state import StateError
 from taehv_console.errors import describe_error
 from taehv_console.exit_codes import ExitCode

@@ -26,7 +26,7 @@ from taehv_console.core.run.lock import is_locked, read_holder
 from taehv_console.core.run.outcome import settled
 from taehv_console.core.run.recovery import recoveries, strike_counts
 from taehv_console.core.run.requests import probe_live
-from taehv_console.core.run.rundir import RunDir, list_runs, resolve_run
+from taehv_console.core.run.rundir import RunDir, family_fields, family_text, list_runs, resolve_run
 from taehv_console.core.run.state import StateError
 from taehv_console.core.watch.checkpoints import verify_checkpoints
 from taehv_console.core.watch.monitor import snapshot_once
@@ -36,7 +36,6 @@ from taehv_console.core.watch.view import duration_text, number_text, progress_d
 from taehv_console.exit_codes import CRASHED_MEANING, ExitCode
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError
-from trainer.families import FAMILIES, exported_files
 
 EXIT_CODES = {
     ExitCode.DONE: "shown",
@@ -115,31 +114,6 @@ def _verify(run_path: Path, info: dict[str, Any]) -> int:
         text = "complete, hashes match" if st.ok else f"{st.state.upper()}: {'; '.join(st.problems)}"
         print(f"verify {st.path}: {text}", file=sys.stderr)
     return sum(not st.ok for st in found)
-
-
-def family_fields(family: str) -> dict[str, Any]:
-    """What `status`, its --json and the TUI's dashboard say of a run's TAE family: its name, the
-    video model it serves, and the files final/ and best/ hold its weights under (the .safetensors
-    and the author's .pth beside it, then the EMA's)."""
-    fam = FAMILIES.get(family)
-    weights, ema = exported_files(family)
-    return {
-        "family": family,
-        "serves": fam.serves if fam is not None else "shapes of no family (taehv's conventions)",
-        "exports": [
-            weights,
-            weights.replace(".safetensors", ".pth"),
-            ema,
-            ema.replace(".safetensors", ".pth"),
-        ],
-    }
-
-
-def family_text(fields: dict[str, Any]) -> str:
-    """'taew2_1 (Wan 2.1, ...), exported as taew2_1.safetensors + .pth': one line of it."""
-    exports = fields.get("exports") or []
-    named = f", exported as {exports[0]} + .pth" if exports else ""
-    return f"{fields.get('family')} ({fields.get('serves')}){named}"
 
 
 def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False) -> dict[str, Any]:

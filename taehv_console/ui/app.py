@@ -22,11 +22,10 @@ from textual.screen import Screen
 from textual.theme import BUILTIN_THEMES
 from textual.worker import Worker, WorkerState
 
-from taehv_console.commands.status import family_fields
 from taehv_console.core.cluster.ssh import SshPool
 from taehv_console.core.flow.options import FlowOptions
 from taehv_console.core.flow.runs import find_live_run, list_run_entries
-from taehv_console.core.run.rundir import RunDir, resolve_run
+from taehv_console.core.run.rundir import RunDir, family_fields, resolve_run
 from taehv_console.ui.commands import ConsoleCommands
 from taehv_console.ui.config import ConsoleConfig, ConsoleConfigError, load_console_config
 from taehv_console.ui.errors import USER_ERRORS, error_text
@@ -86,7 +85,7 @@ class TaehvConsole(App):
     MODES: ClassVar[dict[str, Any]] = {"wizard": DetectScreen, "dashboard": DashboardScreen}
 
     cluster_state: var[RunView | None] = var(None, always_update=True)
-    # the shown run's TAE family, its model and export names (status.family_fields), read from its
+    # the shown run's TAE family, its model and export names (rundir.family_fields), read from its
     # run.toml once per run directory; None until read, or where run.toml cannot be read here
     run_family: var[dict[str, Any] | None] = var(None)
     console_phase: var[str | None] = var(None)

@@ -9,6 +9,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from taehv_console.core.run.state import (
     NodeStatus,
@@ -20,7 +21,7 @@ from taehv_console.core.run.state import (
 )
 from taehv_console.core.values import InputError
 from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.families import DEFAULT_FAMILY, exported_files
+from trainer.families import DEFAULT_FAMILY, FAMILIES, exported_files
 
 RUN_TOML = "run.toml"
 STATE_JSON = "state.json"
@@ -225,3 +226,28 @@ def resolve_run(ref: str | None, runs_dir: str | Path = "runs") -> RunDir:
     if not runs:
         raise RunNotFoundError(f"no runs in {Path(runs_dir).absolute()} (use --runs DIR, or name the run)")
     return runs[0]
+
+
+def family_fields(family: str) -> dict[str, Any]:
+    """What `status`, its --json and the TUI's dashboard say of a run's TAE family: its name, the
+    video model it serves, and the files final/ and best/ hold its weights under (the .safetensors
+    and the author's .pth beside it, then the EMA's)."""
+    fam = FAMILIES.get(family)
+    weights, ema = exported_files(family)
+    return {
+        "family": family,
+        "serves": fam.serves if fam is not None else "shapes of no family (taehv's conventions)",
+        "exports": [
+            weights,
+            weights.replace(".safetensors", ".pth"),
+            ema,
+            ema.replace(".safetensors", ".pth"),
+        ],
+    }
+
+
+def family_text(fields: dict[str, Any]) -> str:
+    """'taew2_1 (Wan 2.1, ...), exported as taew2_1.safetensors + .pth': one line of it."""
+    exports = fields.get("exports") or []
+    named = f", exported as {exports[0]} + .pth" if exports else ""
+    return f"{fields.get('family')} ({fields.get('serves')}){named}"

@@ -1,7 +1,7 @@
 """The run header: phase, preset, the TAE family and the file its weights are exported as, step/max
 with a bar, loss, PSNR, clips/s, MFU, ETA and elapsed time, drawn from one ClusterState (its own
 `time` is "now", so the same state always draws the same) and the run's family (the app reads it
-from run.toml once per run: `status.family_fields`)."""
+from run.toml once per run: `rundir.family_fields`)."""
 
 from __future__ import annotations
 
