@@ -116,6 +116,17 @@ def _verify(run_path: Path, info: dict[str, Any]) -> int:
     return sum(not st.ok for st in found)
 
 
+# the phase of a run that has trained (events) with no console's state.json or traces of one
+OUTSIDE = "started outside the console"
+
+
+def _newest_checkpoint(run: RunDir) -> dict[str, Any] | None:
+    newest = ckpt.scan(run.checkpoints, deep=False).newest
+    return (
+        {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} if newest else None
+    )
+
+
 def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False) -> dict[str, Any]:
     """Everything `status` shows about one run, as plain values (the --json output)."""
 
@@ -132,8 +143,14 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
         lost = run.lost_state()  # launched, and its state.json is gone: not "rendered"
         if lost:
             info["error"] = lost
+        elif any(run.path.glob("events/rank-*.jsonl")):
+            # trained, but not by a console (its rendered sbatch.sh submitted by hand, taehv-train):
+            # nothing here controls or heals it; its progress and checkpoints are read from its files
+            info["phase"] = OUTSIDE
+            info["progress"] = progress_dict(snapshot_once(run.path, pool=pool))
+            info["checkpoint"] = _newest_checkpoint(run)
         else:
-            info["phase"] = "rendered"  # files only (render), never launched by a console
+            info["phase"] = "rendered"  # files only (render), never launched
         return info
     refused: dict[int, str] = {}
     try:
@@ -194,10 +211,7 @@ def run_info(run: RunDir, pool: SshPool, check: bool = True, brief: bool = False
     info["ranks"] = plain["ranks"]
     info["collective"] = plain["collective"]
     info["forensics"] = plain["forensics"]
-    newest = ckpt.scan(run.checkpoints, deep=False).newest
-    info["checkpoint"] = (
-        {"step": newest.step, "path": str(newest.path), "world_size": newest.world_size} if newest else None
-    )
+    info["checkpoint"] = _newest_checkpoint(run)
     info["nodes"] = [asdict(n) for n in a.nodes] if a else []
     info["attempt"] = (
         {
