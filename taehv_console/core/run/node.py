@@ -77,7 +77,9 @@ def _read(path: str) -> bytes | None:
 
 def _environ(pid: int, proc_root: str) -> dict[str, str] | None:
     raw = _read(os.path.join(proc_root, str(pid), "environ"))
-    if raw is None:
+    # empty: a zombie, or a process caught inside its exec before the new environment is laid out
+    # (the moment Popen returns): nothing shows whose it is, so it is unread, not "not the run's"
+    if not raw:
         return None
     out = {}
     for item in raw.split(b"\0"):

@@ -155,32 +155,29 @@ class ReviewScreen(Screen):
     ]
 
     def compose(self) -> ComposeResult:
+        # The contents are given here, not set in on_mount: a widget nested in a container is
+        # mounted with the container, which a loaded machine can run after this screen's Mount
+        # (then "#commands-text" was not found and the wizard crashed)
+        review = self.app.wizard.review
         yield WizardSteps(3, classes="steps")
-        yield Static("", id="figures")
-        yield Static("", id="review-status")
-        with VerticalScroll(id="commands"):
-            yield Static("", id="commands-text")
+        figures = Static(figures_content(review) if review else "", id="figures")
+        figures.border_title = "plan"
+        yield figures
+        yield Static(self._status_content(review), id="review-status")
+        with VerticalScroll(id="commands") as commands:
+            commands.border_title = "what each node runs"
+            yield Static(commands_content(review) if review else "", id="commands-text")
         yield Footer(compact=True)
 
-    def on_mount(self) -> None:
-        self.query_one("#figures").border_title = "plan"
-        self.query_one("#commands").border_title = "what each node runs"
-        review = self.app.wizard.review
+    @staticmethod
+    def _status_content(review: Review | None) -> Content | str:
         if review is None:
-            return
-        self.query_one("#figures", Static).update(figures_content(review))
-        self.query_one("#commands-text", Static).update(commands_content(review))
-        status = self.query_one("#review-status", Static)
+            return ""
         if review.blocked:
-            status.update(
-                Content.assemble(f.badge("failed"), f" {review.blocked}: go back (escape) and fix it")
-            )
-        else:
-            status.update(
-                Content.assemble(
-                    f.badge("ok"), " ready: ", Content.styled("s", "bold $accent"), f" starts {review.run_id}"
-                )
-            )
+            return Content.assemble(f.badge("failed"), f" {review.blocked}: go back (escape) and fix it")
+        return Content.assemble(
+            f.badge("ok"), " ready: ", Content.styled("s", "bold $accent"), f" starts {review.run_id}"
+        )
 
     def action_start_run(self) -> None:
         review = self.app.wizard.review

@@ -93,7 +93,11 @@ def test_a_spawned_supervisor_reaches_the_nodes_the_way_its_console_does(tmp_pat
     pid = supervision.spawn_supervisor(run, supervision.ssh_env(settings))
     assert pid is not None
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        # read once its exec has laid out the new environment: between the exec's point of no return
+        # (when Popen returns) and that, /proc/PID/environ reads empty (seen under load in CI)
+        environ = wait_for(lambda: Path(f"/proc/{pid}/environ").read_bytes(), 20, "its environment").split(
+            b"\0"
+        )
         assert f"TAEHV_SSH_CONFIG={tmp_path / 'ssh_config'}".encode() in environ
         assert f"TAEHV_KNOWN_HOSTS={tmp_path / 'kh'}".encode() in environ
         wait_for(lambda: supervision.running_supervisor(run) is not None, 20, "its info file")
