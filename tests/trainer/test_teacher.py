@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from tests.trainer.runs import Launch, base_config, events, write_run
@@ -120,16 +121,32 @@ def _falls(values: list[float]) -> bool:
     return sum(tail) / len(tail) < 0.8 * sum(head) / len(head)
 
 
+# The online recipe's scenario: every term at once, the adversarial one too (a small discriminator),
+# checkpointed at step 4 and at the end (8)
+ADVERSARIAL = {"weight": 0.1, "width": 8, "replay": 4}
+ONLINE_STEPS, ONLINE_CHECKPOINT_EVERY = 8, 4
+
+
+def _online_config(clip_dir, teacher_dir, stage: int) -> dict:
+    raw = _distill_config(clip_dir, stage, teacher=str(teacher_dir))
+    raw["optim"]["max_steps"] = ONLINE_STEPS
+    raw["schedule"]["checkpoint_every"] = ONLINE_CHECKPOINT_EVERY
+    raw["adversarial"] = dict(ADVERSARIAL)
+    return raw
+
+
 @pytest.fixture(scope="module")
 def online_runs(teacher_dir, clip_dir, tmp_path_factory):
-    """ZeRO stage -> a finished 2-rank online distillation run (8 steps, decoder_on_teacher_latents
-    on), made at its first use; the tests that take it only read it."""
+    """ZeRO stage -> a finished 2-rank online distillation run (_online_config: 8 steps,
+    decoder_on_teacher_latents and the adversarial term on), made at its first use; the tests that
+    take it only read it, and one that resumes it resumes a copy. The distillation and adversarial
+    tests each ran their own run before (merged on purpose: the same launches, asserted together)."""
     made: dict[int, Path] = {}
 
     def get(stage: int) -> Path:
         if stage not in made:
             run = tmp_path_factory.mktemp(f"online-zero{stage}") / "run"
-            write_run(run, _distill_config(clip_dir, stage, teacher=str(teacher_dir)))
+            write_run(run, _online_config(clip_dir, teacher_dir, stage))
             _run_to_end(run, 2)
             made[stage] = run
         return made[stage]
@@ -180,34 +197,37 @@ def test_cached_latents_train_without_the_teacher(teacher_dir, tmp_path, clip_di
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_adversarial_term_is_logged_checkpointed_and_resumed(teacher_dir, tmp_path, clip_dir, stage):
+def test_adversarial_term_is_logged_checkpointed_and_resumed(online_runs, tmp_path, stage):
+    import shutil
+
     from safetensors.torch import load_file
 
     from trainer.discriminator import state_digest
 
-    raw = _distill_config(clip_dir, stage, teacher=str(teacher_dir))
-    raw["optim"]["max_steps"] = 3
-    raw["schedule"]["checkpoint_every"] = 3
-    raw["adversarial"] = {"weight": 0.1, "width": 8, "replay": 4}
-    run = write_run(tmp_path / "run", raw)
-    _run_to_end(run, 2)
-    steps = events(run, 0, "step")
-    assert len(steps) == 3 and all(e["adv_g_loss"] > 0 and e["adv_d_loss"] > 0 for e in steps)
-    tb = b"".join(p.read_bytes() for p in (run / "tensorboard").glob("events.*"))
+    shared = online_runs(stage)
+    steps = events(shared, 0, "step")
+    assert len(steps) == ONLINE_STEPS and all(e["adv_g_loss"] > 0 and e["adv_d_loss"] > 0 for e in steps)
+    tb = b"".join(p.read_bytes() for p in (shared / "tensorboard").glob("events.*"))
     assert b"train/adv_d_loss" in tb and b"train/adv_g_loss" in tb
-    ckpt = run / "checkpoints" / "step-3"
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    assert "trainer/discriminator.safetensors" in manifest["files"] and manifest["parts"] == ["discriminator"]
+    for step in (ONLINE_CHECKPOINT_EVERY, ONLINE_STEPS):  # the interval's checkpoint and the final one
+        manifest = json.loads((shared / "checkpoints" / f"step-{step}" / "manifest.json").read_text())
+        assert "trainer/discriminator.safetensors" in manifest["files"], step
+        assert manifest["parts"] == ["discriminator"], step
+    ckpt = shared / "checkpoints" / f"step-{ONLINE_STEPS}"
     saved = state_digest(load_file(str(ckpt / "trainer" / "discriminator.safetensors")))
 
-    raw["optim"]["max_steps"] = 4
+    run = tmp_path / "run"  # resumed in a copy: the shared run is only read
+    shutil.copytree(shared, run)
+    raw = tomllib.loads((run / "run.toml").read_text())
+    raw["optim"]["max_steps"] = ONLINE_STEPS + 1
     write_run(run, raw)
     _run_to_end(run, 2, args=("--resume", "latest"))
     starts = [e for r in (0, 1) for e in events(run, r, "start") if e.get("resumed_from")]
     assert len(starts) == 2
     for s in starts:  # every rank starts again from the saved discriminator and its optimizer
+        assert s["resumed_from"].endswith(f"step-{ONLINE_STEPS}"), s
         assert s["discriminator_digest"] == saved
-        assert s["discriminator_steps"] == 3 * raw["optim"]["grad_accum"]
+        assert s["discriminator_steps"] == ONLINE_STEPS * raw["optim"]["grad_accum"]
 
 
 def test_taew2_1_distils_from_a_wan_vae_on_2_ranks(wan_dir, tmp_path, clip_dir):
