@@ -43,8 +43,9 @@ fi
 # Scratch for the tests' run directories: each writes ~0.7 GB of checkpoints and syncs them to
 # disk, ~70 GB a session. In memory (/dev/shm, a tmpfs) that costs less: tests/trainer/test_training.py
 # took 250.6 s and 298 CPU-s with its base temp on disk, 219.4 s and 268 CPU-s there (2-core AMD
-# EPYC). Used when it has 8 GiB free and allows exec (passed tests' directories are removed as they end, failures'
-# kept while 4 GiB is free: tests/conftest.py); TAEHV_TEST_SCRATCH names another place.
+# EPYC). Used when it has 8 GiB free and allows exec (passed tests' directories are removed as
+# they end, failures' kept while 4 GiB is free: tests/conftest.py); TAEHV_TEST_SCRATCH names another
+# place.
 scratch=${TAEHV_TEST_SCRATCH:-}
 if [ -z "$scratch" ]; then
     scratch=${TMPDIR:-/tmp}

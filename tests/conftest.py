@@ -778,7 +778,10 @@ def pytest_terminal_summary(terminalreporter):
         for line in REAPER.ended:
             terminalreporter.write_line(line)
     if _NOT_KEPT:
-        terminalreporter.write_sep("-", "failed tests' directories removed: under 4 GiB free to keep them")
+        terminalreporter.write_sep(
+            "-",
+            f"failed tests' directories removed: under {KEEP_FAILED_MIN_FREE >> 30} GiB free to keep them",
+        )
         for line in _NOT_KEPT:
             terminalreporter.write_line(line)
 
