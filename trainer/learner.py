@@ -23,6 +23,7 @@ from trainer.ds_config import deepspeed_skips_nonfinite_step, effective_deepspee
 from trainer.events import atomic_write_json
 from trainer.master_weights import MasterEMA, full_fp32_weights
 from trainer.model import TAEHV, build_model
+from trainer.optim import AdamW
 from trainer.runtime import Runtime
 from trainer.state import lr_at
 from trainer.teacher import place_teacher
@@ -134,7 +135,7 @@ def build_learner(
         )
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    optimizer = torch.optim.AdamW(
+    optimizer = AdamW(
         [
             {"params": decay, "weight_decay": cfg.optim.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},

@@ -18,6 +18,7 @@ STEP = textwrap.dedent(
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], DS_ACCELERATOR="cpu")
     import torch, deepspeed
     from accelerate import Accelerator
+    from trainer.optim import AdamW
     from trainer.runtime import (DEEPSPEED_MUON, DeepSpeedSettings, import_deepspeed_muon_lazily,
                                  skip_deepspeed_shm_op)
     assert import_deepspeed_muon_lazily()
@@ -29,21 +30,26 @@ STEP = textwrap.dedent(
     config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedSettings(hf_ds_config=config))
-    engine, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    engine, _ = accelerator.prepare(model, AdamW(model.parameters()))
     before = model.weight.detach().clone()
     engine.backward(engine(torch.ones(1, 4)).sum())
     engine.step()
+    # what a checkpoint and a resume call: DeepSpeed's ZeRO state reads the AdamW's, which loads it back
+    engine.optimizer.state_dict()
+    engine.optimizer.optimizer.load_state_dict(engine.optimizer.optimizer.state_dict())
+    engine.optimizer.zero_grad()
     muon = sys.modules[DEEPSPEED_MUON]
     print("zero-optimizer", type(engine.optimizer).__name__)
     print("moved", not torch.equal(before, model.weight.detach()))
     print("inductor", "torch._inductor.compile_fx" in sys.modules)
     print("muon", hasattr(muon, "MuonWithAuxAdam"))
     print("transformers", "transformers" in sys.modules)
+    print("dynamo", "torch._dynamo" in sys.modules)
     """
 )
 
 
-def test_a_zero2_step_loads_deepspeeds_muon_module_but_not_inductor_or_transformers():
+def test_a_zero2_step_loads_deepspeeds_muon_module_but_not_inductor_transformers_or_dynamo():
     # the Muon module decorates its functions with torch.compile, whose decoration loads all of
     # Inductor: 1-2.5 s of every eager rank's start (trainer/runtime.py: import_deepspeed_muon_lazily)
     done = subprocess.run(
@@ -62,3 +68,6 @@ def test_a_zero2_step_loads_deepspeeds_muon_module_but_not_inductor_or_transform
     # nor transformers, which accelerate's own DeepSpeed plugin imports (~0.9 s of each rank's start)
     # for transformers' from_pretrained, which the trainer never calls (runtime.DeepSpeedSettings)
     assert said.get("transformers") == "False", done.stdout
+    # nor torch._dynamo, which torch.optim's own AdamW imports in its first call (~1 CPU-s) only to
+    # keep the compiler out of it (trainer/optim.py)
+    assert said.get("dynamo") == "False", done.stdout
