@@ -18,7 +18,8 @@ bash scripts/system-deps.sh || exit 1
 started=$SECONDS
 SOURCES=(taehv_console trainer tests benchmarks scripts)
 # tests/slurm first: its tests mostly wait on the SLURM cluster and their runs, which the console
-# tier's work fills; last, they ran alone for ~250 s with most of both cores idle
+# tier's work fills; last, they ran alone for ~250 s with most of both cores idle. The console tier
+# puts its busy tests first to fill them (CONSOLE_TIER_FIRST in tests/conftest.py).
 TRAINER_TIER=(tests/slurm tests/trainer)
 export TAEHV_TEST_OUTPUT=${TAEHV_TEST_OUTPUT:-$PWD/test-output}
 rm -rf "$TAEHV_TEST_OUTPUT"

@@ -607,6 +607,28 @@ def pytest_configure(config):
     config.pluginmanager.register(timing, "taehv-timing")
 
 
+# The console tier runs beside the trainer tier (scripts/test.sh), which starts with tests/slurm,
+# whose tests mostly wait on the SLURM cluster and its runs. In path order the console tier started
+# as idle (tests/core/cluster and tests/core/run wait on sshd and fake launchers): both cores were
+# about half idle for the suite's first ~7 minutes (a /proc sampler over a whole run, 2-core AMD
+# EPYC). So the console tier runs first the tests that keep a core busy in their own process (the
+# TUI's Pilot tests, the planner's, the watch's, the benchmarks' smoke runs at the top level), and
+# its waiting ones after them, beside the trainer tier's DeepSpeed runs. Each module keeps its place
+# within its group, so its fixtures and its tests' order are as before.
+CONSOLE_TIER_FIRST = ("tests/ui/", "tests/core/plan/", "tests/core/watch/")
+_TESTS = Path(__file__).resolve().parent
+
+
+def _console_tier_group(item: pytest.Item) -> int:
+    rel = Path(item.path).resolve().relative_to(_TESTS.parent).as_posix()
+    return 0 if rel.startswith(CONSOLE_TIER_FIRST) or Path(rel).parent == Path("tests") else 1
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TAEHV_TEST_TIER") == "console":
+        items.sort(key=_console_tier_group)  # stable
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
     global _previous_sigterm
