@@ -608,20 +608,20 @@ def pytest_configure(config):
 
 
 # The console tier runs beside the trainer tier (scripts/test.sh), which starts with tests/slurm,
-# whose tests mostly wait on the SLURM cluster and its runs. In path order the console tier started
-# as idle (tests/core/cluster and tests/core/run wait on sshd and fake launchers): both cores were
-# about half idle for the suite's first ~7 minutes (a /proc sampler over a whole run, 2-core AMD
-# EPYC). So the console tier runs first the tests that keep a core busy in their own process (the
-# TUI's Pilot tests, the planner's, the watch's, the benchmarks' smoke runs at the top level), and
-# its waiting ones after them, beside the trainer tier's DeepSpeed runs. Each module keeps its place
-# within its group, so its fixtures and its tests' order are as before.
+# whose tests mostly wait on the SLURM cluster and its runs. In path order the console tier began with
+# its own waits too (tests/core/cluster and tests/core/run wait on sshd and fake launchers): a /proc
+# sampler over a whole run (2-core AMD EPYC) showed both cores about half idle for ~7 minutes early
+# in the suite. So the console tier runs first the directories with more work than waiting in them
+# (the planner's and the watch's tests, the benchmarks' smoke runs at the top level, the TUI's Pilot
+# tests and their short runs), and its waiting ones after them, beside the trainer tier's DeepSpeed
+# runs. Each module keeps its place within its group, so its fixtures and its tests' order are as before.
 CONSOLE_TIER_FIRST = ("tests/ui/", "tests/core/plan/", "tests/core/watch/")
-_TESTS = Path(__file__).resolve().parent
+_REPO = Path(__file__).resolve().parents[1]
 
 
 def _console_tier_group(item: pytest.Item) -> int:
     try:
-        rel = Path(item.path).resolve().relative_to(_TESTS.parent).as_posix()
+        rel = Path(item.path).resolve().relative_to(_REPO).as_posix()
     except ValueError:  # a pytest session that a test starts on files of its own (tests/test_reaper.py)
         return 1
     return 0 if rel.startswith(CONSOLE_TIER_FIRST) or Path(rel).parent == Path("tests") else 1
