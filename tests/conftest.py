@@ -612,10 +612,14 @@ def pytest_configure(config):
 # its own waits too (tests/core/cluster and tests/core/run wait on sshd and fake launchers): a /proc
 # sampler over a whole run (2-core AMD EPYC) showed both cores about half idle for ~7 minutes early
 # in the suite. So the console tier runs first the directories with more work than waiting in them
-# (the planner's and the watch's tests, the benchmarks' smoke runs at the top level, the TUI's Pilot
-# tests and their short runs), and its waiting ones after them, beside the trainer tier's DeepSpeed
-# runs. Each module keeps its place within its group, so its fixtures and its tests' order are as before.
-CONSOLE_TIER_FIRST = ("tests/ui/", "tests/core/plan/", "tests/core/watch/")
+# (the planner's tests, the benchmarks' smoke runs at the top level, the TUI's Pilot tests and their
+# short runs), and its waiting ones after them, beside the trainer tier's DeepSpeed runs. Each module
+# keeps its place within its group, so its fixtures and its tests' order are as before.
+# Not tests/core/watch: test_kmsg plants Xid lines in this machine's real kernel log, which every
+# watch agent running at that moment reads as hardware evidence; beside tests/slurm it turned a
+# SLURM run's preflight failure into a device fault (CI, 39c62dc). In path order it runs well after
+# tests/slurm, beside tests/trainer, whose runs have no agent.
+CONSOLE_TIER_FIRST = ("tests/ui/", "tests/core/plan/")
 _REPO = Path(__file__).resolve().parents[1]
 
 
