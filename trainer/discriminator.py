@@ -105,7 +105,7 @@ class Adversary:
                 if p.ndim > 1:
                     p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / p[0].numel()) ** 0.5)
         self.net.to(device).train()
-        self.opt = AdamW(self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+        self.opt = AdamW(self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0, fused=True)
         self.replay_size = cfg.replay
         self.replay: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.gen = torch.Generator().manual_seed(seed + 104729)

@@ -30,7 +30,7 @@ STEP = textwrap.dedent(
     config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedSettings(hf_ds_config=config))
-    engine, _ = accelerator.prepare(model, AdamW(model.parameters()))
+    engine, _ = accelerator.prepare(model, AdamW(model.parameters(), fused=True))
     before = model.weight.detach().clone()
     engine.backward(engine(torch.ones(1, 4)).sum())
     engine.step()
