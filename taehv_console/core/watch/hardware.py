@@ -32,7 +32,10 @@ def hardware_evidence(view: RunView, first_gpus: Mapping[str, int] | None = None
 
     Only what a sample shows counts: a node whose agent is silent (LOST) or never answered has no
     evidence from that (the network or the console may be at fault), though what its last sample
-    showed still stands."""
+    showed still stands. A GPU's Xid counts only on a node that has shown GPUs in this run, in this
+    sample or (`first_gpus`) its first: the kernel log is the machine's, and on a node whose run has
+    no GPU (a CPU run) an Xid is about something else (another job, a line written into the log),
+    never what stopped this run."""
     out: dict[str, str] = {}
     for node in view.nodes:
         if node.sample is None:
@@ -56,6 +59,8 @@ def _evidence(sample: NodeSample, first: int | None) -> list[str]:
         elif g.ecc_uncorrected:  # None: no ECC on the board, or an agent too old to say
             n = g.ecc_uncorrected
             found.append(f"GPU {g.index}: {n} uncorrectable ECC error{'s' if n != 1 else ''}")
+    if not sample.gpus and not first:
+        return found  # no GPU seen on this node: no Xid can be its run's
     for code, pci in dict.fromkeys((x.code, x.pci) for x in sample.xids if x.code in HARDWARE_XIDS):
         found.append(f"Xid {code} on the GPU at PCI {pci}: {HARDWARE_XIDS[code]} (kernel log)")
     return found

@@ -114,8 +114,15 @@ def test_the_agent_reads_an_xid_from_the_real_kernel_log_and_only_from_its_own_s
             s = parse_sample(proc.stdout.readline())
         assert [(x.code, x.pci) for x in s.xids] == [(48, "0000:86:00")], s.xids
         assert tag in s.xids[0].text
-        evidence = hardware_evidence(view(node(s.host, s)))
-        assert evidence == {s.host: "Xid 48 on the GPU at PCI 0000:86:00: double-bit ECC error (kernel log)"}
+        # this machine shows no GPU (--no-nvml): an Xid is no evidence against a node whose run has
+        # none (a CPU run's watch beside this test reads the same kernel log). The node seen with
+        # 8 GPUs at its first sample, and none now (NVML gone, as after an Xid 79), is blamed
+        assert hardware_evidence(view(node(s.host, s))) == {}
+        evidence = hardware_evidence(view(node(s.host, s)), {s.host: 8})
+        assert evidence == {
+            s.host: "0 of 8 GPUs left since the first sample (NVML disabled (--no-nvml)); "
+            "Xid 48 on the GPU at PCI 0000:86:00: double-bit ECC error (kernel log)"
+        }
         # every later sample still carries it: the evidence does not vanish with the next line
         assert parse_sample(proc.stdout.readline()).xids == s.xids
     finally:
