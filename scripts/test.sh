@@ -2,14 +2,14 @@
 # Installs the Debian packages some tests need where it can (scripts/system-deps.sh), runs the
 # checks, then the whole test suite; pytest's summary (-ra) lists every skip with its reason.
 #
-# With no arguments the suite runs as two pytest sessions at once, so that the cores one leaves
-# idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the other's work on
-# a 2-core machine: the `trainer` tier (tests/trainer and tests/slurm: the trainer's DeepSpeed runs
-# and the SLURM cluster), printed as it goes, and the `console` tier (everything else: the console's
-# units, its e2e runs over sshd, the TUI; mypy beside it), printed when it ends. Alone, each took
-# about 25 minutes of the 50 on a 2-core AMD EPYC. Each keeps its own temp dir and sshd.
+# With no arguments the suite runs as three pytest sessions at once, so that the cores one leaves
+# idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the others' work on
+# a 2-core machine: the `trainer` tier (tests/trainer: the trainer's DeepSpeed runs), printed as it
+# goes; the `e2e` tier (tests/e2e and tests/slurm: whole runs through the console, over sshd and the
+# SLURM cluster) and the `console` tier (everything else: the console's units, the TUI; mypy beside
+# them), each printed when it ends. Each keeps its own temp dir and sshd.
 # Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
-# At the end: the suite's wall time, its ten slowest tests, one closing count line for both tiers,
+# At the end: the suite's wall time, its ten slowest tests, one closing count line for every tier,
 # and test-output/durations.txt (the slowest 30 tests, the time per directory).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +17,13 @@ export DS_ACCELERATOR=cpu
 bash scripts/system-deps.sh || exit 1
 started=$SECONDS
 SOURCES=(taehv_console trainer tests benchmarks scripts)
-# tests/slurm first: its tests mostly wait on the SLURM cluster and their runs, which the console
-# tier's work fills; last, they ran alone for ~250 s with most of both cores idle. The console tier
-# puts its busy tests first to fill them (CONSOLE_TIER_FIRST in tests/conftest.py).
-TRAINER_TIER=(tests/slurm tests/trainer)
+# Three sessions at once. The trainer tier (tests/trainer: DeepSpeed runs) is busy; the e2e tier
+# (tests/e2e, tests/slurm: whole runs driven through the console, sshd and the SLURM cluster) and the
+# console tier (everything else) mostly wait on processes, sockets and heartbeats. With the e2e tests
+# inside the console tier, its waits alone made it the longest session (1614 s of the suite's 1622 s
+# wall, f0227f4's CI); split, each waits beside the others' work.
+TRAINER_TIER=(tests/trainer)
+E2E_TIER=(tests/e2e tests/slurm)
 export TAEHV_TEST_OUTPUT=${TAEHV_TEST_OUTPUT:-$PWD/test-output}
 rm -rf "$TAEHV_TEST_OUTPUT"
 mkdir -p "$TAEHV_TEST_OUTPUT"
@@ -59,29 +62,35 @@ fi
 base=$(mktemp -d "$scratch/taehv-tests.XXXXXX")
 echo "== scratch: $base"
 ignore=()
-for p in "${TRAINER_TIER[@]}"; do ignore+=(--ignore="$p"); done
-echo "== mypy and the console tier (tests, less ${TRAINER_TIER[*]}) in the background"
+for p in "${TRAINER_TIER[@]}" "${E2E_TIER[@]}"; do ignore+=(--ignore="$p"); done
+echo "== mypy, the e2e tier (${E2E_TIER[*]}) and the console tier (tests, less the other tiers) in the background"
 (
     echo "== mypy (taehv_console, trainer: [tool.mypy] in pyproject.toml)"
     .venv/bin/mypy
     echo "mypy exit $?"
 ) > "$TAEHV_TEST_OUTPUT/mypy.log" 2>&1 &
 mypy_pid=$!
+TAEHV_TEST_TIER=e2e "${PYTEST[@]}" --basetemp="$base/e2e" "${E2E_TIER[@]}" > "$TAEHV_TEST_OUTPUT/e2e.log" 2>&1 &
+e2e_pid=$!
 TAEHV_TEST_TIER=console "${PYTEST[@]}" --basetemp="$base/console" "${ignore[@]}" tests \
     > "$TAEHV_TEST_OUTPUT/console.log" 2>&1 &
 console_pid=$!
 echo "== pytest, trainer tier: ${TRAINER_TIER[*]}"
 TAEHV_TEST_TIER=trainer "${PYTEST[@]}" --basetemp="$base/trainer" "${TRAINER_TIER[@]}"
 trainer_rc=$?
+wait "$e2e_pid"
+e2e_rc=$?
 wait "$console_pid"
 console_rc=$?
 wait "$mypy_pid"
 cat "$TAEHV_TEST_OUTPUT/mypy.log"
 mypy_rc=1
 grep -q "^mypy exit 0$" "$TAEHV_TEST_OUTPUT/mypy.log" && mypy_rc=0
+echo "== pytest, e2e tier (ran beside the trainer tier)"
+cat "$TAEHV_TEST_OUTPUT/e2e.log"
 echo "== pytest, console tier (ran beside the trainer tier)"
 cat "$TAEHV_TEST_OUTPUT/console.log"
-if [ "$trainer_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]; then
+if [ "$trainer_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]; then
     rm -rf "$base"
 else
     if [ "$scratch" = /dev/shm ]; then  # out of memory, onto disk
@@ -90,6 +99,6 @@ else
     fi
     echo "== the failed tests' directories are kept under $base"
 fi
-echo "== mypy exit $mypy_rc, trainer tier exit $trainer_rc, console tier exit $console_rc"
+echo "== mypy exit $mypy_rc, trainer tier exit $trainer_rc, e2e tier exit $e2e_rc, console tier exit $console_rc"
 .venv/bin/python scripts/test_report.py --dir "$TAEHV_TEST_OUTPUT" --wall-s $((SECONDS - started))
-[ "$mypy_rc" -eq 0 ] && [ "$trainer_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]
+[ "$mypy_rc" -eq 0 ] && [ "$trainer_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$console_rc" -eq 0 ]
