@@ -607,18 +607,16 @@ def pytest_configure(config):
     config.pluginmanager.register(timing, "taehv-timing")
 
 
-# The console tier runs beside the trainer tier (scripts/test.sh), which starts with tests/slurm,
-# whose tests mostly wait on the SLURM cluster and its runs. In path order the console tier began with
-# its own waits too (tests/core/cluster and tests/core/run wait on sshd and fake launchers): a /proc
-# sampler over a whole run (2-core AMD EPYC) showed both cores about half idle for ~7 minutes early
-# in the suite. So the console tier runs first the directories with more work than waiting in them
-# (the planner's tests, the benchmarks' smoke runs at the top level, the TUI's Pilot tests and their
-# short runs), and its waiting ones after them, beside the trainer tier's DeepSpeed runs. Each module
-# keeps its place within its group, so its fixtures and its tests' order are as before.
-# Not tests/core/watch: test_kmsg plants Xid lines in this machine's real kernel log, which every
-# watch agent running at that moment reads as hardware evidence; beside tests/slurm it turned a
-# SLURM run's preflight failure into a device fault (CI, 39c62dc). In path order it runs well after
-# tests/slurm, beside tests/trainer, whose runs have no agent.
+# The console tier runs beside the trainer and e2e tiers (scripts/test.sh). In path order it began
+# with its own waits (tests/core/cluster and tests/core/run wait on sshd and fake launchers) while the
+# other tiers started up or waited too: a /proc sampler over a whole run (2-core AMD EPYC) showed both
+# cores about half idle for ~7 minutes early in the suite. So the console tier runs first the
+# directories with more work than waiting in them (the planner's tests, the benchmarks' smoke runs at
+# the top level, the TUI's Pilot tests and their short runs), and its waiting ones after them. Each
+# module keeps its place within its group, so its fixtures and its tests' order are as before.
+# tests/core/watch's test_kmsg plants Xid lines in this machine's real kernel log, which every watch
+# agent running then reads; no CPU run's node is blamed for one (core/watch/hardware.py), so it may
+# run beside the other tiers' runs.
 CONSOLE_TIER_FIRST = ("tests/ui/", "tests/core/plan/")
 _REPO = Path(__file__).resolve().parents[1]
 
