@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from textual.css.query import NoMatches
 
 from taehv_console.cli import console_options
 from taehv_console.ui.app import TaehvConsole, make_app
@@ -58,8 +59,11 @@ async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
     """Pause the app's pilot until `predicate()` holds (conditions, not fixed sleeps: CI is loaded)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        try:
+            if predicate():
+                return
+        except NoMatches:  # a screen is up before its widgets mount: on a busy machine, a while before
+            pass
         await pilot.pause(0.1)
     raise AssertionError(
         f"timed out after {timeout} s waiting for {what}; screen {type(pilot.app.screen).__name__}"
