@@ -6,8 +6,9 @@
 # idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the others' work on
 # a 2-core machine: the `trainer` tier (tests/trainer: the trainer's DeepSpeed runs), printed as it
 # goes; the `e2e` tier (tests/e2e and tests/slurm: whole runs through the console, over sshd and the
-# SLURM cluster, then the cpu-smoke preset's learning runs) and the `console` tier (everything else: the console's units, the TUI; mypy beside
-# them), each printed when it ends. Each keeps its own temp dir and sshd.
+# SLURM cluster, then the cpu-smoke preset's learning runs) and the `console` tier (everything else:
+# the console's units, the TUI; mypy beside them), each printed when it ends. Each keeps its own temp
+# dir and sshd.
 # Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
 # At the end: the suite's wall time, its ten slowest tests, one closing count line for every tier,
 # and test-output/durations.txt (the slowest 30 tests, the time per directory).
