@@ -135,8 +135,21 @@ def identify(
     identity (RUN_ID_ENV in its environment, or the run's own node wrapper command line for a
     launch recorded before it existed). With the leader gone and its group still there (Linux
     never reuses a pid while a group of that id has members), its members must carry the run's
-    identity. A console that gives no run id (an old one) is held to the start time alone."""
-    table = read_proc(proc_root) if table is None else table
+    identity. A console that gives no run id (an old one) is held to the start time alone.
+
+    A process that exits after the table was read shows no environment and no command line (a
+    zombie's are empty), which reads as unproven: an unproven answer is checked once more on a
+    table read now, where such a process is a zombie or gone (a stop's last look at a launcher
+    that was exiting once named it "cannot be read" in the run's attention, CI on a loaded machine)."""
+    verdict, why = _identify(rec, read_proc(proc_root) if table is None else table, proc_root)
+    if verdict == UNPROVEN:
+        verdict, why = _identify(rec, read_proc(proc_root), proc_root)
+    return verdict, why
+
+
+def _identify(
+    rec: Recorded, table: dict[int, tuple[int, int, int, str, int]], proc_root: str
+) -> tuple[str, str]:
     pgid = rec.pgid
     here = boot_id()
     if rec.boot_id and here and rec.boot_id != here:

@@ -117,6 +117,20 @@ def test_identity_needs_the_start_time_and_the_runs_mark(sleepers):
     assert node.identify(rec(marked.pid, t_marked, "not-this-boot", RUN_ID, 0, 1))[0] == node.GONE
 
 
+def test_a_leader_that_exits_while_it_is_checked_is_gone_not_unproven(sleepers):
+    """The table says alive, then the leader exits before its environment is read: a zombie shows
+    none, which alone would read as "cannot be read". A stop's last look at an exiting launcher
+    once put that in the run's attention (CI, a loaded machine); a fresh look finds it gone."""
+    marked = sleepers({node.RUN_ID_ENV: RUN_ID})
+    rec = node.Recorded(marked.pid, node.start_ticks(marked.pid), node.boot_id(), RUN_ID, 0, 1)
+    stale = node.read_proc()
+    assert stale[marked.pid][3] != "Z"
+    marked.kill()  # not reaped: a zombie, as a launcher is until its parent waits for it
+    wait_for(lambda: (node.read_proc_one(marked.pid) or (0, 0, 0, "Z"))[3] == "Z", 10, "the zombie")
+    assert node._environ(marked.pid, "/proc") is None  # what the stale table's answer would rest on
+    assert node.identify(rec, stale) == (node.GONE, "")
+
+
 def test_the_node_tool_signals_only_a_proven_group(sleepers):
     plain, marked = sleepers(), sleepers({node.RUN_ID_ENV: RUN_ID})
     parser = node.build_parser()
