@@ -35,6 +35,7 @@ class Tmux:
         self.socket = f"{name}-{os.getpid()}"
         self.session = name
         self.width, self.height = width, height
+        self.log: Path | None = None  # the app's TEXTUAL_LOG, shown after a timeout's screen
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -81,7 +82,12 @@ class Tmux:
             if predicate(text):
                 return text
             time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}; the screen:\n{text}")
+        log = ""
+        if self.log is not None and self.log.exists():
+            lines = self.log.read_text(errors="replace").splitlines()
+            about = [line for line in lines if "Worker" in line or "Samples" in line or "Image" in line]
+            log = "\nits Textual log on workers, samples and images:\n" + "\n".join(about[-60:])
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; the screen:\n{text}{log}")
 
     def kill(self) -> None:
         """kill-server hangs up the pane; a console that outlives the hang-up, and a server that
@@ -236,9 +242,12 @@ def test_samples_view_in_tmux_draws_half_blocks_and_follows_a_new_validation(tmu
         "HOME": os.environ.get("HOME", str(tmp_path)),
         "PATH": os.environ.get("PATH", ""),
         "DS_ACCELERATOR": "cpu",
+        # Textual's log (workers started and ended, the image widget's class): a failure shows it
+        "TEXTUAL_LOG": str(tmp_path / "textual.log"),
     }
     console = [sys.executable, "-m", "taehv_console.cli", "--runs", str(tmp_path / "runs"), "--run", str(run)]
     tmux.start(console, env, tmp_path)
+    tmux.log = tmp_path / "textual.log"
     tmux.wait(lambda s: "events" in s and "v Samples" in s, 90, "the dashboard of the ended run")
 
     tmux.keys("v")
