@@ -85,7 +85,9 @@ class Tmux:
         log = ""
         if self.log is not None and self.log.exists():
             lines = self.log.read_text(errors="replace").splitlines()
-            about = [line for line in lines if "Worker" in line or "Samples" in line or "Image" in line]
+            about = [
+                line for line in lines if any(w in line for w in ("Worker", "Samples", "Image", "samples:"))
+            ]
             log = "\nits Textual log on workers, samples and images:\n" + "\n".join(about[-60:])
         raise AssertionError(f"timed out after {timeout} s waiting for {what}; the screen:\n{text}{log}")
 

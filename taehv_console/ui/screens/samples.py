@@ -254,6 +254,12 @@ class SamplesScreen(ConsoleScreen):
             image = None
         if getattr(widget, "image", None) is not image:
             widget.image = image  # type: ignore[attr-defined]  # every IMAGE_WIDGETS class has it
+            # Textual's log (TEXTUAL_LOG, devtools): which renderer drew what, at which size
+            renderable = getattr(type(widget), "_Renderable", None)  # textual-image's choice of method
+            self.log(
+                f"samples: {which} strip {png.name} drawn by {type(widget).__name__} "
+                f"({getattr(renderable, '__module__', '?')}) in {widget.size}"
+            )
         self.query_one(f"#{which}-label", Static).update(label)
 
     # ---------------------------------------------------------------- keys
