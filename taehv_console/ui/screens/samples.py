@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
+from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
@@ -260,7 +261,16 @@ class SamplesScreen(ConsoleScreen):
                 f"samples: {which} strip {png.name} drawn by {type(widget).__name__} "
                 f"({getattr(renderable, '__module__', '?')}) in {widget.size}"
             )
+            self.call_after_refresh(self._lay_out_if_empty, widget)
         self.query_one(f"#{which}-label", Static).update(label)
+
+    def _lay_out_if_empty(self, widget: Widget) -> None:
+        """A strip that holds an image but has no size once the screen has refreshed is laid out
+        again. Seen twice in CI under load, in tmux: the layout after the image was set gave the
+        widget 0x0 and no later one changed it, so the strip stayed blank until a key was pressed."""
+        if getattr(widget, "image", None) is not None and widget.size.area == 0:
+            self.log(f"samples: {widget.id} has an image but no size after a refresh: laid out again")
+            widget.refresh(layout=True)
 
     # ---------------------------------------------------------------- keys
     def action_clip(self, delta: int) -> None:
