@@ -267,7 +267,7 @@ class SamplesScreen(ConsoleScreen):
     def _lay_out_if_empty(self, widget: Widget) -> None:
         """A strip that holds an image but has no size once the screen has refreshed is laid out
         again. Seen twice in CI under load, in tmux: the layout after the image was set gave the
-        widget 0x0 and no later one changed it, so the strip stayed blank until a key was pressed."""
+        widget 0x0 and no later one changed it, so the strip stayed blank (not reproduced outside CI)."""
         if getattr(widget, "image", None) is not None and widget.size.area == 0:
             self.log(f"samples: {widget.id} has an image but no size after a refresh: laid out again")
             widget.refresh(layout=True)
