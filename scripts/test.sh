@@ -8,8 +8,7 @@
 # goes; the `e2e` tier (tests/e2e and tests/slurm: whole runs through the console, over sshd and the
 # SLURM cluster, then the cpu-smoke preset's learning runs) and the `console` tier (everything else:
 # the console's units, the TUI, then the trainer tests that mostly wait; mypy beside them), each
-# printed when it ends. Each keeps its own temp
-# dir and sshd.
+# printed when it ends. Each keeps its own temp dir and sshd.
 # Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
 # At the end: the suite's wall time, its ten slowest tests, one closing count line for every tier,
 # and test-output/durations.txt (the slowest 30 tests, the time per directory).

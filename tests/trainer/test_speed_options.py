@@ -55,7 +55,7 @@ def _seed_kernel_binaries(first: Path, fresh: Path) -> int:
     no FX graph and no AOTAutograd entry (`fxgraph/`, `aotautograd/`), so every graph must still come
     from the run's cache, which is what the resume below asserts. On a GPU the run's cache carries
     the Triton kernels themselves; on CPU the resume would otherwise rebuild each C++ kernel with g++
-    (~110 CPU-s of this test on the 2-core CI machine), which tests g++, not the run's cache."""
+    (~60 CPU-s of this test alone on the 2-core machine), which tests g++, not the run's cache."""
     copied = 0
     for so in first.glob("??/*.so"):
         target = fresh / so.relative_to(first)
