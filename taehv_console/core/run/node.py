@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from taehv_console.core.cluster.spawn import boot_id, read_proc, read_proc_one
+from taehv_console.core.cluster.spawn import ProcEntry, boot_id, read_proc, read_proc_one
 
 NODE_MODULE_NAME = "taehv_console.core.run.node"  # the wrapper's `-m` (plan/render.py: NODE_MODULE)
 
@@ -126,7 +126,7 @@ def _what(pid: int, proc_root: str) -> str:
 
 
 def identify(
-    rec: Recorded, table: dict[int, tuple[int, int, int, str, int]] | None = None, proc_root: str = "/proc"
+    rec: Recorded, table: dict[int, ProcEntry] | None = None, proc_root: str = "/proc"
 ) -> tuple[str, str]:
     """Whether the group the console recorded is still the run's, checked on the node where it
     lives: (OURS | GONE | FOREIGN | UNPROVEN, why). Fails closed: only OURS is ever signalled.
@@ -147,9 +147,7 @@ def identify(
     return verdict, why
 
 
-def _identify(
-    rec: Recorded, table: dict[int, tuple[int, int, int, str, int]], proc_root: str
-) -> tuple[str, str]:
+def _identify(rec: Recorded, table: dict[int, ProcEntry], proc_root: str) -> tuple[str, str]:
     pgid = rec.pgid
     here = boot_id()
     if rec.boot_id and here and rec.boot_id != here:
@@ -208,7 +206,7 @@ def _identify(
 
 
 def run_tree(
-    pgid: int, leader_start: int | None = None, table: dict[int, tuple[int, int, int, str, int]] | None = None
+    pgid: int, leader_start: int | None = None, table: dict[int, ProcEntry] | None = None
 ) -> dict[int, int]:
     """Live processes of a launcher's tree: pid -> pgid. Empty when nothing is left, or when the
     group's leader pid now belongs to another process (its start time differs from the recorded
