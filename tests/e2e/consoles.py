@@ -20,12 +20,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 # What a console-driven run in these tests adds to its preset: one thread per rank (THREADS: the
-# ranks, and the "nodes", share the machine's cores), and 32x32 crops of the clips. A cpu-smoke
-# step at its 8x64x64 costs ~2.7 s on a 2-core CI machine, ~1.4 s at 32x32; these runs prove the
-# console's control of a run (launch, stop, recovery, node loss), not what the model learns, which
-# tests/trainer/test_smoke_learns.py checks at the preset's own size.
+# ranks, and the "nodes", share the machine's cores), 32x32 crops of the clips and one micro-batch
+# per step. A cpu-smoke step (2 micro-batches of 8x64x64) costs ~2.7 s on a 2-core CI machine,
+# ~1.4 s at 32x32, and about half that with one micro-batch; these runs prove the console's control
+# of a run (launch, stop, recovery, node loss), not what the model learns, which
+# tests/trainer/test_smoke_learns.py checks with the preset as shipped. Accumulation itself is the
+# trainer tests' (tests/trainer: the ZeRO-1/2/3 scenarios accumulate 2 micro-batches), and a node
+# lost keeps the effective batch by accumulating (tests/e2e/test_node_loss.py: 1 -> 2).
 THREADS = ("--env", "OMP_NUM_THREADS=1")
-SMALL_RUN = (*THREADS, "--set", "data.height=32", "--set", "data.width=32")
+SMALL_RUN = (*THREADS, "--set", "data.height=32", "--set", "data.width=32", "--set", "optim.grad_accum=1")
 
 
 def free_port() -> int:

@@ -149,8 +149,9 @@ def test_a_lost_node_without_a_spare_is_left_out_and_the_run_ends_on_one_node(ss
     assert list(state["hosts"]) == [NODE0]
     # run.toml is the one-node config, with the effective batch kept through accumulation
     cfg = load_config(run / "run.toml")
-    assert cfg.topology.nodes == 1 and cfg.topology.world_size == 1
+    assert cfg.topology.nodes == 1 and cfg.topology.world_size == 1 and cfg.optim.grad_accum == 2
     assert any("topology.nodes: 2 -> 1" in line for line in left_out["changes"]), left_out["changes"]
+    assert any("optim.grad_accum: 1 -> 2" in line for line in left_out["changes"]), left_out["changes"]
     # the universal checkpoint was loaded at world size 1; step and LR go on where they were
     log = (run / "logs" / "node-0.log").read_text()
     assert "loaded the universal checkpoint" in log and "(written by 2 processes) at 1" in log
