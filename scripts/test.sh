@@ -6,9 +6,9 @@
 # idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the others' work on
 # a 2-core machine: the `trainer` tier (tests/trainer: the trainer's DeepSpeed runs), printed as it
 # goes; the `e2e` tier (tests/e2e and tests/slurm: whole runs through the console, over sshd and the
-# SLURM cluster, then the cpu-smoke preset's learning runs) and the `console` tier (everything else:
-# the console's units, the TUI, then the trainer tests that mostly wait; mypy beside them), each
-# printed when it ends. Each keeps its own temp dir and sshd.
+# SLURM cluster, then `eval`'s tests and the cpu-smoke preset's learning runs) and the `console`
+# tier (everything else: the console's units, the TUI, then the trainer tests that mostly wait; mypy
+# beside them), each printed when it ends. Each keeps its own temp dir and sshd.
 # Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
 # At the end: the suite's wall time, its ten slowest tests, one closing count line for every tier,
 # and test-output/durations.txt (the slowest 30 tests, the time per directory).
@@ -26,7 +26,10 @@ SOURCES=(taehv_console trainer tests benchmarks scripts)
 # The e2e tier ends with the cpu-smoke preset's learning runs (as the console starts them, CPU-bound):
 # without them it ended ~440 s before the trainer tier, which then ran alone on 1-1.5 cores (1547 s
 # wall against 1111 and 1104 for the others, 90 % busy, in the first three-session CI run).
-E2E_TIER=(tests/e2e tests/slurm tests/trainer/test_smoke_learns.py)
+# tests/trainer/test_evaluate.py joined it when the e2e runs took one micro-batch a step
+# (tests/e2e/consoles.py, SMALL_RUN): the e2e tier then ended 220 s before the trainer tier
+# (4fd9572's CI: console 1464 s, e2e 1368, trainer 1591; the file: ~90 s of wall, 60 CPU-s).
+E2E_TIER=(tests/e2e tests/slurm tests/trainer/test_evaluate.py tests/trainer/test_smoke_learns.py)
 # Trainer tests that mostly wait (on heartbeats, timeouts, a second process's compile) end the
 # console tier instead: it ended ~520 s before the trainer tier, which then ran alone at 1-1.7 busy
 # cores for its last ~4 minutes (a147333's CI: console 1113 s, e2e 1367 s, trainer 1631 s; these two

@@ -81,7 +81,9 @@ def test_the_console_killed_then_a_rank_killed_the_supervisor_heals_the_run_alon
     """A closed terminal in the middle of a run, then a crash: nobody watches but the supervisor
     the console started, and the run still reaches final weights."""
     env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
-    console = cpu_smoke(tmp_path, 16, 4, env=env)
+    # 20 steps after the one waited for: the kill comes after the supervisor takes the lock, seconds
+    # later, and a step of one micro-batch at 32x32 takes ~0.5 s on a loaded 2-core machine
+    console = cpu_smoke(tmp_path, 26, 4, env=env)
     console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
     run, victim = rank_1(tmp_path)
     info = json.loads((run / "supervisor.json").read_text())
@@ -122,7 +124,8 @@ def test_ctrl_z_stops_only_the_console_the_supervisor_heals_the_run_until_fg(tmp
     supervisor restarts a killed rank meanwhile, and the console, shown the restart in its notes,
     follows the run to final weights after `fg` (SIGCONT)."""
     env = {**_no_platform_env(), "TAEHV_SUPERVISOR": "on"}
-    console = cpu_smoke(tmp_path, 12, 4, env=env, job_control=True)
+    # 14 steps after the one waited for: Ctrl-Z, its note and the stopped state come before the kill
+    console = cpu_smoke(tmp_path, 20, 4, env=env, job_control=True)
     console.wait_for(lambda o: is_step(o, 6), 300, "step 6, after the checkpoint at step 4")
     run, victim = rank_1(tmp_path)
     assert read_holder(run / "lock").get("purpose") == "supervise"

@@ -426,7 +426,8 @@ def test_a_run_resumed_in_another_allocation_runs_on_that_allocations_node(slurm
     machine rank, the launch files are written for n2, and training goes on from the stop's
     checkpoint to final weights. Before, the srun step asked for n1 and SLURM refused it."""
     env = slurm_cluster.client_env()
-    args = _args(tmp_path, 8, "--set", "topology.nodes=1")
+    # the stop must land mid-run: 14 steps after step 2, at ~0.5 s a step on a loaded 2-core machine
+    args = _args(tmp_path, 16, "--set", "topology.nodes=1")
     first = Console(
         argv=["salloc", "--nodes=1", "--nodelist=n1", "--job-name=alloc-1", *cli_argv(*args)],
         env=env,

@@ -207,7 +207,8 @@ async def _quit_mid_kill(tmp_path) -> None:
         str(tmp_path / "runs"),
         *SMALL_RUN,
         "--set",
-        "optim.max_steps=16",
+        # 18 steps after step 6 as the window shows it (its watch trails the run by a poll)
+        "optim.max_steps=24",
         "--set",
         "schedule.val_every=1000",
         "--set",
