@@ -34,7 +34,9 @@ E2E_TIER=(tests/e2e tests/slurm tests/trainer/test_evaluate.py tests/trainer/tes
 # console tier instead: it ended ~520 s before the trainer tier, which then ran alone at 1-1.7 busy
 # cores for its last ~4 minutes (a147333's CI: console 1113 s, e2e 1367 s, trainer 1631 s; these two
 # files: 215 s of the trainer tier's wall for 99 CPU-s).
-CONSOLE_EXTRA=(tests/trainer/test_compile_cache.py tests/trainer/test_heartbeats.py)
+# test_universal.py joined them when the trainer tier still ended ~110 s after the others (7e2270b's
+# CI: console 1500 s, e2e 1519, trainer 1626; the file: ~65 s of wall, 85 CPU-s).
+CONSOLE_EXTRA=(tests/trainer/test_compile_cache.py tests/trainer/test_heartbeats.py tests/trainer/test_universal.py)
 TRAINER_TIER=(tests/trainer)
 trainer_ignore=()
 for p in "${E2E_TIER[@]}" "${CONSOLE_EXTRA[@]}"; do [[ $p == tests/trainer/* ]] && trainer_ignore+=(--ignore="$p"); done
