@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 # 73-second install on a 2-core machine. Python writes the same bytecode for a module the first time
 # it is imported, and most are never imported, so the install leaves it to Python, except where
 # Python writes none (PYTHONDONTWRITEBYTECODE, set in many containers): there every process would
-# compile torch from source (its import: 2.6 s -> 6.3 s), so the install compiles everything.
+# compile torch from source (torch, DeepSpeed and accelerate imported: 2.6 s -> 6.3 s), so the
+# install compiles everything.
 PIP_COMPILE := $(if $(PYTHONDONTWRITEBYTECODE),,--no-compile)
 
 .PHONY: install demo test clean

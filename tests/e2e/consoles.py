@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # ~1.4 s at 32x32, and about half that with one micro-batch; these runs prove the console's control
 # of a run (launch, stop, recovery, node loss), not what the model learns, which
 # tests/trainer/test_smoke_learns.py checks with the preset as shipped; so no validation of the
-# untrained model before step 1 either (cpu-smoke's val_at_start: samples, TensorBoard images). Accumulation itself is the
-# trainer tests' (tests/trainer: the ZeRO-1/2/3 scenarios accumulate 2 micro-batches), and a node
-# lost keeps the effective batch by accumulating (tests/e2e/test_node_loss.py: 1 -> 2).
+# untrained model before step 1 either (cpu-smoke's val_at_start: samples, TensorBoard images).
+# Accumulation itself is the trainer tests' (tests/trainer: the ZeRO-1/2/3 scenarios accumulate 2
+# micro-batches), and a node lost keeps the effective batch by accumulating
+# (tests/e2e/test_node_loss.py: 1 -> 2).
 THREADS = ("--env", "OMP_NUM_THREADS=1")
 SMALL_RUN = (
     *THREADS,
