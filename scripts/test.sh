@@ -77,6 +77,12 @@ if [ -z "$scratch" ]; then
 fi
 base=$(mktemp -d "$scratch/taehv-tests.XXXXXX")
 echo "== scratch: $base"
+# One torch thread in every process: three sessions and their runs' ranks keep both cores busy, and
+# a second thread only adds its own spinning and waking to the work. The ranks run so already (their
+# launcher sets OMP_NUM_THREADS=1); the sessions' own torch work did not (tests/trainer/test_families.py
+# with test_family_flops.py, A/B/A/B on a quiet 2-core AMD EPYC: 34.9 and 37.6 CPU-s with torch's 2
+# threads, 30.5 and 30.7 with one, for 27-28 s of wall against 30.5-30.7).
+export OMP_NUM_THREADS=1
 # the console tier: `tests`, less the other tiers, but with CONSOLE_EXTRA (pytest given `tests` and
 # a file under it as well collects only the file: so every other entry of tests/trainer is ignored)
 ignore=()
