@@ -23,8 +23,9 @@ SOURCES=(taehv_console trainer tests benchmarks scripts)
 # console tier (everything else) mostly wait on processes, sockets and heartbeats. With the e2e tests
 # inside the console tier, its waits alone made it the longest session (1614 s of the suite's 1622 s
 # wall, f0227f4's CI); split, each waits beside the others' work.
-# The e2e tier ends with the cpu-smoke preset's learning runs (as the console starts them, CPU-bound):
-# without them it ended ~440 s before the trainer tier, which then ran alone on 1-1.5 cores (1547 s
+# The e2e tier ends with the cpu-smoke preset's learning run on photo clips (CPU-bound; the one on
+# generated clips is tests/e2e/test_headless.py's, the README's first command as shipped). Without
+# the learning runs it ended ~440 s before the trainer tier, which then ran alone on 1-1.5 cores (1547 s
 # wall against 1111 and 1104 for the others, 90 % busy, in the first three-session CI run).
 # tests/trainer/test_evaluate.py joined it when the e2e runs took one micro-batch a step
 # (tests/e2e/consoles.py, SMALL_RUN): the e2e tier then ended 220 s before the trainer tier
@@ -34,9 +35,9 @@ E2E_TIER=(tests/e2e tests/slurm tests/trainer/test_evaluate.py tests/trainer/tes
 # console tier instead: it ended ~520 s before the trainer tier, which then ran alone at 1-1.7 busy
 # cores for its last ~4 minutes (a147333's CI: console 1113 s, e2e 1367 s, trainer 1631 s; these two
 # files: 215 s of the trainer tier's wall for 99 CPU-s).
-# test_universal.py joined them when the trainer tier still ended ~110 s after the others (7e2270b's
-# CI: console 1500 s, e2e 1519, trainer 1626; the file: ~65 s of wall, 85 CPU-s).
-CONSOLE_EXTRA=(tests/trainer/test_compile_cache.py tests/trainer/test_heartbeats.py tests/trainer/test_universal.py)
+# test_universal.py (~65 s of wall, 85 CPU-s) joined them for two runs and went back: the console
+# tier then ended last, by 70-150 s (9ed1ac0's CI: console 1464 s, e2e 1396, trainer 1318).
+CONSOLE_EXTRA=(tests/trainer/test_compile_cache.py tests/trainer/test_heartbeats.py)
 TRAINER_TIER=(tests/trainer)
 trainer_ignore=()
 for p in "${E2E_TIER[@]}" "${CONSOLE_EXTRA[@]}"; do [[ $p == tests/trainer/* ]] && trainer_ignore+=(--ignore="$p"); done

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # ranks, and the "nodes", share the machine's cores), 32x32 crops of the clips and one micro-batch
 # per step. A cpu-smoke step (2 micro-batches of 8x64x64) costs ~2.7 s on a 2-core CI machine,
 # ~1.4 s at 32x32, and about half that with one micro-batch; these runs prove the console's control
-# of a run (launch, stop, recovery, node loss), not what the model learns, which
-# tests/trainer/test_smoke_learns.py checks with the preset as shipped; so no validation of the
+# of a run (launch, stop, recovery, node loss), not what the model learns, which test_headless.py
+# and tests/trainer/test_smoke_learns.py check with the preset as shipped; so no validation of the
 # untrained model before step 1 either (cpu-smoke's val_at_start: samples, TensorBoard images).
 # Accumulation itself is the trainer tests' (tests/trainer: the ZeRO-1/2/3 scenarios accumulate 2
 # micro-batches), and a node lost keeps the effective batch by accumulating

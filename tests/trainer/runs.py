@@ -32,6 +32,23 @@ SCAN_S = 1.0
 BF16_CROP = {"height": 16, "width": 16}
 
 
+def flat_grey_psnr(cfg) -> float:
+    """Mean PSNR of a flat mid-grey output (what a decoder that learned only the mean scores) on the
+    validation clips of `cfg` (a TrainConfig), as the trainer's validation cuts them."""
+    import torch
+
+    from trainer.data import VideoClipDataset, find_videos, split_train_val, validation_items
+    from trainer.metrics import psnr_from_mse
+
+    _train, val = split_train_val(find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips)
+    ds = VideoClipDataset(val, cfg.data, train=False)
+    psnrs = []
+    for index, seed, _counts in validation_items(len(ds), 0, 1):
+        x = ds[(index, seed)]["video"].float() / 255
+        psnrs.append(psnr_from_mse(torch.mean((x - 0.5) ** 2).item()))
+    return sum(psnrs) / len(psnrs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
