@@ -6,9 +6,9 @@
 # idle (a run starting, a test waiting on a process, a socket or a heartbeat) do the others' work on
 # a 2-core machine: the `trainer` tier (tests/trainer: the trainer's DeepSpeed runs), printed as it
 # goes; the `e2e` tier (tests/e2e and tests/slurm: whole runs through the console, over sshd and the
-# SLURM cluster, then `eval`'s tests and the cpu-smoke preset's learning runs) and the `console`
-# tier (everything else: the console's units, the TUI, then the trainer tests that mostly wait; mypy
-# beside them), each printed when it ends. Each keeps its own temp dir and sshd.
+# SLURM cluster, then `eval`'s tests and the cpu-smoke preset's learning run on photo clips) and
+# the `console` tier (everything else: the console's units, the TUI, then the trainer tests that
+# mostly wait; mypy beside them), each printed when it ends. Each keeps its own temp dir and sshd.
 # Arguments go to one plain pytest session instead, e.g. `bash scripts/test.sh tests/core -x`.
 # At the end: the suite's wall time, its ten slowest tests, one closing count line for every tier,
 # and test-output/durations.txt (the slowest 30 tests, the time per directory).
@@ -24,9 +24,10 @@ SOURCES=(taehv_console trainer tests benchmarks scripts)
 # inside the console tier, its waits alone made it the longest session (1614 s of the suite's 1622 s
 # wall, f0227f4's CI); split, each waits beside the others' work.
 # The e2e tier ends with the cpu-smoke preset's learning run on photo clips (CPU-bound; the one on
-# generated clips is tests/e2e/test_headless.py's, the README's first command as shipped). Without
-# the learning runs it ended ~440 s before the trainer tier, which then ran alone on 1-1.5 cores (1547 s
-# wall against 1111 and 1104 for the others, 90 % busy, in the first three-session CI run).
+# generated clips is tests/e2e/test_headless.py's, the README's first command as shipped).
+# Without the learning runs it ended ~440 s before the trainer tier, which then ran alone on
+# 1-1.5 cores (1547 s wall against 1111 and 1104 for the others, 90 % busy, in the first
+# three-session CI run).
 # tests/trainer/test_evaluate.py joined it when the e2e runs took one micro-batch a step
 # (tests/e2e/consoles.py, SMALL_RUN): the e2e tier then ended 220 s before the trainer tier
 # (4fd9572's CI: console 1464 s, e2e 1368, trainer 1591; the file: ~90 s of wall, 60 CPU-s).
@@ -78,11 +79,12 @@ if [ -z "$scratch" ]; then
 fi
 base=$(mktemp -d "$scratch/taehv-tests.XXXXXX")
 echo "== scratch: $base"
-# One torch thread in every process: three sessions and their runs' ranks keep both cores busy, and
-# a second thread only adds its own spinning and waking to the work. The ranks run so already (their
-# launcher sets OMP_NUM_THREADS=1); the sessions' own torch work did not (tests/trainer/test_families.py
-# with test_family_flops.py, A/B/A/B on a quiet 2-core AMD EPYC: 34.9 and 37.6 CPU-s with torch's 2
-# threads, 30.5 and 30.7 with one, for 27-28 s of wall against 30.5-30.7).
+# One torch thread in every process: three sessions and their runs' ranks keep both cores busy,
+# and a second thread only adds its own spinning and waking to the work. The ranks run so already
+# (their launcher sets OMP_NUM_THREADS=1); the sessions' own torch work did not
+# (tests/trainer/test_families.py with test_family_flops.py, A/B/A/B on a quiet 2-core AMD EPYC:
+# 34.9 and 37.6 CPU-s with torch's 2 threads, 30.5 and 30.7 with one, for 27-28 s of wall against
+# 30.5-30.7).
 export OMP_NUM_THREADS=1
 # the console tier: `tests`, less the other tiers, but with CONSOLE_EXTRA (pytest given `tests` and
 # a file under it as well collects only the file: so every other entry of tests/trainer is ignored)
