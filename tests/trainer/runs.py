@@ -15,6 +15,7 @@ from pathlib import Path
 import tomli_w
 
 from taehv_console.core.plan.render import LAUNCHER
+from trainer.config import TrainConfig
 
 BIN = Path(sys.executable).parent
 
@@ -32,20 +33,19 @@ SCAN_S = 1.0
 BF16_CROP = {"height": 16, "width": 16}
 
 
-def flat_grey_psnr(cfg) -> float:
-    """Mean PSNR of a flat mid-grey output (what a decoder that learned only the mean scores) on the
-    validation clips of `cfg` (a TrainConfig), as the trainer's validation cuts them."""
-    import torch
-
+def flat_grey_psnr(cfg: TrainConfig) -> float:
+    """Mean PSNR of a flat mid-grey output (what a decoder that learned only the mean scores: `eval`'s
+    mid_grey baseline) on the validation clips of `cfg`, as the trainer's validation cuts them.
+    Imported here, not at the top: most users of this module only launch runs (no torch)."""
     from trainer.data import VideoClipDataset, find_videos, split_train_val, validation_items
-    from trainer.metrics import psnr_from_mse
+    from trainer.evaluate import baselines
 
     _train, val = split_train_val(find_videos(cfg.data.source), cfg.data.val_fraction, cfg.data.val_max_clips)
     ds = VideoClipDataset(val, cfg.data, train=False)
-    psnrs = []
-    for index, seed, _counts in validation_items(len(ds), 0, 1):
-        x = ds[(index, seed)]["video"].float() / 255
-        psnrs.append(psnr_from_mse(torch.mean((x - 0.5) ** 2).item()))
+    psnrs = [
+        baselines(ds[(index, seed)]["video"].float() / 255)["mid_grey"].psnr
+        for index, seed, _counts in validation_items(len(ds), 0, 1)
+    ]
     return sum(psnrs) / len(psnrs)
 
 
