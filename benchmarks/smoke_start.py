@@ -29,6 +29,9 @@ apart, median of 4: engine 1.99 -> 1.38 and 1.48 (two medians), total 9.8 -> 8.6
 Then the ranks stopped importing torch._dynamo (torch.optim's AdamW did, on its first call, to keep
 the compiler out of the optimizer: trainer/optim.py), same machine, A/B minutes apart, median of 4:
 engine 1.24 -> 0.35, total 7.75 -> 6.59 s.
+The same code on the same machine drifts with its host's load: 8.1, 9.5, 7.9 and 7.9 s at four
+times of one day (2026-12-07). The last, median of 3, quiet machine: console 2.40, launcher 1.40,
+imports 1.91, process_group 0.01, engine 0.40, first_step 1.67; total 7.88 s (7.51, 7.88, 8.02).
 """
 
 from __future__ import annotations
