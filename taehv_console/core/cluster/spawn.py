@@ -111,11 +111,48 @@ def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
     )
 
 
+def unproven(pgid: int, start_ticks: int | None, boot: str = "") -> str:
+    """Why the group `pgid` cannot be proven the one `start_detached` started ("" when it can): its
+    leader alive, with the start time (`start_ticks`) and boot id (`boot`, "" for not recorded)
+    read at spawn. A pgid alone may by now name someone else's group."""
+    if pgid <= 1:
+        # killpg(0) is our own group and killpg(1) init's: never what a caller meant.
+        return f"refusing pgid {pgid}"
+    if start_ticks is None:
+        return f"refusing pgid {pgid}: no start time of its leader to prove it"
+    here = boot_id()
+    if boot and here and boot != here:
+        return f"pgid {pgid} was recorded on another boot (the node has restarted since)"
+    members = group_pids(pgid)
+    if not members:
+        # Zombies still count for killpg (a container's init may never reap them), but nothing
+        # is left that a signal could stop: report it as gone.
+        return "no live process in the group"
+    leader = read_proc_one(pgid)
+    if leader is None or leader[3] == "Z" or leader[1] != pgid:
+        return (
+            f"refusing pgid {pgid}: its leader is gone, so nothing proves pids {members[:5]} "
+            "are the group that was started"
+        )
+    if leader[4] != start_ticks:
+        return (
+            f"refusing pgid {pgid}: pid {pgid} is another process (started at tick "
+            f"{leader[4]}, the recorded one at tick {start_ticks})"
+        )
+    return ""
+
+
+def proven_pids(pgid: int, start_ticks: int | None, boot: str = "") -> dict:
+    """The live processes of a group `start_detached` started, once its leader is proven (see
+    `unproven`); none, and why, otherwise. {"pgid", "pids", "error"}."""
+    why = unproven(pgid, start_ticks, boot)
+    return {"pgid": pgid, "pids": [] if why else group_pids(pgid), "error": why}
+
+
 def signal_group(pgid: int, sig: int | str, start_ticks: int | None, boot: str = "") -> dict:
     """Send a signal to a process group started by `start_detached`, once its leader is proven the
-    one that was started: alive, with the start time (`start_ticks`) and boot id (`boot`, "" for
-    not recorded) read at spawn. Anything less fails closed, nothing sent: a pgid alone may by now
-    name someone else's group. {"pgid", "signal", "sent", "error"}."""
+    one that was started (`unproven`). Anything less fails closed, nothing sent.
+    {"pgid", "signal", "sent", "error"}."""
     try:
         signum = (
             sig if isinstance(sig, int) else getattr(signal, sig if sig.startswith("SIG") else f"SIG{sig}")
@@ -127,30 +164,9 @@ def signal_group(pgid: int, sig: int | str, start_ticks: int | None, boot: str =
     def refused(why: str) -> dict:
         return {"pgid": pgid, "signal": name, "sent": False, "error": why}
 
-    if pgid <= 1:
-        # killpg(0) is our own group and killpg(1) init's: never what a caller meant.
-        return refused(f"refusing to signal pgid {pgid}")
-    if start_ticks is None:
-        return refused(f"refusing to signal pgid {pgid}: no start time of its leader to prove it")
-    here = boot_id()
-    if boot and here and boot != here:
-        return refused(f"pgid {pgid} was recorded on another boot (the node has restarted since)")
-    members = group_pids(pgid)
-    if not members:
-        # Zombies still count for killpg (a container's init may never reap them), but nothing
-        # is left that a signal could stop: report it as gone.
-        return refused("no live process in the group")
-    leader = read_proc_one(pgid)
-    if leader is None or leader[3] == "Z" or leader[1] != pgid:
-        return refused(
-            f"refusing to signal pgid {pgid}: its leader is gone, so nothing proves pids {members[:5]} "
-            "are the group that was started"
-        )
-    if leader[4] != start_ticks:
-        return refused(
-            f"refusing to signal pgid {pgid}: pid {pgid} is another process (started at tick "
-            f"{leader[4]}, the recorded one at tick {start_ticks})"
-        )
+    why = unproven(pgid, start_ticks, boot)
+    if why:
+        return refused(why)
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
@@ -185,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--boot-id", default="", help="the node's boot id, as `start` reported it")
     p.add_argument("--signal", default="TERM")
-    p = sub.add_parser("pids", help="list the live processes of a process group")
+    p = sub.add_parser("pids", help="list the live processes of a group it started, its leader proven first")
     p.add_argument("--pgid", type=int, required=True)
+    p.add_argument(
+        "--start-ticks", type=int, required=True, help="the leader's start time, as `start` reported it"
+    )
+    p.add_argument("--boot-id", default="", help="the node's boot id, as `start` reported it")
     args = parser.parse_args(argv)
     if args.action == "start":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -200,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "signal":
         out = signal_group(args.pgid, args.signal, args.start_ticks, args.boot_id)
     else:
-        out = {"pgid": args.pgid, "pids": group_pids(args.pgid)}
+        out = proven_pids(args.pgid, args.start_ticks, args.boot_id)
     print(json.dumps(out))
     return 0
 

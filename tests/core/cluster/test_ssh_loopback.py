@@ -13,6 +13,7 @@ import pytest
 
 from taehv_console.core.cluster.gather import probe_hosts
 from taehv_console.core.cluster.hosts import InvalidHostError
+from taehv_console.core.cluster.spawn import group_pids
 from taehv_console.core.cluster.ssh import (
     CommandError,
     CommandTimeoutError,
@@ -187,13 +188,14 @@ def test_detached_process_outlives_the_connection_and_stops_by_group(sshd, sshd_
         while "started" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert "started x" in log.read_text()
-        members = runner.group_pids(proc.pgid)
+        members = runner.group_pids(proc)
         assert proc.pid in members and len(members) >= 2  # the shell and its sleep child
+        assert members == tuple(group_pids(proc.pgid))  # as this machine's /proc sees the group
         assert runner.signal_group(proc, "TERM")
         deadline = time.monotonic() + 10
-        while runner.group_pids(proc.pgid) and time.monotonic() < deadline:
+        while group_pids(proc.pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert runner.group_pids(proc.pgid) == ()
+        assert group_pids(proc.pgid) == [] and runner.group_pids(proc) == ()  # every member gone
         assert not runner.signal_group(proc, "KILL")  # nothing left to signal
 
 
@@ -240,9 +242,9 @@ def test_local_runner_has_the_same_contract_without_ssh(tmp_path):
     with pytest.raises(CommandTimeoutError):
         runner.run(["sleep", "30"], timeout=0.5)
     proc = runner.start_detached(["sleep", "30"], log_path=str(tmp_path / "log"))
-    assert proc.pgid == proc.pid and runner.group_pids(proc.pgid) == (proc.pid,)
+    assert proc.pgid == proc.pid and runner.group_pids(proc) == (proc.pid,)
     assert runner.signal_group(proc, "KILL")
     deadline = time.monotonic() + 10
-    while runner.group_pids(proc.pgid) and time.monotonic() < deadline:
+    while group_pids(proc.pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert runner.group_pids(proc.pgid) == ()
+    assert group_pids(proc.pgid) == [] and runner.group_pids(proc) == ()

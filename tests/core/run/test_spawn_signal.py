@@ -1,7 +1,8 @@
-"""`spawn signal` (the node tool that signals a group `spawn start` started) acts only on a group
-whose leader is proven the one started: its start time and boot id as `start` reported them.
-A bare pgid is refused by the tool itself, and a pgid that names an unrelated process (or a group
-whose leader is gone) is sent nothing, with why. Real processes, the real tool (issue 44)."""
+"""`spawn signal` and `spawn pids` (the node tool that signals, or lists, a group `spawn start`
+started) act only on a group whose leader is proven the one started: its start time and boot id as
+`start` reported them. A bare pgid is refused by the tool itself, and a pgid that names an unrelated
+process (or a group whose leader is gone) is sent nothing and listed as nothing, with why. Real
+processes, the real tool (issue 44)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,24 @@ def test_a_bare_pgid_is_refused_by_the_tool(unrelated):
     out = _tool("signal", "--pgid", str(unrelated.pid), "--signal", "KILL")
     assert out.returncode == 2 and "--start-ticks" in out.stderr
     assert _alive(unrelated.pid)
+    out = _tool("pids", "--pgid", str(unrelated.pid))
+    assert out.returncode == 2 and "--start-ticks" in out.stderr and not out.stdout
+
+
+def test_an_unrelated_process_under_a_recorded_pgid_is_listed_as_nothing(unrelated):
+    ticks = read_proc_one(unrelated.pid)[4]
+    out = _tool("pids", "--pgid", str(unrelated.pid), "--start-ticks", str(ticks + 1))
+    reply = json.loads(out.stdout)
+    assert out.returncode == 0 and reply["pids"] == [], reply
+    assert f"pid {unrelated.pid} is another process" in reply["error"], reply
+    out = _tool(
+        "pids", "--pgid", str(unrelated.pid), "--start-ticks", str(ticks), "--boot-id", "not-this-boot"
+    )
+    reply = json.loads(out.stdout)
+    assert reply["pids"] == [] and "another boot" in reply["error"], reply
+    # its own start time on this boot proves it: then it is listed
+    out = _tool("pids", "--pgid", str(unrelated.pid), "--start-ticks", str(ticks), "--boot-id", boot_id())
+    assert json.loads(out.stdout) == {"pgid": unrelated.pid, "pids": [unrelated.pid], "error": ""}
 
 
 def test_an_unrelated_process_under_a_recorded_pgid_is_sent_nothing(unrelated):
@@ -82,6 +101,9 @@ def test_a_group_whose_leader_is_gone_is_sent_nothing(tmp_path):
         assert not runner.signal_group(proc, "KILL")
         out = _tool("signal", "--pgid", str(proc.pgid), "--start-ticks", str(proc.start_ticks))
         assert "leader is gone" in json.loads(out.stdout)["error"]
+        assert runner.group_pids(proc) == ()  # nothing proves the sleep is the group started
+        out = _tool("pids", "--pgid", str(proc.pgid), "--start-ticks", str(proc.start_ticks))
+        assert "leader is gone" in json.loads(out.stdout)["error"]
         assert group_pids(proc.pgid) == left
     finally:
         for pid in left:
@@ -95,6 +117,9 @@ def test_the_group_it_started_is_signalled_once_proven(tmp_path):
     try:
         assert not runner.signal_group(replace(proc, start_ticks=proc.start_ticks + 1), "KILL")
         assert not runner.signal_group(replace(proc, start_ticks=None), "KILL")  # nothing to prove it by
+        assert runner.group_pids(replace(proc, start_ticks=proc.start_ticks + 1)) == ()
+        assert runner.group_pids(replace(proc, start_ticks=None)) == ()
+        assert runner.group_pids(proc) == (proc.pid,)
         assert _alive(proc.pid)
         assert runner.signal_group(proc, "TERM")
         deadline = time.monotonic() + 10

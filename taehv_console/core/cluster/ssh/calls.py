@@ -239,7 +239,13 @@ class HelperCalls:
         reply = self.call(SPAWN, [*args, "--signal", sig], timeout=timeout)
         return bool(reply.value().get("sent"))
 
-    def group_pids(self, pgid: int, *, timeout: float | None = 30) -> tuple[int, ...]:
-        """Live processes of a process group on the node (empty once everything has exited)."""
-        reply = self.call(SPAWN, ["pids", "--pgid", str(int(pgid))], timeout=timeout, require=("pids",))
+    def group_pids(self, proc: DetachedProcess, *, timeout: float | None = 30) -> tuple[int, ...]:
+        """Live processes of the group of a process `start_detached` started on the node, once the
+        node has proven its leader is still that process (as for `signal_group`); empty when the
+        group is gone or cannot be proven, since a pgid alone may by now name someone else's."""
+        if proc.start_ticks is None:
+            return ()
+        args = ["pids", "--pgid", str(int(proc.pgid)), "--start-ticks", str(int(proc.start_ticks))]
+        args += ["--boot-id", proc.boot_id] if proc.boot_id else []
+        reply = self.call(SPAWN, args, timeout=timeout, require=("pids",))
         return tuple(int(p) for p in reply.value()["pids"])
