@@ -71,7 +71,7 @@ def apply_set(cfg: TrainConfig, overrides: list[str]) -> tuple[TrainConfig, list
     """cfg with the --set overrides, and a reason for each key they set: their own, and the clip
     values a family set without a clip had fitted to its rule (presets.override_clip_fit)."""
     family, fits = override_clip_fit(cfg, overrides)
-    out = override_config(cfg, overrides)
+    out = override_config(cfg, overrides, fits)
     reasons = fit_reasons(out, family, fits)
     for text in overrides:
         key = text.partition("=")[0].strip()

@@ -270,13 +270,17 @@ def validate_sections(data: dict[str, Any], where: str) -> TrainConfig:
     return config_from_dict(data, where)
 
 
-def override_config(cfg: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
+def override_config(
+    cfg: TrainConfig, overrides: Iterable[str], fits: Iterable[ClipFit] | None = None
+) -> TrainConfig:
     """`cfg` with --set overrides applied and validated again as a whole; a family set without a
-    clip gets cfg's clip fitted to its rule first (override_clip_fit)."""
+    clip gets cfg's clip fitted to its rule first (`fits`: override_clip_fit's, computed here
+    unless the caller has them already)."""
     overrides = list(overrides)
     if not overrides:
         return cfg
-    _family, fits = override_clip_fit(cfg, overrides)
+    if fits is None:
+        _family, fits = override_clip_fit(cfg, overrides)
     data = apply_overrides(cfg.model_dump(mode="python"), [*(f.setting for f in fits), *overrides])
     return validate_sections(data, "--set " + " ".join(overrides))
 
@@ -310,7 +314,7 @@ def load_preset(
     if overrides:
         _family, fits = override_clip_fit(cfg, overrides)
         try:
-            cfg = override_config(cfg, overrides)
+            cfg = override_config(cfg, overrides, fits)
         except ConfigError as err:
             raise ConfigError(f"{err} (on top of preset {name}, {path})") from None
         explicit = apply_overrides(explicit, [*(f.setting for f in fits), *overrides])
