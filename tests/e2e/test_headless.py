@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 
 import pytest
 
@@ -79,6 +80,32 @@ def test_no_gpu_and_no_data_trains_cpu_smoke_on_generated_clips_to_the_end_and_l
     # Measured: [8.79, 14.79, 14.76, 15.19, 15.12] against 14.84 for flat grey.
     assert vals[-1]["psnr"] >= vals[0]["psnr"] + 3.0, f"validation PSNR {curve}"
     assert vals[-1]["psnr"] > flat, f"validation PSNR {curve} vs {flat:.2f} dB for a flat grey output"
+
+
+def test_a_one_node_run_whose_port_is_taken_says_so_and_trains_on_a_free_one(tmp_path):
+    # --master-port names a port another process holds: preflight says so (no error), and
+    # accelerate launches the one machine standalone on a free port, as preflight promised
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", port))
+        holder.listen(1)
+        console = Console(
+            *("--no-tui", "--runs", tmp_path / "runs", "--json", "--master-port", port, *SMALL_RUN),
+            *("--set", "optim.max_steps=2", "--set", "optim.warmup_steps=0"),
+            env=_no_platform_env(),
+            cwd=tmp_path,
+        )
+        rc = console.wait(300)
+    assert rc == ExitCode.DONE, console.tail()
+    preflight = next(o for o in console.lines if o.get("kind") == "preflight")
+    taken = [f for f in preflight["findings"] if f["id"] == "master-port-taken"]
+    assert [f["severity"] for f in taken] == ["info"] and str(port) in taken[0]["message"], preflight
+    assert not [f for f in preflight["findings"] if f["severity"] == "error"], preflight
+    run = tmp_path / "runs" / console.result()["run"]
+    assert (run / "final" / "taehv.safetensors").is_file()
+    assert events(run, 0, "step")[-1]["step"] == 2
+    launcher = "\n".join(p.read_text(errors="replace") for p in (run / "logs").glob("*.log"))
+    assert f"Port `{port}` is already in use" in launcher  # accelerate's own fallback, not luck
 
 
 def test_a_missing_data_directory_fails_preflight_and_starts_nothing(tmp_path):

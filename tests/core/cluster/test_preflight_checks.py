@@ -151,6 +151,14 @@ def test_master_port_busy_and_unreachable():
     assert "29500" in out[0].fix
 
 
+def test_a_taken_port_is_no_error_for_one_node():
+    # accelerate launches one machine standalone on a free port when its own is taken
+    out = pf.check_master_port(29500, "gpu01", (False, "Address already in use"), {}, one_node=True)
+    assert ids(out, Severity.INFO) == ["master-port-taken"] and ids(out, Severity.ERROR) == []
+    assert "29500" in out[0].message and "Address already in use" in out[0].message
+    assert pf.check_master_port(29500, "gpu01", (True, ""), {}, one_node=True) == []
+
+
 @pytest.mark.parametrize(
     "offsets, flagged",
     [

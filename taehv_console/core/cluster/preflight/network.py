@@ -62,9 +62,26 @@ def check_one_machine_twice(probes: Sequence[ProbeResult]) -> list[Finding]:
 
 
 def check_master_port(
-    port: int, master: str, free: tuple[bool, str] | None, reach: Mapping[str, tuple[bool, str]]
+    port: int,
+    master: str,
+    free: tuple[bool, str] | None,
+    reach: Mapping[str, tuple[bool, str]],
+    one_node: bool = False,
 ) -> list[Finding]:
+    """The rendezvous port: free on the master, reachable from every worker. A one-node run does
+    not need it free: accelerate launches one machine standalone on a free port when its own is
+    taken (utils/launch.py), so there a taken port is said, not an error."""
     out = []
+    if free is not None and not free[0] and one_node:
+        return [
+            Finding(
+                "master-port-taken",
+                I,
+                f"{master}: port {port} is in use ({free[1]}); a one-node run launches on a free port "
+                "instead (accelerate's standalone rendezvous)",
+                node=master,
+            )
+        ]
     if free is not None and not free[0]:
         out.append(
             Finding(

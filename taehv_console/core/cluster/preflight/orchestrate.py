@@ -219,6 +219,7 @@ def _run(
                 port,
                 [h for h in reachable if h != master],
                 options.port_check_timeout_s,
+                one_node=len(hosts) == 1,
             )
         if options.bandwidth and not any(f.id.startswith("master-") for f in findings):
             if len(reachable) < 2 or len(reachable) != len(hosts):
@@ -367,11 +368,19 @@ def _check_loader(
 
 
 def _check_port(
-    pool: SshPool, master: str, master_addr: str, port: int, workers: list[str], timeout: float
+    pool: SshPool,
+    master: str,
+    master_addr: str,
+    port: int,
+    workers: list[str],
+    timeout: float,
+    one_node: bool = False,
 ) -> list[Finding]:
     if not workers:
         free = pool.call(master, NODECHECK, ["port-free", "--port", str(port)])
-        return check_master_port(port, master, (bool(free.get("free")), free.why or "no answer"), {})
+        return check_master_port(
+            port, master, (bool(free.get("free")), free.why or "no answer"), {}, one_node=one_node
+        )
     try:
         m = pool.runner(master)
         stream = m.open(
