@@ -43,7 +43,8 @@ def test_each_bad_video_is_named_by_one_finding(folders, tmp_path, capsys, name)
     (finding,) = [f for f in findings if f["id"] == "videos-unreadable"]
     assert finding["message"].count(name) == 1 and finding["severity"] == "warning"
     assert "loader-skipped-videos" not in {f["id"] for f in findings}
-    assert code == 0 and {f["id"] for f in findings} >= {"loader-ok"}  # the good one was measured
+    # the good one was measured
+    assert code == 0 and {f["id"] for f in findings} >= {"loader-ok"}, findings
 
 
 def test_a_folder_without_a_readable_video_is_one_error(folders, tmp_path, capsys):
